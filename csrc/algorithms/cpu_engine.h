@@ -1,0 +1,79 @@
+// The CPU engine of one group: owns the shared-memory transport, checks that
+// every rank called the same collective (op header exchange), picks the
+// algorithm and runs it. Works on raw pointers; the backend does the torch
+// side (argument checks, contiguity, futures). Collectives must be called
+// from one thread at a time, in the same order on every rank; point-to-point
+// runs on its own threads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algorithms/context.h"
+#include "algorithms/p2p.h"
+#include "common/rendezvous.h"
+#include "common/types.h"
+
+namespace pycoll {
+
+class CpuEngine {
+ public:
+  CpuEngine(Rendezvous rv, int rank, int size, std::chrono::milliseconds timeout);
+  ~CpuEngine();
+
+  // Each returns the algorithm that ran. `algo` Auto asks the cost model.
+  Algo all_reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, Algo algo);
+  Algo reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, int root, Algo algo);
+  Algo broadcast(char* buf, int64_t count, DType t, int root, Algo algo);
+  Algo all_gather(const char* in, char* out, int64_t m, DType t, Algo algo);
+  Algo reduce_scatter(const char* in, char* out, int64_t m, DType t, ReduceKind op, Algo algo);
+  void gather(const char* in, char* out, int64_t m, DType t, int root);
+  void scatter(const char* in, char* out, int64_t m, DType t, int root);
+  // Byte counts and offsets per peer.
+  void all_to_all(const char* in, char* out, const std::vector<int64_t>& send_bytes,
+                  const std::vector<int64_t>& send_off, const std::vector<int64_t>& recv_bytes,
+                  const std::vector<int64_t>& recv_off, DType t);
+  void barrier();
+
+  PointToPoint& p2p();
+  // Makes every blocked wait throw; the engine is unusable afterwards.
+  void abort();
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  uint64_t seq() const { return seq_; }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+
+ private:
+  void ensure_transport();
+  // Publishes this rank's header (and, for one-shot, the first chunk), one
+  // barrier, then compares every peer's header: throws the same error on
+  // every rank if they differ, leaving all ranks in step for the next op.
+  CpuContext begin(OpHeader h, Waiter& w, const char* eager = nullptr, size_t eager_bytes = 0);
+  void verify(const OpHeader& mine);
+  Waiter waiter(OpCode op);
+  Algo resolve(OpCode op, Algo requested, size_t bytes) const;
+  // Ring and tree ops end with a barrier: later ops may reuse any slot.
+  void finish(CpuContext& c);
+
+  Rendezvous rv_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<bool> abort_{false};
+  std::mutex transport_mu_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<PointToPoint> p2p_;
+  uint64_t seq_ = 0;
+  uint64_t barrier_epoch_ = 0;
+  uint64_t phase_ = 0;
+  uint64_t ring_step_ = 0;
+  uint64_t up_step_ = 0;
+  uint64_t down_step_ = 0;
+};
+
+}  // namespace pycoll

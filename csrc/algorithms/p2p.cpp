@@ -1,0 +1,196 @@
+#include "algorithms/p2p.h"
+
+#include <cstring>
+
+#include "algorithms/sync.h"
+#include "common/check.h"
+
+namespace pycoll {
+
+namespace {
+struct MessageHeader {
+  int64_t tag;
+  int64_t bytes;
+};
+}  // namespace
+
+PointToPoint::PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort)
+    : t_(t), timeout_(timeout), abort_(abort) {
+  send_lanes_.resize(t.size());
+  recv_lanes_.resize(t.size());
+}
+
+PointToPoint::~PointToPoint() {
+  for (auto* lanes : {&send_lanes_, &recv_lanes_}) {
+    for (auto& lane : *lanes) {
+      if (!lane) continue;
+      {
+        std::lock_guard<std::mutex> g(lane->mu);
+        lane->stop = true;
+      }
+      lane->cv.notify_all();
+    }
+  }
+  for (auto* lanes : {&send_lanes_, &recv_lanes_}) {
+    for (auto& lane : *lanes) {
+      if (lane && lane->thread.joinable()) lane->thread.join();
+    }
+  }
+}
+
+void PointToPoint::post(std::vector<std::unique_ptr<Lane>>& lanes, int peer, Request req, bool send) {
+  Lane* lane;
+  {
+    std::lock_guard<std::mutex> g(lanes_mu_);
+    if (!lanes[peer]) {
+      lanes[peer] = std::make_unique<Lane>();
+      Lane* l = lanes[peer].get();
+      l->thread = send ? std::thread([this, peer, l] { send_loop(peer, *l); })
+                       : std::thread([this, peer, l] { recv_loop(peer, *l); });
+    }
+    lane = lanes[peer].get();
+  }
+  {
+    std::lock_guard<std::mutex> g(lane->mu);
+    lane->queue.push_back(std::move(req));
+  }
+  lane->cv.notify_one();
+}
+
+void PointToPoint::post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done) {
+  post(send_lanes_, dst, Request{tag, const_cast<char*>(data), bytes, std::move(done)}, true);
+}
+
+void PointToPoint::post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done) {
+  post(recv_lanes_, src, Request{tag, data, bytes, std::move(done)}, false);
+}
+
+void PointToPoint::write_stream(int dst, const char* p, int64_t n) {
+  const int me = t_.rank();
+  const uint64_t cap = t_.channel_bytes();
+  auto& written = t_.control(me).p2p_written[dst].value;
+  auto& read = t_.control(dst).p2p_read[me].value;
+  char* ring = t_.channel(me, dst);
+  Waiter w(t_, timeout_, abort_, str("pycoll::send to rank ", dst));
+  uint64_t pos = written.load(std::memory_order_relaxed);
+  while (n > 0) {
+    uint64_t space = cap - (pos - read.load(std::memory_order_acquire));
+    if (space == 0) {
+      w.until_ge(dst, read, pos - cap + 1, "receiver draining the channel");
+      continue;
+    }
+    const uint64_t off = pos % cap;
+    const uint64_t k = std::min<uint64_t>({static_cast<uint64_t>(n), space, cap - off});
+    std::memcpy(ring + off, p, k);
+    pos += k;
+    p += k;
+    n -= static_cast<int64_t>(k);
+    written.store(pos, std::memory_order_release);
+  }
+}
+
+void PointToPoint::read_stream(int src, char* p, int64_t n) {
+  const int me = t_.rank();
+  const uint64_t cap = t_.channel_bytes();
+  auto& written = t_.control(src).p2p_written[me].value;
+  auto& read = t_.control(me).p2p_read[src].value;
+  const char* ring = t_.channel(src, me);
+  Waiter w(t_, timeout_, abort_, str("pycoll::recv from rank ", src));
+  uint64_t pos = read.load(std::memory_order_relaxed);
+  while (n > 0) {
+    uint64_t avail = written.load(std::memory_order_acquire) - pos;
+    if (avail == 0) {
+      w.until_ge(src, written, pos + 1, "sender writing the channel");
+      continue;
+    }
+    const uint64_t off = pos % cap;
+    const uint64_t k = std::min<uint64_t>({static_cast<uint64_t>(n), avail, cap - off});
+    std::memcpy(p, ring + off, k);
+    pos += k;
+    p += k;
+    n -= static_cast<int64_t>(k);
+    read.store(pos, std::memory_order_release);
+  }
+}
+
+void PointToPoint::send_loop(int dst, Lane& lane) {
+  for (;;) {
+    Request req;
+    {
+      std::unique_lock<std::mutex> lk(lane.mu);
+      lane.cv.wait(lk, [&] { return lane.stop || !lane.queue.empty(); });
+      if (lane.queue.empty()) return;
+      req = std::move(lane.queue.front());
+      lane.queue.pop_front();
+    }
+    std::exception_ptr err = lane.broken;
+    if (!err) {
+      try {
+        MessageHeader h{req.tag, req.bytes};
+        write_stream(dst, reinterpret_cast<const char*>(&h), sizeof(h));
+        write_stream(dst, req.data, req.bytes);
+      } catch (...) {
+        err = std::current_exception();
+        lane.broken = err;  // the stream is out of step: later sends fail fast
+      }
+    }
+    req.done(err);
+  }
+}
+
+void PointToPoint::recv_loop(int src, Lane& lane) {
+  for (;;) {
+    Request req;
+    {
+      std::unique_lock<std::mutex> lk(lane.mu);
+      lane.cv.wait(lk, [&] { return lane.stop || !lane.queue.empty(); });
+      if (lane.queue.empty()) return;
+      req = std::move(lane.queue.front());
+      lane.queue.pop_front();
+    }
+    std::exception_ptr err = lane.broken;
+    auto size_error = [&](int64_t sent) {
+      return std::make_exception_ptr(std::runtime_error(
+          str("pycoll::recv: rank ", src, " sent ", sent, " bytes with tag ", req.tag, " but this receive expects ",
+              req.bytes, " bytes")));
+    };
+    if (!err) {
+      try {
+        auto it = lane.early.find(req.tag);
+        if (it != lane.early.end() && !it->second.empty()) {
+          std::vector<char> msg = std::move(it->second.front());
+          it->second.pop_front();
+          if (static_cast<int64_t>(msg.size()) != req.bytes) {
+            err = size_error(static_cast<int64_t>(msg.size()));
+          } else if (req.bytes > 0) {
+            std::memcpy(req.data, msg.data(), msg.size());
+          }
+        } else {
+          for (;;) {
+            MessageHeader h{};
+            read_stream(src, reinterpret_cast<char*>(&h), sizeof(h));
+            if (h.tag == req.tag) {
+              if (h.bytes != req.bytes) {
+                std::vector<char> sink(static_cast<size_t>(h.bytes));  // keep the stream in step
+                read_stream(src, sink.data(), h.bytes);
+                err = size_error(h.bytes);
+              } else {
+                read_stream(src, req.data, h.bytes);
+              }
+              break;
+            }
+            std::vector<char> msg(static_cast<size_t>(h.bytes));
+            read_stream(src, msg.data(), h.bytes);
+            lane.early[h.tag].push_back(std::move(msg));
+          }
+        }
+      } catch (...) {
+        err = std::current_exception();
+        lane.broken = err;
+      }
+    }
+    req.done(err);
+  }
+}
+
+}  // namespace pycoll

@@ -1,0 +1,74 @@
+// Point-to-point messages over the per-pair byte channels of the transport.
+//
+// Terms: a channel (src -> dst) is a ring buffer in src's memory with two
+// counters: p2p_written[dst] in src's control block and p2p_read[src] in
+// dst's. A message is a 16-byte header (tag, bytes) followed by the payload,
+// streamed through the channel in as many pieces as it takes.
+//
+// One sender thread per destination and one receiver thread per source, so
+// a send never blocks the caller, never waits behind a send to another peer,
+// and both ranks may send before they receive. A receive whose tag does not
+// match the next message buffers that message (heap copy) until a receive
+// with its tag is posted: tags may be received in any order.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace pycoll {
+
+class PointToPoint {
+ public:
+  using Done = std::function<void(std::exception_ptr)>;
+  PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort);
+  ~PointToPoint();
+  PointToPoint(const PointToPoint&) = delete;
+  PointToPoint& operator=(const PointToPoint&) = delete;
+
+  // `data` must stay valid until `done` runs (on a p2p thread).
+  void post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done);
+  void post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done);
+
+ private:
+  struct Request {
+    int64_t tag;
+    char* data;
+    int64_t bytes;
+    Done done;
+  };
+  struct Lane {  // one peer, one direction
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Request> queue;
+    std::thread thread;
+    bool stop = false;
+    std::exception_ptr broken;                              // first stream error
+    std::map<int64_t, std::deque<std::vector<char>>> early;  // receive lanes: messages nobody asked for yet
+  };
+  void post(std::vector<std::unique_ptr<Lane>>& lanes, int peer, Request req, bool send);
+  void send_loop(int dst, Lane& lane);
+  void recv_loop(int src, Lane& lane);
+  void write_stream(int dst, const char* p, int64_t n);
+  void read_stream(int src, char* p, int64_t n);
+
+  Transport& t_;
+  std::chrono::milliseconds timeout_;
+  const std::atomic<bool>* abort_;
+  std::mutex lanes_mu_;
+  std::vector<std::unique_ptr<Lane>> send_lanes_;
+  std::vector<std::unique_ptr<Lane>> recv_lanes_;
+};
+
+}  // namespace pycoll

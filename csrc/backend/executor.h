@@ -1,0 +1,56 @@
+// Runs a group's collectives one at a time, in the order they were issued
+// (every rank issues them in the same order, so every rank runs them in the
+// same order), on one engine thread. A blocking call (async_op=False) finding
+// the engine idle runs on the caller's thread instead, which saves two thread
+// hand-offs on small messages. CompletionPool runs Future callbacks on
+// threads of their own (see work.h for why).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace pycoll {
+
+class SerialExecutor {
+ public:
+  SerialExecutor();
+  ~SerialExecutor();
+  SerialExecutor(const SerialExecutor&) = delete;
+  SerialExecutor& operator=(const SerialExecutor&) = delete;
+
+  // Returns true if the task ran inline (already finished) on this thread.
+  bool submit(std::function<void()> task, bool inline_ok);
+  void stop();
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class CompletionPool {
+ public:
+  static CompletionPool& instance();
+  void post(std::function<void()> fn);
+  ~CompletionPool();
+
+ private:
+  CompletionPool() = default;
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<std::thread> threads_;
+  int idle_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace pycoll

@@ -1,0 +1,44 @@
+#include "backend/op_stats.h"
+
+#include <cstdio>
+#include <mutex>
+
+#include "common/env.h"
+
+namespace pycoll {
+
+namespace {
+std::mutex& stats_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, OpCounters>& table() {
+  static std::map<std::string, OpCounters> t;
+  return t;
+}
+}  // namespace
+
+void record_op(const char* op, int64_t bytes, Algo algo, const OpTimer& timer, int rank, int size) {
+  {
+    std::lock_guard<std::mutex> g(stats_mutex());
+    auto& c = table()[op];
+    c.calls += 1;
+    c.bytes += static_cast<uint64_t>(bytes > 0 ? bytes : 0);
+  }
+  if (rank >= 0 && debug_info_enabled()) {
+    std::fprintf(stderr, "[pycoll %d/%d] %s algo=%s bytes=%lld time=%.1fus\n", rank, size, op, algo_name(algo),
+                 static_cast<long long>(bytes), timer.elapsed_us());
+  }
+}
+
+std::map<std::string, OpCounters> op_stats() {
+  std::lock_guard<std::mutex> g(stats_mutex());
+  return table();
+}
+
+void reset_op_stats() {
+  std::lock_guard<std::mutex> g(stats_mutex());
+  table().clear();
+}
+
+}  // namespace pycoll

@@ -1,0 +1,32 @@
+// Per-process counters of what each op moved (payload bytes this rank
+// contributed), exposed as pycollectives.stats(), and the PYCOLL_DEBUG=INFO
+// log line per op.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "common/types.h"
+
+namespace pycoll {
+
+struct OpTimer {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double elapsed_us() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+struct OpCounters {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;
+};
+
+// Counts one call; logs it when PYCOLL_DEBUG=INFO and rank >= 0.
+void record_op(const char* op, int64_t bytes, Algo algo, const OpTimer& timer, int rank, int size);
+std::map<std::string, OpCounters> op_stats();
+void reset_op_stats();
+
+}  // namespace pycoll

@@ -1,0 +1,30 @@
+// Argument checks and torch <-> engine type mapping. Every message starts
+// with the op ("pycoll::allreduce: ...") and names the argument and what was
+// expected, so that a user sees which call was wrong.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <string>
+#include <vector>
+
+#include "common/types.h"
+
+namespace pycoll {
+
+DType to_dtype(const char* op, at::ScalarType t);
+// Maps the c10d reduce op; rejects combinations the engines cannot do
+// (bitwise ops on floats, AVG/PREMUL_SUM on integers, AVG on bool).
+ReduceKind to_reduce(const char* op, const c10d::ReduceOp& r, DType t);
+// PREMUL_SUM's factor (scalar or one-element tensor), as a double.
+at::Tensor premul_factor(const c10d::ReduceOp& r);
+
+void check_one_tensor(const char* op, const std::vector<at::Tensor>& tensors);
+void check_dense(const char* op, const at::Tensor& t, const char* what);
+void check_same_type(const char* op, const at::Tensor& ref, const at::Tensor& t, const char* what);
+void check_rank(const char* op, int64_t rank, int size, const char* what);
+// All tensors on the CPU, or all on the same CUDA device.
+void check_same_device(const char* op, const std::vector<at::Tensor>& tensors);
+
+}  // namespace pycoll

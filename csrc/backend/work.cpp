@@ -1,0 +1,73 @@
+#include "backend/work.h"
+
+#include <ATen/core/jit_type.h>
+
+#include "common/check.h"
+
+namespace pycoll {
+
+PycollWork::PycollWork(int rank, c10d::OpType type, std::string op_name, uint64_t seq, std::vector<at::Tensor> outputs,
+                       std::vector<c10::Device> devices)
+    : c10d::Work(rank, type), op_name_(std::move(op_name)), seq_(seq), outputs_(std::move(outputs)) {
+  // The device list makes markCompleted record CUDA events and makes waiters
+  // synchronise with them; without it, GPU callbacks would race.
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+}
+
+bool PycollWork::isCompleted() {
+  std::lock_guard<std::mutex> g(mutex_);
+  return completed_;
+}
+
+bool PycollWork::isSuccess() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  return completed_ && !exception_;
+}
+
+std::exception_ptr PycollWork::exception() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  return exception_;
+}
+
+std::vector<at::Tensor> PycollWork::result() { return outputs_; }
+
+bool PycollWork::wait(std::chrono::milliseconds timeout) {
+  {
+    std::unique_lock<std::mutex> lk(mutex_);
+    if (timeout == kNoTimeout) {
+      cv_.wait(lk, [&] { return completed_; });
+    } else if (!cv_.wait_for(lk, timeout, [&] { return completed_; })) {
+      TORCH_CHECK(false, op_name_, ": Work.wait timed out after ", timeout.count(), " ms (op #", seq_,
+                  "); a peer may not have called this collective yet");
+    }
+    if (exception_) std::rethrow_exception(exception_);
+  }
+  if (on_wait) on_wait();
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> PycollWork::getFuture() { return future_; }
+
+void PycollWork::mark_done(std::exception_ptr err) {
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    completed_ = true;
+    exception_ = err;
+  }
+  cv_.notify_all();
+}
+
+void PycollWork::settle_future() {
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    err = exception_;
+  }
+  if (err) {
+    future_->setError(err);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+}  // namespace pycoll

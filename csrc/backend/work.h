@@ -1,0 +1,52 @@
+// Work objects handed back to torch.distributed.
+//
+// Completion happens in two steps on purpose: the engine marks the Work done
+// (Work::wait returns) on its own thread, and a completion-pool thread then
+// completes the Future, which runs user callbacks. A callback that issues and
+// waits on another collective (torch's PowerSGD hook does) therefore never
+// blocks the engine that must run that collective.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace pycoll {
+
+class PycollWork : public c10d::Work {
+ public:
+  PycollWork(int rank, c10d::OpType type, std::string op_name, uint64_t seq, std::vector<at::Tensor> outputs,
+             std::vector<c10::Device> devices);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override { return seq_; }
+
+  // Engine side: the op finished (err == nullptr) or failed.
+  void mark_done(std::exception_ptr err);
+  // Completion side: completes the Future (runs its callbacks).
+  void settle_future();
+
+  // Optional step run by wait() before returning (CUDA: make the caller's
+  // stream wait on the op's end event).
+  std::function<void()> on_wait;
+
+ private:
+  std::string op_name_;
+  uint64_t seq_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace pycoll

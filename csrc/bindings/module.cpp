@@ -1,0 +1,80 @@
+// The Python module pycollectives._C: the backend class, its factory, and the
+// process-wide settings and counters.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/python.h>
+
+#include "algorithms/select.h"
+#include "backend/op_stats.h"
+#include "backend/process_group.h"
+#include "backend/settings.h"
+
+namespace py = pybind11;
+
+namespace {
+
+bool built_with_cuda() {
+#ifdef PYCOLL_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+pycoll::OpCode parse_op(const std::string& s) {
+  using pycoll::OpCode;
+  if (s == "all_reduce" || s == "allreduce") return OpCode::AllReduce;
+  if (s == "all_gather" || s == "allgather") return OpCode::AllGather;
+  if (s == "reduce_scatter") return OpCode::ReduceScatter;
+  if (s == "broadcast") return OpCode::Broadcast;
+  if (s == "reduce") return OpCode::Reduce;
+  throw std::invalid_argument("unknown op for the cost model: '" + s +
+                              "' (expected all_reduce, all_gather, reduce_scatter, broadcast or reduce)");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "pycollectives native extension";
+  py::object backend_base = py::module::import("torch._C._distributed_c10d").attr("Backend");
+  py::class_<pycoll::ProcessGroupPycoll, c10d::Backend, c10::intrusive_ptr<pycoll::ProcessGroupPycoll>>(
+      m, "ProcessGroupPycoll")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const std::string& group_name) {
+             return c10::make_intrusive<pycoll::ProcessGroupPycoll>(store, rank, size, timeout, group_name);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
+           py::call_guard<py::gil_scoped_release>());
+
+  m.def("built_with_cuda", &built_with_cuda, "True if the CUDA engine was compiled in");
+  m.def("set_algo", [](const std::string& name) { pycoll::set_algo_override(pycoll::parse_algo(name)); },
+        "Force an algorithm for every later op of this process (ring, tree, oneshot, twoshot, auto)");
+  m.def("get_algo", []() { return std::string(pycoll::algo_name(pycoll::algo_override())); });
+  m.def("stats", []() {
+    py::dict d;
+    for (const auto& [op, c] : pycoll::op_stats()) {
+      py::dict e;
+      e["calls"] = c.calls;
+      e["bytes"] = c.bytes;
+      d[py::str(op)] = e;
+    }
+    return d;
+  });
+  m.def("reset_stats", &pycoll::reset_op_stats);
+  m.def("set_cost_entry", [](const std::string& op, const std::string& algo, double alpha_us, double beta_us_per_byte) {
+    pycoll::set_cost_entry({parse_op(op), pycoll::parse_algo(algo), alpha_us, beta_us_per_byte});
+  });
+  m.def("cost_entries", []() {
+    py::list out;
+    for (const auto& e : pycoll::cost_entries()) {
+      out.append(py::make_tuple(pycoll::op_name(e.op), pycoll::algo_name(e.algo), e.alpha_us, e.beta_us_per_byte));
+    }
+    return out;
+  });
+  m.def("select_algorithm", [](const std::string& op, size_t bytes, int world) {
+    return std::string(pycoll::algo_name(pycoll::select_algorithm(parse_op(op), bytes, world)));
+  });
+  (void)backend_base;
+}

@@ -1,0 +1,69 @@
+// Plain enums shared by every engine (CPU and CUDA). No torch includes here so
+// kernels and transports can use them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace pycoll {
+
+// Element types the engines move and reduce. Values are stable: they travel in
+// the per-op header that ranks compare to detect mismatched calls.
+enum class DType : int32_t {
+  Float32 = 0,
+  Float64 = 1,
+  Float16 = 2,
+  BFloat16 = 3,
+  Int8 = 4,
+  UInt8 = 5,
+  Int32 = 6,
+  Int64 = 7,
+  Bool = 8,
+};
+
+// Reduction applied element-wise. AVG and PREMUL_SUM are carried explicitly so
+// an engine can fold the scaling into its final store instead of an extra pass.
+enum class ReduceKind : int32_t {
+  Sum = 0,
+  Avg = 1,
+  Product = 2,
+  Min = 3,
+  Max = 4,
+  BAnd = 5,
+  BOr = 6,
+  BXor = 7,
+  PremulSum = 8,
+};
+
+// Algorithm names are the same on both engines. Auto asks the cost model.
+enum class Algo : int32_t {
+  Auto = 0,
+  Ring = 1,
+  Tree = 2,
+  OneShot = 3,
+  TwoShot = 4,
+};
+
+// Operation codes carried in the per-op header (mismatch detection, logging).
+enum class OpCode : int32_t {
+  AllReduce = 1,
+  Reduce = 2,
+  Broadcast = 3,
+  AllGather = 4,
+  ReduceScatter = 5,
+  AllToAll = 6,
+  Gather = 7,
+  Scatter = 8,
+  Barrier = 9,
+};
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+const char* reduce_name(ReduceKind r);
+const char* algo_name(Algo a);
+const char* op_name(OpCode o);
+// Parses "ring", "tree", "oneshot", "twoshot", "auto" (case-insensitive);
+// throws std::invalid_argument naming the accepted values otherwise.
+Algo parse_algo(const std::string& s);
+
+}  // namespace pycoll

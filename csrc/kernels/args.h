@@ -1,0 +1,87 @@
+// Kernel arguments, shared by the host launcher (cuda_engine.cu) and the kernels. Plain structs
+// passed by value; no torch, no CUDA headers.
+#pragma once
+
+#include <cstdint>
+
+#include "transport/cuda_ipc/device_handle.h"
+
+namespace pycoll {
+namespace kernels {
+
+// Reduce kernels (templated on dtype and op).
+enum class ReduceMode : int32_t {
+  AllReduceOneShot = 0,
+  AllReduceTwoShot = 1,
+  AllReduceRing = 2,
+  AllReduceTree = 3,
+  ReduceScatterDirect = 4,
+  ReduceScatterRing = 5,
+  ReduceDirect = 6,
+};
+
+// Copy kernels (no dtype).
+enum class CopyMode : int32_t {
+  AllGatherDirect = 0,
+  AllGatherRing = 1,
+  Broadcast = 2,
+  AllToAll = 3,
+  Barrier = 4,
+};
+
+// Elements are of the kernel's dtype. Segment-based modes (two-shot, ring, reduce-scatter) view
+// `in` as nranks segments: segment q starts at q * seg and holds clamp(count - q*seg, 0, seg)
+// elements; segment q's result goes to out + q * out_stride (out_stride 0: reduce-scatter, where
+// only the own segment is written). Chunk c is the slice [c*chunk, (c+1)*chunk) of every segment
+// (of the whole tensor for one-shot, tree, reduce); CTA b handles chunks b, b+B, b+2B, ...
+struct ReduceArgs {
+  cuda_ipc::DeviceHandle h;
+  ReduceMode mode;
+  int32_t op;  // pycoll::OpCode, for error reports
+  const void* in;
+  void* out;
+  int64_t count;
+  int64_t seg;
+  int64_t out_stride;
+  int64_t chunk;
+  int64_t nchunks;
+  int32_t root;  // ReduceDirect
+  int32_t div;   // Avg: world size; else 1
+  // Tree: per tree t (0, 1): parent (-1 at the root) and up to two children (-1 if none).
+  int32_t tree_parent[2];
+  int32_t tree_child[2][2];
+};
+
+// Byte-based modes. All-gather: `bytes` per rank, out = nranks * bytes. Broadcast: `bytes` of
+// `out` (in place), from `root`. All-to-all: per-peer byte counts/offsets; chunk = slot size and
+// chunk j of a pair goes through CTA j % gridDim.x (gridDim.x is a fixed constant for this mode).
+struct CopyArgs {
+  cuda_ipc::DeviceHandle h;
+  CopyMode mode;
+  int32_t op;
+  const void* in;
+  void* out;
+  int64_t bytes;
+  int64_t chunk;
+  int64_t nchunks;
+  int32_t root;
+  int32_t pad;
+  int64_t send_bytes[cuda_ipc::kMaxRanks];
+  int64_t send_off[cuda_ipc::kMaxRanks];
+  int64_t recv_bytes[cuda_ipc::kMaxRanks];
+  int64_t recv_off[cuda_ipc::kMaxRanks];
+};
+
+// Point-to-point on the p2p channel set. Chunk j (of `chunk` bytes) goes through CTA j % kP2PBlocks.
+struct P2PArgs {
+  cuda_ipc::DeviceHandle h;
+  int32_t peer;
+  int32_t is_send;
+  void* buf;
+  int64_t bytes;
+  int64_t chunk;
+  int64_t nchunks;
+};
+
+}  // namespace kernels
+}  // namespace pycoll

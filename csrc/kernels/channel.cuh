@@ -1,0 +1,204 @@
+// The step verbs every kernel is written in: a CTA acquires the next slot of some outbound and
+// inbound channels, thread 0 describes the data work (copy/reduce jobs), every thread runs it, and
+// the CTA releases the slots. Channel terms are defined in transport/cuda_ipc/layout.h.
+//
+//   acquire(out_mask, in_mask)
+//       For each peer p in out_mask, warp 0 lane p waits until channel me->p has a free slot
+//       (head >= sent + 1 - nslots) and publishes its address in sh->oslot[p] (a peer's memory).
+//       For each peer q in in_mask, warp 1 lane q waits until channel q->me holds the next message
+//       (tail >= recvd + 1) and publishes sh->islot[q] (this rank's memory). Ends with a
+//       __syncthreads; returns false on every thread if any wait expired or the rank is aborted.
+//   thread 0 fills sh->cjob / sh->rjob from sh->oslot / sh->islot and the user's pointers.
+//   execute / execute_copy(out_mask, in_mask)
+//       __syncthreads; all threads run the jobs; release: __syncthreads, then lane p posts
+//       tail = sent + 1 into p's memory (st.release.sys: the slot's contents are visible first),
+//       lane q posts head = recvd + 1 into q's memory (our reads of the slot are done first).
+//   finish()
+//       stores the counters this CTA moved back into the workspace (only those: a p2p send and a
+//       p2p receive may run at the same time in different kernels).
+//
+// Messages on one channel are consumed in the order they were sent; every algorithm below keeps
+// the same step sequence on both ends, so the n ranks agree on what each message is.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/primitives.cuh"
+#include "kernels/signal.cuh"
+#include "transport/cuda_ipc/device_handle.h"
+
+namespace pycoll {
+namespace kernels {
+
+using cuda_ipc::ChannelSetLayout;
+
+constexpr int kThreads = 512;  // threads per CTA of every kernel
+
+// Per-CTA shared state.
+struct StepShared {
+  DeviceHandle h;                   // copy of the kernel argument (addressable from noinline code)
+  char* oslot[kMaxRanks];           // slot to write, per outbound peer (in the peer's workspace)
+  const char* islot[kMaxRanks];     // slot to read, per inbound peer (in this rank's workspace)
+  int32_t njobs;
+  int32_t has_reduce;
+  CopyJob cjob[kMaxRanks];
+  ReduceJob rjob;
+
+  // Thread 0 only: start describing a step.
+  __device__ __forceinline__ void clear() {
+    njobs = 0;
+    has_reduce = 0;
+  }
+  __device__ __forceinline__ CopyJob& add_copy(const void* src, int64_t bytes) {
+    CopyJob& j = cjob[njobs++];
+    j.src = static_cast<const char*>(src);
+    j.nd = 0;
+    j.bytes = bytes;
+    return j;
+  }
+  __device__ __forceinline__ ReduceJob& set_reduce(int64_t count, int div) {
+    has_reduce = 1;
+    rjob.ns = 0;
+    rjob.nd = 0;
+    rjob.div = div;
+    rjob.count = count;
+    return rjob;
+  }
+};
+
+__device__ __forceinline__ void push_dst(CopyJob& j, void* p) { j.dst[j.nd++] = static_cast<char*>(p); }
+__device__ __forceinline__ void push_src(ReduceJob& j, const void* p) { j.src[j.ns++] = p; }
+__device__ __forceinline__ void push_dst(ReduceJob& j, void* p) { j.dst[j.nd++] = p; }
+
+// Every rank but `me`.
+__device__ __forceinline__ uint32_t peer_mask(int n, int me) {
+  return ((1u << n) - 1u) & ~(1u << me);
+}
+__device__ __forceinline__ bool has(uint32_t mask, int q) { return (mask >> q) & 1u; }
+
+// Number of chunks CTA b of B handles when chunk c goes to CTA c % B.
+__device__ __forceinline__ int64_t block_chunk_count(int64_t nchunks, int b, int B) {
+  return nchunks > b ? (nchunks - b + B - 1) / B : 0;
+}
+
+// Thread 0 copies the device handle into shared memory; everyone waits for it.
+__device__ __forceinline__ void load_handle(StepShared* sh, const DeviceHandle& h) {
+  if (threadIdx.x == 0) sh->h = h;
+  __syncthreads();
+}
+
+class BlockChannels {
+ public:
+  // `msg_bytes`: total length of the message a p2p channel carries (checked by the receiver).
+  __device__ BlockChannels(StepShared* sh, const ChannelSetLayout* set, int op, uint64_t msg_bytes)
+      : sh_(sh), set_(set), op_(op), msg_bytes_(msg_bytes) {
+    const DeviceHandle* h = &sh->h;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    peer_ = lane;
+    role_ = 0;
+    if (lane < h->nranks && lane != h->rank && blockIdx.x < unsigned(set->nblocks)) {
+      if (warp == 0) role_ = 1;
+      if (warp == 1) role_ = 2;
+    }
+    dirty_ = false;
+    cnt_ = 0;
+    if (role_ == 1) {
+      cnt_ = *reinterpret_cast<const uint64_t*>(h->base[h->rank] + set->sent_offset(blockIdx.x, peer_));
+    } else if (role_ == 2) {
+      cnt_ = *reinterpret_cast<const uint64_t*>(h->base[h->rank] + set->recvd_offset(blockIdx.x, peer_));
+    }
+  }
+
+  __device__ bool acquire(uint32_t out_mask, uint32_t in_mask) {
+    bool ok = true;
+    const DeviceHandle* h = &sh_->h;
+    const int me = h->rank;
+    const int b = blockIdx.x;
+    const ChannelSetLayout& L = *set_;
+    if (role_ == 1 && has(out_mask, peer_)) {
+      const uint64_t need = cnt_ + 1;
+      if (need > uint64_t(L.nslots)) {
+        const uint64_t* head = reinterpret_cast<const uint64_t*>(h->base[me] + L.head_offset(peer_, b));
+        ok = wait_ge(h, head, need - L.nslots, WaitSite{op_, b, peer_, cuda_ipc::kWaitCredit});
+      }
+      sh_->oslot[peer_] = h->base[peer_] + L.slot_offset(h->nranks, me, peer_, b, int(cnt_ % L.nslots));
+    } else if (role_ == 2 && has(in_mask, peer_)) {
+      const uint64_t* tail = reinterpret_cast<const uint64_t*>(h->base[me] + L.tail_offset(peer_, b));
+      ok = wait_ge(h, tail, cnt_ + 1, WaitSite{op_, b, peer_, cuda_ipc::kWaitData});
+      const int s = int(cnt_ % L.nslots);
+      if (ok && L.has_len) {
+        const uint64_t got =
+            *reinterpret_cast<const volatile uint64_t*>(h->base[me] + L.len_offset(peer_, b, s));
+        if (got != msg_bytes_) {
+          raise_error(h, cuda_ipc::kErrSizeMismatch, WaitSite{op_, b, peer_, cuda_ipc::kWaitData},
+                      msg_bytes_, got, 0);
+          ok = false;
+        }
+      }
+      sh_->islot[peer_] = h->base[me] + L.slot_offset(h->nranks, peer_, me, b, s);
+    }
+    return __syncthreads_and(ok ? 1 : 0) != 0;
+  }
+
+  __device__ void release(uint32_t out_mask, uint32_t in_mask) {
+    __syncthreads();
+    const DeviceHandle* h = &sh_->h;
+    const int me = h->rank;
+    const int b = blockIdx.x;
+    const ChannelSetLayout& L = *set_;
+    if (role_ == 1 && has(out_mask, peer_)) {
+      if (L.has_len) {
+        *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + L.len_offset(me, b, int(cnt_ % L.nslots))) =
+            msg_bytes_;
+      }
+      st_release_sys(reinterpret_cast<uint64_t*>(h->base[peer_] + L.tail_offset(me, b)), cnt_ + 1);
+      ++cnt_;
+      dirty_ = true;
+    } else if (role_ == 2 && has(in_mask, peer_)) {
+      st_release_sys(reinterpret_cast<uint64_t*>(h->base[peer_] + L.head_offset(me, b)), cnt_ + 1);
+      ++cnt_;
+      dirty_ = true;
+    }
+  }
+
+  // Runs the jobs thread 0 described, then releases.
+  template <DType D, class Op>
+  __device__ void execute(uint32_t out_mask, uint32_t in_mask) {
+    __syncthreads();
+    if (sh_->has_reduce) reduce_run<D, Op>(&sh_->rjob);
+    if (sh_->njobs > 0) copy_run(sh_->cjob, sh_->njobs);
+    release(out_mask, in_mask);
+  }
+  __device__ void execute_copy(uint32_t out_mask, uint32_t in_mask) {
+    __syncthreads();
+    if (sh_->njobs > 0) copy_run(sh_->cjob, sh_->njobs);
+    release(out_mask, in_mask);
+  }
+
+  __device__ void finish() {
+    if (!dirty_) return;
+    const DeviceHandle* h = &sh_->h;
+    char* mine = h->base[h->rank];
+    if (role_ == 1) {
+      *reinterpret_cast<uint64_t*>(mine + set_->sent_offset(blockIdx.x, peer_)) = cnt_;
+    } else if (role_ == 2) {
+      *reinterpret_cast<uint64_t*>(mine + set_->recvd_offset(blockIdx.x, peer_)) = cnt_;
+    }
+  }
+
+ private:
+  StepShared* sh_;
+  const ChannelSetLayout* set_;
+  int op_;
+  uint64_t msg_bytes_;
+  int peer_;
+  int role_;  // 0 none, 1 outbound manager of peer_, 2 inbound manager of peer_
+  bool dirty_;
+  uint64_t cnt_;  // role 1: messages sent to peer_; role 2: messages consumed from peer_
+};
+
+}  // namespace kernels
+}  // namespace pycoll

@@ -1,0 +1,52 @@
+// What a kernel needs to reach the symmetric workspace of every rank: a plain struct passed to
+// kernels by value (the MSCCL++ "DeviceHandle" pattern). The host class IpcWorkspace fills it.
+// No torch, no CUDA headers.
+#pragma once
+
+#include <cstdint>
+
+#include "transport/cuda_ipc/layout.h"
+
+namespace pycoll {
+namespace cuda_ipc {
+
+// Error codes a kernel can report (HostErrorRecord::code).
+enum DeviceErrorCode : int32_t {
+  kErrNone = 0,
+  kErrTimeout = 1,       // a bounded spin-wait expired: the peer never arrived
+  kErrPeerAborted = 2,   // a peer reported an error first and told this rank to stop
+  kErrSizeMismatch = 3,  // p2p: the sender's message length differs from the receive's
+};
+
+// Which wait expired (HostErrorRecord::where).
+enum WaitKind : int32_t {
+  kWaitCredit = 1,  // waiting for the receiver to free a slot (head)
+  kWaitData = 2,    // waiting for the sender to fill a slot (tail)
+};
+
+// First error seen by any kernel of this rank, written by the device into host-mapped memory.
+// `code` is written last (after a system fence): once the host reads it non-zero, the other
+// fields are complete.
+struct HostErrorRecord {
+  int32_t code;
+  int32_t rank;
+  int32_t peer;
+  int32_t block;
+  int32_t op;     // pycoll::OpCode, or 0 for send/recv
+  int32_t where;  // WaitKind
+  uint64_t expected;
+  uint64_t observed;
+  uint64_t waited_ns;
+};
+
+struct DeviceHandle {
+  int32_t rank = 0;
+  int32_t nranks = 1;
+  char* base[kMaxRanks] = {};  // workspace of every rank, mapped in this process (own included)
+  Layout layout;
+  uint64_t timeout_ns = 0;       // bound of every spin-wait
+  HostErrorRecord* err = nullptr;  // device alias of the host-mapped record
+};
+
+}  // namespace cuda_ipc
+}  // namespace pycoll

@@ -1,0 +1,135 @@
+// Layout of the symmetric CUDA IPC workspace. Every rank allocates one workspace of exactly this
+// layout (it depends on the world size only), so an offset computed on one rank is valid in every
+// peer's workspace. Plain C++ (no torch, no CUDA headers): the host class and the kernels share it.
+//
+// Terms
+//   channel (src -> dst, block b): a FIFO of `nslots` slots of `slot_bytes` each, living in dst's
+//     workspace. src writes a slot and then bumps `tail` (also in dst's workspace); dst reads the
+//     slot and then bumps `head` (in src's workspace). Both counters count messages since the
+//     engine was created and only grow, so a flag never needs a reset and a waiter compares with >=.
+//   block b: a CTA index. CTA b of one rank only ever talks to CTA b of its peers, so the CTAs of
+//     a kernel are independent pipelines.
+//   sent/recvd: the local copies of a channel's counters (only the owning rank touches them); a
+//     kernel loads them at start and stores them back at the end, which is what makes the kernels
+//     replayable inside a CUDA graph (no counter travels as a kernel argument).
+//
+// Two channel sets exist: `coll` for collectives (issued in one stream order on every rank) and
+// `p2p` for send/recv (may run concurrently with collectives, on other streams).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define PYCOLL_HD __host__ __device__ __forceinline__
+#else
+#define PYCOLL_HD inline
+#endif
+
+namespace pycoll {
+namespace cuda_ipc {
+
+constexpr int kMaxRanks = 8;        // world sizes 1..8 (one host)
+constexpr int kCollBlocks = 32;     // CTAs (= channels per peer pair) available to a collective
+constexpr int kCollSlots = 4;       // FIFO depth of a collective channel
+constexpr int kP2PBlocks = 4;       // CTAs of one send/recv
+constexpr int kP2PSlots = 4;        // FIFO depth of a p2p channel
+constexpr int64_t kP2PSlotBytes = 64 << 10;
+// Collective slot size: the data budget below is shared by the n-1 inbound peers; the slot is the
+// largest power of two that fits, clamped to [16 KiB, 128 KiB]. 2 ranks -> 128 KiB slots, 16 MiB.
+constexpr int64_t kCollDataBudget = 16 << 20;
+constexpr int64_t kMinCollSlotBytes = 16 << 10;
+constexpr int64_t kMaxCollSlotBytes = 128 << 10;
+// Flags written by different writers sit 128 bytes apart (no false sharing between writers).
+constexpr int64_t kFlagStride = 128;
+
+struct ChannelSetLayout {
+  int32_t nblocks = 0;
+  int32_t nslots = 0;
+  int64_t slot_bytes = 0;
+  int32_t has_len = 0;   // 1: every slot carries the total message length (p2p size check)
+  int32_t pad = 0;
+  int64_t off_tail = 0;  // in dst: [src rank][block] u64, written by src
+  int64_t off_head = 0;  // in src: [dst rank][block] u64, written by dst
+  int64_t off_len = 0;   // in dst: [src rank][block][slot] u64 (only when has_len)
+  int64_t off_sent = 0;  // local: [block][peer] u64
+  int64_t off_recvd = 0; // local: [block][peer] u64
+  int64_t off_data = 0;  // in dst: [peer index 0..n-2][block][slot][slot_bytes]
+
+  PYCOLL_HD int64_t tail_offset(int src, int b) const {
+    return off_tail + (int64_t(src) * nblocks + b) * kFlagStride;
+  }
+  PYCOLL_HD int64_t head_offset(int dst, int b) const {
+    return off_head + (int64_t(dst) * nblocks + b) * kFlagStride;
+  }
+  PYCOLL_HD int64_t len_offset(int src, int b, int s) const {
+    return off_len + ((int64_t(src) * nblocks + b) * nslots + s) * 8;
+  }
+  PYCOLL_HD int64_t sent_offset(int b, int peer) const {
+    return off_sent + (int64_t(b) * kMaxRanks + peer) * 8;
+  }
+  PYCOLL_HD int64_t recvd_offset(int b, int peer) const {
+    return off_recvd + (int64_t(b) * kMaxRanks + peer) * 8;
+  }
+  // Slot s of channel (src -> dst, block b), inside dst's workspace. The n-1 possible senders of
+  // dst are packed: peer index (src - dst - 1) mod n.
+  PYCOLL_HD int64_t slot_offset(int nranks, int src, int dst, int b, int s) const {
+    const int pidx = (src - dst - 1 + 2 * nranks) % nranks;
+    return off_data + ((int64_t(pidx) * nblocks + b) * nslots + s) * slot_bytes;
+  }
+};
+
+struct Layout {
+  int32_t nranks = 0;
+  int32_t pad = 0;
+  int64_t off_abort = 0;  // u32, sticky: (origin rank + 1) | (error code << 8); peers write it too
+  int64_t off_claim = 0;  // u32, local: the first error of this rank claims it and reports
+  ChannelSetLayout coll;
+  ChannelSetLayout p2p;
+  int64_t total_bytes = 0;
+};
+
+inline int64_t round_up_i64(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+inline int64_t coll_slot_bytes_for(int nranks) {
+  if (nranks < 2) return kMinCollSlotBytes;
+  const int64_t per_slot = kCollDataBudget / (int64_t(nranks - 1) * kCollBlocks * kCollSlots);
+  int64_t s = kMinCollSlotBytes;
+  while (s * 2 <= per_slot && s * 2 <= kMaxCollSlotBytes) s *= 2;
+  return s;
+}
+
+inline Layout make_layout(int nranks) {
+  Layout L;
+  L.nranks = nranks;
+  int64_t off = 0;
+  auto take = [&off](int64_t bytes, int64_t align) {
+    off = round_up_i64(off, align);
+    const int64_t at = off;
+    off += bytes;
+    return at;
+  };
+  auto flags = [&](ChannelSetLayout& c, int nblocks, int nslots, int64_t slot_bytes, bool has_len) {
+    c.nblocks = nblocks;
+    c.nslots = nslots;
+    c.slot_bytes = slot_bytes;
+    c.has_len = has_len ? 1 : 0;
+    c.off_tail = take(int64_t(kMaxRanks) * nblocks * kFlagStride, kFlagStride);
+    c.off_head = take(int64_t(kMaxRanks) * nblocks * kFlagStride, kFlagStride);
+    c.off_len = has_len ? take(int64_t(kMaxRanks) * nblocks * nslots * 8, kFlagStride) : 0;
+    c.off_sent = take(int64_t(nblocks) * kMaxRanks * 8, kFlagStride);
+    c.off_recvd = take(int64_t(nblocks) * kMaxRanks * 8, kFlagStride);
+  };
+  L.off_abort = take(kFlagStride, kFlagStride);
+  L.off_claim = take(kFlagStride, kFlagStride);
+  flags(L.coll, kCollBlocks, kCollSlots, coll_slot_bytes_for(nranks), false);
+  flags(L.p2p, kP2PBlocks, kP2PSlots, kP2PSlotBytes, true);
+  const int64_t npeers = nranks > 1 ? nranks - 1 : 0;
+  L.coll.off_data = take(npeers * kCollBlocks * kCollSlots * L.coll.slot_bytes, 4096);
+  L.p2p.off_data = take(npeers * kP2PBlocks * kP2PSlots * kP2PSlotBytes, 4096);
+  L.total_bytes = round_up_i64(off, 2 << 20);
+  return L;
+}
+
+}  // namespace cuda_ipc
+}  // namespace pycoll

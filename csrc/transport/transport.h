@@ -1,0 +1,71 @@
+// The transport contract the CPU algorithms are written against: every rank
+// exposes a control block and a data region that every peer can read, plus one
+// byte channel per ordered pair (src -> dst) for point-to-point messages.
+// Algorithms include this header only, never a concrete transport.
+//
+// Ordering: a rank writes data, then stores a counter with release; a peer
+// loads the counter with acquire, then reads the data. Counters only grow
+// (epochs), so nothing is ever reset.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace pycoll {
+
+constexpr int kMaxRanks = 64;
+
+// One counter per cache line: the writer and its readers never false-share.
+struct alignas(64) Counter {
+  std::atomic<uint64_t> value{0};
+  char pad[64 - sizeof(std::atomic<uint64_t>)];
+};
+static_assert(sizeof(Counter) == 64, "Counter must fill one cache line");
+
+// What each rank declares before a collective; peers compare it to catch
+// mismatched calls (different op, size, dtype, root...) before any data moves.
+struct OpHeader {
+  uint64_t seq;
+  int32_t op;
+  int32_t dtype;
+  int32_t reduce;
+  int32_t algo;
+  int64_t root;
+  int64_t count;
+  int64_t aux;  // op-specific (e.g. largest all_to_all block)
+  int64_t split_bytes[kMaxRanks];  // all_to_all: bytes this rank sends to each peer
+  int64_t recv_bytes[kMaxRanks];   // all_to_all: bytes this rank expects from each peer
+};
+
+struct alignas(64) ControlBlock {
+  int64_t pid;
+  Counter arrive;         // barrier epochs
+  Counter ring_ready;     // ring: my slot holds step g
+  Counter ring_consumed;  // ring: I have read my left neighbour's step g
+  Counter up_ready;       // tree reduce: my partial for segment g is published
+  Counter up_consumed;    // tree reduce: I have read my children's segment g
+  Counter down_ready;     // tree broadcast: my copy of segment g is published
+  Counter down_consumed;  // tree broadcast: I have read my parent's segment g
+  OpHeader header[2];     // by op sequence parity
+  Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
+  Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Rank r's collective data region (readable by all; written only by r).
+  virtual char* data(int r) = 0;
+  virtual size_t data_bytes() const = 0;
+  virtual ControlBlock& control(int r) = 0;
+  // The point-to-point ring buffer from src to dst; it lives in src's memory.
+  virtual char* channel(int src, int dst) = 0;
+  virtual size_t channel_bytes() const = 0;
+  // False once rank r's process is known to have exited.
+  virtual bool peer_alive(int r) = 0;
+};
+
+}  // namespace pycoll

@@ -1,0 +1,53 @@
+"""pycollectives: a collective-communication backend for torch.distributed.
+
+``import pycollectives`` registers the backend ``"pycoll"`` for CPU and CUDA
+tensors, so that ``torch.distributed.init_process_group("pycoll")`` works with
+any launcher (torchrun's env://, ``store=``, ``init_method="file://..."``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _C  # noqa: F401  (the native extension)
+from .config import get_algo, load_cost_model, set_algo
+
+__all__ = ["get_algo", "set_algo", "stats", "reset_stats", "cuda_built", "load_cost_model", "BACKEND_NAME"]
+
+BACKEND_NAME = "pycoll"
+
+
+def _create_backend(dist_backend_opts, backend_options):
+    """The creator torch.distributed calls for every group using "pycoll"."""
+    return _C.ProcessGroupPycoll(
+        dist_backend_opts.store,
+        dist_backend_opts.group_rank,
+        dist_backend_opts.group_size,
+        dist_backend_opts.timeout,
+        dist_backend_opts.group_id,
+    )
+
+
+def _register() -> None:
+    if BACKEND_NAME.upper() in dist.Backend._plugins:  # idempotent across reloads
+        return
+    # devices must be a list: a plain string would be iterated character by character.
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+
+
+def stats() -> dict:
+    """Per-op counters of this process: {op: {"calls": n, "bytes": payload bytes this rank contributed}}."""
+    return dict(_C.stats())
+
+
+def reset_stats() -> None:
+    _C.reset_stats()
+
+
+def cuda_built() -> bool:
+    """True if the extension was compiled with the CUDA engine."""
+    return bool(_C.built_with_cuda())
+
+
+_register()
+load_cost_model()

@@ -1,0 +1,82 @@
+"""Builds pycollectives._C with torch.utils.cpp_extension.
+
+With a CUDA build of torch and a CUDA toolkit (CUDA_HOME, else /usr/local/cuda
+when nvcc is there) the extension includes the CUDA engine; otherwise it is
+CPU-only. PYCOLL_FORCE_CPU=1 forces the CPU-only build. Either way it prints
+which one it built.
+"""
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+
+def _find_cuda_home():
+    if os.environ.get("CUDA_HOME") and os.path.exists(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")):
+        return os.environ["CUDA_HOME"]
+    if os.path.exists("/usr/local/cuda/bin/nvcc"):
+        return "/usr/local/cuda"
+    nvcc = shutil.which("nvcc")
+    return os.path.dirname(os.path.dirname(nvcc)) if nvcc else None
+
+
+def _want_cuda():
+    if os.environ.get("PYCOLL_FORCE_CPU", "0") == "1":
+        return False, "PYCOLL_FORCE_CPU=1"
+    import torch  # noqa: WPS433 (build-time import)
+
+    if torch.version.cuda is None:
+        return False, "torch has no CUDA"
+    home = _find_cuda_home()
+    if home is None:
+        return False, "no CUDA toolkit found (set CUDA_HOME)"
+    # torch.utils.cpp_extension reads CUDA_HOME when it is imported.
+    os.environ["CUDA_HOME"] = home
+    return True, f"CUDA {torch.version.cuda}, toolkit at {home}"
+
+
+def _extension():
+    use_cuda, why = _want_cuda()
+    from torch.utils import cpp_extension
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
+    cxx = ["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-deprecated-declarations",
+           "-Wno-missing-field-initializers"]
+    macros = []
+    if use_cuda:
+        sources += sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
+        macros.append(("PYCOLL_WITH_CUDA", "1"))
+        nvcc = ["-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-Wall",
+                "-Xcompiler", "-Wno-unused-parameter", "-Xcompiler", "-Wno-deprecated-declarations",
+                "-DPYCOLL_WITH_CUDA=1"]
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+        ext = cpp_extension.CUDAExtension(
+            "pycollectives._C", sources, include_dirs=[os.path.join(here, "csrc")],
+            define_macros=macros, extra_compile_args={"cxx": cxx, "nvcc": nvcc}, libraries=["cuda"] if False else [],
+        )
+    else:
+        sources = [s for s in sources if os.sep + "cuda" + os.sep not in s]
+        ext = cpp_extension.CppExtension(
+            "pycollectives._C", sources, include_dirs=[os.path.join(here, "csrc")],
+            define_macros=macros, extra_compile_args={"cxx": cxx},
+        )
+    print(f"pycollectives: building the {'CUDA' if use_cuda else 'CPU-only'} extension ({why})", file=sys.stderr)
+    return ext, cpp_extension.BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)
+
+
+ext, build_ext = _extension()
+
+setup(
+    name="pycollectives",
+    version="0.1.0",
+    description="A collective-communication backend for torch.distributed (CPU shared memory, CUDA NVLink)",
+    packages=find_packages(include=["pycollectives", "pycollectives.*"]),
+    package_data={"pycollectives": ["cost_model*.json"]},
+    ext_modules=[ext],
+    cmdclass={"build_ext": build_ext},
+    entry_points={"console_scripts": ["pycoll-bench=pycollectives.bench.cli:main"]},
+    python_requires=">=3.9",
+)
