@@ -9,6 +9,11 @@
 #include "common/check.h"
 #include "common/env.h"
 
+#ifdef PYCOLL_WITH_CUDA
+#include "backend/cuda/cuda_ops.h"
+#include "cuda/cuda_engine.h"
+#endif
+
 namespace pycoll {
 
 namespace {
@@ -39,9 +44,10 @@ void write_back(const at::Tensor& user, const at::Tensor& buf) {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-void cuda_unsupported(const char* op, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(!t.is_cuda(), op, ": got a CUDA tensor, but this build of pycollectives has no CUDA engine ",
-                    "(rebuild with a CUDA toolkit; see README)");
+std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) out.push_back(t.defined() ? t.to(at::kCPU) : t);
+  return out;
 }
 
 }  // namespace
@@ -54,6 +60,9 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
   // a lazy start would make a rank's first send wait for idle peers.
   cpu_->p2p();
   executor_ = std::make_unique<SerialExecutor>();
+#ifdef PYCOLL_WITH_CUDA
+  cuda_ = std::make_unique<CudaOps>(store_, group_name_, rank, size, timeout);
+#endif
 }
 
 ProcessGroupPycoll::~ProcessGroupPycoll() { shutdown(); }
@@ -72,6 +81,37 @@ void ProcessGroupPycoll::abort() {
   closed_.store(true);
   cpu_->abort();
   executor_->stop();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::staged(c10d::OpType type, const char* op,
+                                                          std::vector<at::Tensor> device_tensors,
+                                                          const StagedCall& call) {
+  // Host copies are taken after the caller's stream (to() synchronises), the
+  // CPU engine runs the op, and the results go back on the caller's stream.
+  std::vector<at::Tensor> host = to_host(device_tensors);
+  call(host)->wait();
+  std::vector<c10::Device> devices;
+  for (size_t i = 0; i < device_tensors.size(); ++i) {
+    if (!device_tensors[i].defined()) continue;
+    device_tensors[i].copy_(host[i]);
+    if (device_tensors[i].is_cuda() &&
+        std::find(devices.begin(), devices.end(), device_tensors[i].device()) == devices.end()) {
+      devices.push_back(device_tensors[i].device());
+    }
+  }
+  auto work = c10::make_intrusive<PycollWork>(rank_, type, op, ++issued_, device_tensors, devices);
+  work->mark_done(nullptr);
+  work->settle_future();
+  return work;
+}
+
+bool ProcessGroupPycoll::on_engine(const at::Tensor& t) {
+#ifdef PYCOLL_WITH_CUDA
+  return t.is_cuda() && cuda_->usable(t.device());
+#else
+  (void)t;
+  return false;
+#endif
 }
 
 void ProcessGroupPycoll::check_usable(const char* op) {
@@ -129,10 +169,35 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce(std::vector<at::Ten
   check_one_tensor(kOp, tensors);
   at::Tensor t = tensors[0];
   check_dense(kOp, t, "tensor");
-  cuda_unsupported(kOp, t);
   const DType dt = to_dtype(kOp, t.scalar_type());
   ReduceKind rk = to_reduce(kOp, opts.reduceOp, dt);
   at::Tensor factor = rk == ReduceKind::PremulSum ? premul_factor(opts.reduceOp) : at::Tensor();
+#ifdef PYCOLL_WITH_CUDA
+  if (on_engine(t)) {
+    check_usable(kOp);
+    return cuda_->launch(c10d::OpType::ALLREDUCE, kOp, ++issued_, {t}, {t},
+                         [this, t, rk, factor](CudaEngine& e, cudaStream_t s) {
+                           at::Tensor buf = dense(t);
+                           at::Tensor src = buf;
+                           ReduceKind k = rk;
+                           if (k == ReduceKind::PremulSum) {
+                             src = buf * factor.to(buf.device());
+                             k = ReduceKind::Sum;
+                           }
+                           OpTimer timer;
+                           Algo a = e.all_reduce(src, buf, k, algo_override(), s);
+                           write_back(t, buf);
+                           record_op("allreduce", nbytes(t), a, timer, rank_, size_);
+                         });
+  }
+#endif
+  if (t.is_cuda()) {
+    return staged(c10d::OpType::ALLREDUCE, kOp, {t}, [this, opts](std::vector<at::Tensor>& h) {
+      c10d::AllreduceOptions o = opts;
+      o.asyncOp = false;
+      return allreduce(h, o);
+    });
+  }
   return launch(c10d::OpType::ALLREDUCE, kOp, {t}, opts.asyncOp, [this, t, dt, rk, factor]() {
     at::Tensor buf = dense(t);
     at::Tensor src = buf;
@@ -154,8 +219,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce_coalesced(std::vect
   TORCH_CHECK_VALUE(!tensors.empty(), kOp, ": expected at least one tensor");
   for (const auto& t : tensors) {
     check_dense(kOp, t, "tensor");
-    cuda_unsupported(kOp, t);
     check_same_type(kOp, tensors[0], t, "a tensor");
+  }
+  if (tensors[0].is_cuda()) {
+    // One flat buffer, one engine all-reduce, then back into the tensors.
+    std::vector<at::Tensor> flat;
+    for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
+    std::vector<at::Tensor> one{at::cat(flat)};
+    c10d::AllreduceOptions o;
+    o.reduceOp = opts.reduceOp;
+    o.asyncOp = opts.asyncOp;
+    auto work = allreduce(one, o);
+    work->wait();  // the caller's stream now waits for the result (no host block on the engine path)
+    int64_t off = 0;
+    for (const auto& t : tensors) {
+      t.copy_(one[0].narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+    return work;
   }
   const DType dt = to_dtype(kOp, tensors[0].scalar_type());
   ReduceKind rk = to_reduce(kOp, opts.reduceOp, dt);
@@ -188,9 +269,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::broadcast(std::vector<at::Ten
   TORCH_CHECK_VALUE(opts.rootTensor == 0, kOp, ": rootTensor must be 0, got ", opts.rootTensor);
   at::Tensor t = tensors[0];
   check_dense(kOp, t, "tensor");
-  cuda_unsupported(kOp, t);
   const DType dt = to_dtype(kOp, t.scalar_type());
   const int root = static_cast<int>(opts.rootRank);
+#ifdef PYCOLL_WITH_CUDA
+  if (on_engine(t)) {
+    check_usable(kOp);
+    return cuda_->launch(c10d::OpType::BROADCAST, kOp, ++issued_, {t}, {t},
+                         [this, t, root](CudaEngine& e, cudaStream_t s) {
+                           at::Tensor buf = dense(t);
+                           OpTimer timer;
+                           e.broadcast(buf, root, s);
+                           if (rank_ != root) write_back(t, buf);
+                           record_op("broadcast", rank_ == root ? nbytes(t) : 0, Algo::OneShot, timer, rank_, size_);
+                         });
+  }
+#endif
+  if (t.is_cuda()) {
+    return staged(c10d::OpType::BROADCAST, kOp, {t}, [this, opts](std::vector<at::Tensor>& h) {
+      c10d::BroadcastOptions o = opts;
+      o.asyncOp = false;
+      return broadcast(h, o);
+    });
+  }
   return launch(c10d::OpType::BROADCAST, kOp, {t}, opts.asyncOp, [this, t, dt, root]() {
     at::Tensor buf = dense(t);
     OpTimer timer;
@@ -207,11 +307,36 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce(std::vector<at::Tensor
   check_rank(kOp, opts.rootRank, size_, "root rank");
   at::Tensor t = tensors[0];
   check_dense(kOp, t, "tensor");
-  cuda_unsupported(kOp, t);
   const DType dt = to_dtype(kOp, t.scalar_type());
   ReduceKind rk = to_reduce(kOp, opts.reduceOp, dt);
   at::Tensor factor = rk == ReduceKind::PremulSum ? premul_factor(opts.reduceOp) : at::Tensor();
   const int root = static_cast<int>(opts.rootRank);
+#ifdef PYCOLL_WITH_CUDA
+  if (on_engine(t)) {
+    check_usable(kOp);
+    return cuda_->launch(c10d::OpType::REDUCE, kOp, ++issued_, {t}, {t},
+                         [this, t, rk, factor, root](CudaEngine& e, cudaStream_t s) {
+                           at::Tensor buf = dense(t);
+                           at::Tensor src = buf;
+                           ReduceKind k = rk;
+                           if (k == ReduceKind::PremulSum) {
+                             src = buf * factor.to(buf.device());
+                             k = ReduceKind::Sum;
+                           }
+                           OpTimer timer;
+                           e.reduce(src, buf, root, k, s);
+                           if (rank_ == root) write_back(t, buf);
+                           record_op("reduce", nbytes(t), Algo::OneShot, timer, rank_, size_);
+                         });
+  }
+#endif
+  if (t.is_cuda()) {
+    return staged(c10d::OpType::REDUCE, kOp, {t}, [this, opts](std::vector<at::Tensor>& h) {
+      c10d::ReduceOptions o = opts;
+      o.asyncOp = false;
+      return reduce(h, o);
+    });
+  }
   return launch(c10d::OpType::REDUCE, kOp, {t}, opts.asyncOp, [this, t, dt, rk, factor, root]() {
     at::Tensor buf = dense(t);
     at::Tensor src = buf;
@@ -235,7 +360,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather(std::vector<std::ve
   TORCH_CHECK_VALUE(outputs.size() == 1, kOp, ": expected one output list, got ", outputs.size());
   at::Tensor in = inputs[0];
   check_dense(kOp, in, "input");
-  cuda_unsupported(kOp, in);
   std::vector<at::Tensor> outs = outputs[0];
   TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == size_, kOp, ": the output list has ", outs.size(),
                     " tensors but the group has ", size_, " ranks");
@@ -246,6 +370,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather(std::vector<std::ve
                       " elements but the input has ", in.numel());
   }
   const DType dt = to_dtype(kOp, in.scalar_type());
+  if (in.is_cuda()) {
+    // Gather into one flat tensor (engine or staged), then split on the caller's stream.
+    at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+    at::Tensor src = in.reshape({-1});
+    c10d::AllgatherOptions o = opts;
+    auto work = _allgather_base(flat, src, o);
+    work->wait();
+    for (int r = 0; r < size_; ++r) outs[r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view(outs[r].sizes()));
+    return work;
+  }
   return launch(c10d::OpType::ALLGATHER, kOp, outs, opts.asyncOp, [this, in, outs, dt]() {
     at::Tensor src = dense(in);
     at::Tensor flat = at::empty({in.numel() * size_}, in.options());
@@ -261,12 +395,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_allgather_base(at::Tensor& o
   static constexpr const char* kOp = "pycoll::allgather_into_tensor";
   check_dense(kOp, input, "input");
   check_dense(kOp, output, "output");
-  cuda_unsupported(kOp, input);
   check_same_type(kOp, input, output, "the output");
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, kOp, ": the output has ", output.numel(),
                     " elements but must have world_size * input = ", input.numel() * size_);
   const DType dt = to_dtype(kOp, input.scalar_type());
   at::Tensor in = input, out = output;
+#ifdef PYCOLL_WITH_CUDA
+  if (on_engine(in)) {
+    check_usable(kOp);
+    return cuda_->launch(c10d::OpType::_ALLGATHER_BASE, kOp, ++issued_, {in, out}, {out},
+                         [this, in, out](CudaEngine& e, cudaStream_t s) {
+                           at::Tensor src = dense(in);
+                           at::Tensor dst = dense(out);
+                           OpTimer timer;
+                           Algo a = e.all_gather(src, dst, algo_override(), s);
+                           write_back(out, dst);
+                           record_op("allgather", nbytes(in), a, timer, rank_, size_);
+                         });
+  }
+#endif
+  if (in.is_cuda()) {
+    return staged(c10d::OpType::_ALLGATHER_BASE, kOp, {out, in}, [this, opts](std::vector<at::Tensor>& h) {
+      c10d::AllgatherOptions o = opts;
+      o.asyncOp = false;
+      return _allgather_base(h[0], h[1], o);
+    });
+  }
   return launch(c10d::OpType::_ALLGATHER_BASE, kOp, {out}, opts.asyncOp, [this, in, out, dt]() {
     at::Tensor src = dense(in);
     at::Tensor dst = dense(out);
@@ -294,8 +448,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_coalesced(
   }
   for (const auto& in : inputs) {
     check_dense(kOp, in, "input");
-    cuda_unsupported(kOp, in);
     to_dtype(kOp, in.scalar_type());
+  }
+  if (!inputs.empty() && inputs[0].is_cuda()) {
+    std::vector<at::Tensor> all = inputs;
+    for (const auto& l : output_lists) all.insert(all.end(), l.begin(), l.end());
+    const size_t k = inputs.size();
+    return staged(c10d::OpType::ALLGATHER_COALESCED, kOp, all, [this, opts, k](std::vector<at::Tensor>& h) {
+      std::vector<at::Tensor> ins(h.begin(), h.begin() + k);
+      std::vector<std::vector<at::Tensor>> lists;
+      for (int r = 0; r < size_; ++r) lists.emplace_back(h.begin() + k + r * k, h.begin() + k + (r + 1) * k);
+      c10d::AllgatherOptions o = opts;
+      o.asyncOp = false;
+      return allgather_coalesced(lists, ins, o);
+    });
   }
   std::vector<at::Tensor> all_outs;
   for (const auto& l : output_lists) all_outs.insert(all_outs.end(), l.begin(), l.end());
@@ -327,7 +493,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_into_tensor_coalesc
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_dense(kOp, inputs[i], "input");
     check_dense(kOp, outputs[i], "output");
-    cuda_unsupported(kOp, inputs[i]);
     check_same_type(kOp, inputs[i], outputs[i], "an output");
     to_dtype(kOp, inputs[i].scalar_type());
     TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_, kOp, ": output ", i, " has ",
@@ -335,6 +500,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_into_tensor_coalesc
   }
   auto outs = outputs;
   auto ins = inputs;
+  if (!ins.empty() && ins[0].is_cuda()) {
+    c10::intrusive_ptr<c10d::Work> work;
+    for (size_t i = 0; i < ins.size(); ++i) work = _allgather_base(outs[i], ins[i], opts);
+    return work;
+  }
   return launch(c10d::OpType::COALESCED, kOp, outs, opts.asyncOp, [this, outs, ins]() {
     OpTimer timer;
     Algo a = Algo::OneShot;
@@ -360,7 +530,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::gather(std::vector<std::vecto
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor in = inputs[0];
   check_dense(kOp, in, "input");
-  cuda_unsupported(kOp, in);
   std::vector<at::Tensor> outs;
   if (rank_ == root) {
     TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, kOp,
@@ -376,6 +545,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::gather(std::vector<std::vecto
                       ": only the root (rank ", root, ") takes output tensors");
   }
   const DType dt = to_dtype(kOp, in.scalar_type());
+  if (in.is_cuda()) {
+    std::vector<at::Tensor> all{in};
+    all.insert(all.end(), outs.begin(), outs.end());
+    return staged(c10d::OpType::GATHER, kOp, all, [this, opts](std::vector<at::Tensor>& h) {
+      std::vector<at::Tensor> i{h[0]};
+      std::vector<std::vector<at::Tensor>> o;
+      if (h.size() > 1) o.emplace_back(h.begin() + 1, h.end());
+      c10d::GatherOptions g = opts;
+      g.asyncOp = false;
+      return gather(o, i, g);
+    });
+  }
   return launch(c10d::OpType::GATHER, kOp, outs, opts.asyncOp, [this, in, outs, dt, root]() {
     at::Tensor src = dense(in);
     at::Tensor flat = rank_ == root ? at::empty({in.numel() * size_}, in.options()) : at::Tensor();
@@ -408,7 +589,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::scatter(std::vector<at::Tenso
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor out = outputs[0];
   check_dense(kOp, out, "output");
-  cuda_unsupported(kOp, out);
   std::vector<at::Tensor> ins;
   if (rank_ == root) {
     TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, kOp,
@@ -424,6 +604,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::scatter(std::vector<at::Tenso
                       ": only the root (rank ", root, ") takes input tensors");
   }
   const DType dt = to_dtype(kOp, out.scalar_type());
+  if (out.is_cuda()) {
+    std::vector<at::Tensor> all{out};
+    all.insert(all.end(), ins.begin(), ins.end());
+    return staged(c10d::OpType::SCATTER, kOp, all, [this, opts](std::vector<at::Tensor>& h) {
+      std::vector<at::Tensor> o{h[0]};
+      std::vector<std::vector<at::Tensor>> i;
+      if (h.size() > 1) i.emplace_back(h.begin() + 1, h.end());
+      c10d::ScatterOptions sc = opts;
+      sc.asyncOp = false;
+      return scatter(o, i, sc);
+    });
+  }
   return launch(c10d::OpType::SCATTER, kOp, {out}, opts.asyncOp, [this, out, ins, dt, root]() {
     at::Tensor flat;
     if (rank_ == root) {
@@ -448,7 +640,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter(std::vector<at
                     ": expected one input list of ", size_, " tensors");
   at::Tensor out = outputs[0];
   check_dense(kOp, out, "output");
-  cuda_unsupported(kOp, out);
   for (const auto& i : inputs[0]) {
     check_dense(kOp, i, "input");
     check_same_type(kOp, out, i, "an input tensor");
@@ -459,6 +650,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter(std::vector<at
   ReduceKind rk = to_reduce(kOp, opts.reduceOp, dt);
   at::Tensor factor = rk == ReduceKind::PremulSum ? premul_factor(opts.reduceOp) : at::Tensor();
   auto ins = inputs[0];
+  if (out.is_cuda()) {
+    std::vector<at::Tensor> parts;
+    for (const auto& i : ins) parts.push_back(i.reshape({-1}));
+    at::Tensor flat = at::cat(parts);
+    at::Tensor o = out.is_contiguous() ? out.view({-1}) : at::empty({out.numel()}, out.options());
+    auto work = _reduce_scatter_base(o, flat, opts);
+    if (!o.is_same(out) && o.data_ptr() != out.data_ptr()) {
+      work->wait();
+      out.copy_(o.view(out.sizes()));
+    }
+    return work;
+  }
   return launch(c10d::OpType::REDUCE_SCATTER, kOp, {out}, opts.asyncOp, [this, out, ins, dt, rk, factor]() {
     std::vector<at::Tensor> parts;
     for (const auto& i : ins) parts.push_back(i.reshape({-1}));
@@ -481,7 +684,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_reduce_scatter_base(at::Tens
   static constexpr const char* kOp = "pycoll::reduce_scatter_tensor";
   check_dense(kOp, input, "input");
   check_dense(kOp, output, "output");
-  cuda_unsupported(kOp, input);
   check_same_type(kOp, input, output, "the output");
   TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, kOp, ": the input has ", input.numel(),
                     " elements but must have world_size * output = ", output.numel() * size_);
@@ -489,6 +691,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_reduce_scatter_base(at::Tens
   ReduceKind rk = to_reduce(kOp, opts.reduceOp, dt);
   at::Tensor factor = rk == ReduceKind::PremulSum ? premul_factor(opts.reduceOp) : at::Tensor();
   at::Tensor in = input, out = output;
+#ifdef PYCOLL_WITH_CUDA
+  if (on_engine(in)) {
+    check_usable(kOp);
+    return cuda_->launch(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, ++issued_, {in, out}, {out},
+                         [this, in, out, rk, factor](CudaEngine& e, cudaStream_t s) {
+                           at::Tensor src = dense(in);
+                           ReduceKind k = rk;
+                           if (k == ReduceKind::PremulSum) {
+                             src = src * factor.to(src.device());
+                             k = ReduceKind::Sum;
+                           }
+                           at::Tensor dst = dense(out);
+                           OpTimer timer;
+                           Algo a = e.reduce_scatter(src, dst, k, algo_override(), s);
+                           write_back(out, dst);
+                           record_op("reduce_scatter", nbytes(in), a, timer, rank_, size_);
+                         });
+  }
+#endif
+  if (in.is_cuda()) {
+    return staged(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, {out, in}, [this, opts](std::vector<at::Tensor>& h) {
+      c10d::ReduceScatterOptions o = opts;
+      o.asyncOp = false;
+      return _reduce_scatter_base(h[0], h[1], o);
+    });
+  }
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, {out}, opts.asyncOp, [this, in, out, dt, rk, factor]() {
     at::Tensor src = dense(in);
     ReduceKind k = rk;
@@ -513,7 +741,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter_tensor_coalesc
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_dense(kOp, inputs[i], "input");
     check_dense(kOp, outputs[i], "output");
-    cuda_unsupported(kOp, inputs[i]);
     check_same_type(kOp, inputs[i], outputs[i], "an output");
     TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_, kOp, ": input ", i, " has ",
                       inputs[i].numel(), " elements but must have world_size * output = ", outputs[i].numel() * size_);
@@ -522,6 +749,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter_tensor_coalesc
   at::Tensor factor = (!kinds.empty() && kinds[0] == ReduceKind::PremulSum) ? premul_factor(opts.reduceOp) : at::Tensor();
   auto outs = outputs;
   auto ins = inputs;
+  if (!ins.empty() && ins[0].is_cuda()) {
+    c10::intrusive_ptr<c10d::Work> work;
+    for (size_t i = 0; i < ins.size(); ++i) work = _reduce_scatter_base(outs[i], ins[i], opts);
+    return work;
+  }
   return launch(c10d::OpType::COALESCED, kOp, outs, opts.asyncOp, [this, outs, ins, kinds, factor]() {
     OpTimer timer;
     Algo a = Algo::OneShot;
@@ -550,7 +782,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::alltoall_base(at::Tensor& out
   static constexpr const char* kOp = "pycoll::alltoall_base";
   check_dense(kOp, input, "input");
   check_dense(kOp, output, "output");
-  cuda_unsupported(kOp, input);
   check_same_type(kOp, input, output, "the output");
   const DType dt = to_dtype(kOp, input.scalar_type());
   // Splits count rows of dim 0; empty splits mean equal parts.
@@ -583,6 +814,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::alltoall_base(at::Tensor& out
   auto [send_bytes, send_off] = byte_splits(input, input_splits, "input");
   auto [recv_bytes, recv_off] = byte_splits(output, output_splits, "output");
   at::Tensor in = input, out = output;
+#ifdef PYCOLL_WITH_CUDA
+  if (on_engine(in)) {
+    check_usable(kOp);
+    return cuda_->launch(c10d::OpType::ALLTOALL_BASE, kOp, ++issued_, {in, out}, {out},
+                         [this, in, out, send_bytes = send_bytes, send_off = send_off, recv_bytes = recv_bytes,
+                          recv_off = recv_off](CudaEngine& e, cudaStream_t s) {
+                           at::Tensor src = dense(in);
+                           at::Tensor dst = dense(out);
+                           OpTimer timer;
+                           e.all_to_all(src, dst, send_bytes, send_off, recv_bytes, recv_off, s);
+                           write_back(out, dst);
+                           record_op("alltoall", nbytes(in), Algo::OneShot, timer, rank_, size_);
+                         });
+  }
+#endif
+  if (in.is_cuda()) {
+    std::vector<int64_t> os = output_splits, is = input_splits;
+    return staged(c10d::OpType::ALLTOALL_BASE, kOp, {out, in}, [this, opts, os, is](std::vector<at::Tensor>& h) mutable {
+      c10d::AllToAllOptions o = opts;
+      o.asyncOp = false;
+      return alltoall_base(h[0], h[1], os, is, o);
+    });
+  }
   return launch(c10d::OpType::ALLTOALL_BASE, kOp, {out}, opts.asyncOp,
                 [this, in, out, dt, send_bytes = send_bytes, send_off = send_off, recv_bytes = recv_bytes,
                  recv_off = recv_off]() {
@@ -604,9 +858,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::alltoall(std::vector<at::Tens
   for (int r = 0; r < size_; ++r) {
     check_dense(kOp, inputs[r], "input");
     check_dense(kOp, outputs[r], "output");
-    cuda_unsupported(kOp, inputs[r]);
     check_same_type(kOp, inputs[0], inputs[r], "an input");
     check_same_type(kOp, inputs[0], outputs[r], "an output");
+  }
+  if (inputs[0].is_cuda()) {
+    std::vector<at::Tensor> all = inputs;
+    all.insert(all.end(), outputs.begin(), outputs.end());
+    return staged(c10d::OpType::ALLTOALL, kOp, all, [this, opts](std::vector<at::Tensor>& h) {
+      std::vector<at::Tensor> i(h.begin(), h.begin() + size_), o(h.begin() + size_, h.end());
+      c10d::AllToAllOptions a = opts;
+      a.asyncOp = false;
+      return alltoall(o, i, a);
+    });
   }
   const DType dt = to_dtype(kOp, inputs[0].scalar_type());
   std::vector<int64_t> send_bytes(size_), send_off(size_), recv_bytes(size_), recv_off(size_);
@@ -660,8 +923,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::send(std::vector<at::Tensor>&
   TORCH_CHECK_VALUE(dst != rank_, kOp, ": rank ", rank_, " cannot send to itself");
   at::Tensor t = tensors[0];
   check_dense(kOp, t, "tensor");
-  cuda_unsupported(kOp, t);
   check_usable(kOp);
+#ifdef PYCOLL_WITH_CUDA
+  if (on_engine(t)) {
+    return cuda_->launch(
+        c10d::OpType::SEND, kOp, ++issued_, {t}, {t},
+        [this, t, dst](CudaEngine& e, cudaStream_t s) {
+          e.send(dense(t), dst, s);
+          record_op("send", nbytes(t), Algo::OneShot, OpTimer(), -1, size_);
+        },
+        CudaOps::Lane::Send);
+  }
+#endif
+  if (t.is_cuda()) {
+    return staged(c10d::OpType::SEND, kOp, {t}, [this, dst, tag](std::vector<at::Tensor>& h) {
+      return send(h, dst, tag);
+    });
+  }
   at::Tensor buf = t.contiguous();
   if (buf.is_same(t)) buf = t;  // the caller must not modify t before wait(), as with every backend
   const uint64_t seq = ++issued_;
@@ -682,8 +960,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recv(std::vector<at::Tensor>&
   TORCH_CHECK_VALUE(src != rank_, kOp, ": rank ", rank_, " cannot receive from itself");
   at::Tensor t = tensors[0];
   check_dense(kOp, t, "tensor");
-  cuda_unsupported(kOp, t);
   check_usable(kOp);
+#ifdef PYCOLL_WITH_CUDA
+  if (on_engine(t)) {
+    return cuda_->launch(
+        c10d::OpType::RECV, kOp, ++issued_, {t}, {t},
+        [t, src](CudaEngine& e, cudaStream_t s) {
+          at::Tensor buf = dense(t);
+          e.recv(buf, src, s);
+          write_back(t, buf);
+        },
+        CudaOps::Lane::Recv);
+  }
+#endif
+  if (t.is_cuda()) {
+    return staged(c10d::OpType::RECV, kOp, {t}, [this, src, tag](std::vector<at::Tensor>& h) {
+      return recv(h, src, tag);
+    });
+  }
   at::Tensor buf = t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
   const uint64_t seq = ++issued_;
   auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::RECV, kOp, seq, std::vector<at::Tensor>{t},

@@ -101,12 +101,23 @@ class ProcessGroupPycoll : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
                                         bool async_op, Body body);
   void check_usable(const char* op);
+  // Runs a CUDA op through host memory: copies in, runs the CPU path to the
+  // end, copies results back. The fallback for ops or groups the CUDA engine
+  // does not serve (and for builds without it).
+  using StagedCall = std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>& host)>;
+  c10::intrusive_ptr<c10d::Work> staged(c10d::OpType type, const char* op, std::vector<at::Tensor> device_tensors,
+                                        const StagedCall& call);
+  // True when t is a CUDA tensor that the CUDA engine serves.
+  bool on_engine(const at::Tensor& t);
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::string group_name_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<CpuEngine> cpu_;
   std::unique_ptr<SerialExecutor> executor_;
+#ifdef PYCOLL_WITH_CUDA
+  std::unique_ptr<CudaOps> cuda_;
+#endif
   std::atomic<uint64_t> issued_{0};
   std::mutex broken_mu_;
   std::string broken_;  // set once the group can no longer run collectives

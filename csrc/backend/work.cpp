@@ -15,8 +15,11 @@ PycollWork::PycollWork(int rank, c10d::OpType type, std::string op_name, uint64_
 }
 
 bool PycollWork::isCompleted() {
-  std::lock_guard<std::mutex> g(mutex_);
-  return completed_;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (!completed_) return false;
+  }
+  return query ? query() : true;
 }
 
 bool PycollWork::isSuccess() const {

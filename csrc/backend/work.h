@@ -41,6 +41,8 @@ class PycollWork : public c10d::Work {
   // Optional step run by wait() before returning (CUDA: make the caller's
   // stream wait on the op's end event).
   std::function<void()> on_wait;
+  // Optional completion probe (CUDA: the end event has fired).
+  std::function<bool()> query;
 
  private:
   std::string op_name_;

@@ -9,7 +9,7 @@
 namespace pycoll {
 namespace kernels {
 
-// Reduce kernels (templated on dtype and op).
+// Reduce kernels (one per dtype and op; the bodies are shared, see entry.cuh).
 enum class ReduceMode : int32_t {
   AllReduceOneShot = 0,
   AllReduceTwoShot = 1,
@@ -45,8 +45,10 @@ struct ReduceArgs {
   int64_t out_stride;
   int64_t chunk;
   int64_t nchunks;
-  int32_t root;  // ReduceDirect
-  int32_t div;   // Avg: world size; else 1
+  int32_t root;       // ReduceDirect
+  int32_t div;        // Avg: world size; else 1
+  int32_t elem_size;  // bytes per element of the kernel's dtype
+  int32_t pad;
   // Tree: per tree t (0, 1): parent (-1 at the root) and up to two children (-1 if none).
   int32_t tree_parent[2];
   int32_t tree_child[2][2];

@@ -9,7 +9,7 @@
 //       (tail >= recvd + 1) and publishes sh->islot[q] (this rank's memory). Ends with a
 //       __syncthreads; returns false on every thread if any wait expired or the rank is aborted.
 //   thread 0 fills sh->cjob / sh->rjob from sh->oslot / sh->islot and the user's pointers.
-//   execute / execute_copy(out_mask, in_mask)
+//   execute(out_mask, in_mask)
 //       __syncthreads; all threads run the jobs; release: __syncthreads, then lane p posts
 //       tail = sent + 1 into p's memory (st.release.sys: the slot's contents are visible first),
 //       lane q posts head = recvd + 1 into q's memory (our reads of the slot are done first).
@@ -36,9 +36,14 @@ using cuda_ipc::ChannelSetLayout;
 
 constexpr int kThreads = 512;  // threads per CTA of every kernel
 
+// The block-wide reduce verb of one (dtype, op): reduce_run<D, Op>. Algorithm bodies are compiled
+// once and call it through this pointer, once per step.
+typedef void (*ReduceFn)(const ReduceJob*);
+
 // Per-CTA shared state.
 struct StepShared {
-  DeviceHandle h;                   // copy of the kernel argument (addressable from noinline code)
+  const DeviceHandle* h;            // points into the kernel arguments' shared-memory copy
+  ReduceFn reduce_fn;               // null in copy-only kernels
   char* oslot[kMaxRanks];           // slot to write, per outbound peer (in the peer's workspace)
   const char* islot[kMaxRanks];     // slot to read, per inbound peer (in this rank's workspace)
   int32_t njobs;
@@ -83,9 +88,15 @@ __device__ __forceinline__ int64_t block_chunk_count(int64_t nchunks, int b, int
   return nchunks > b ? (nchunks - b + B - 1) / B : 0;
 }
 
-// Thread 0 copies the device handle into shared memory; everyone waits for it.
-__device__ __forceinline__ void load_handle(StepShared* sh, const DeviceHandle& h) {
-  if (threadIdx.x == 0) sh->h = h;
+// Thread 0 copies the kernel arguments into shared memory (so that noinline code can take their
+// address without a per-thread local copy); everyone waits for it.
+template <class Args>
+__device__ __forceinline__ void load_args(StepShared* sh, Args* smem_args, const Args& args, ReduceFn fn) {
+  if (threadIdx.x == 0) {
+    *smem_args = args;
+    sh->h = &smem_args->h;
+    sh->reduce_fn = fn;
+  }
   __syncthreads();
 }
 
@@ -94,7 +105,7 @@ class BlockChannels {
   // `msg_bytes`: total length of the message a p2p channel carries (checked by the receiver).
   __device__ BlockChannels(StepShared* sh, const ChannelSetLayout* set, int op, uint64_t msg_bytes)
       : sh_(sh), set_(set), op_(op), msg_bytes_(msg_bytes) {
-    const DeviceHandle* h = &sh->h;
+    const DeviceHandle* h = sh->h;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     peer_ = lane;
@@ -114,7 +125,7 @@ class BlockChannels {
 
   __device__ bool acquire(uint32_t out_mask, uint32_t in_mask) {
     bool ok = true;
-    const DeviceHandle* h = &sh_->h;
+    const DeviceHandle* h = sh_->h;
     const int me = h->rank;
     const int b = blockIdx.x;
     const ChannelSetLayout& L = *set_;
@@ -145,7 +156,7 @@ class BlockChannels {
 
   __device__ void release(uint32_t out_mask, uint32_t in_mask) {
     __syncthreads();
-    const DeviceHandle* h = &sh_->h;
+    const DeviceHandle* h = sh_->h;
     const int me = h->rank;
     const int b = blockIdx.x;
     const ChannelSetLayout& L = *set_;
@@ -165,22 +176,16 @@ class BlockChannels {
   }
 
   // Runs the jobs thread 0 described, then releases.
-  template <DType D, class Op>
   __device__ void execute(uint32_t out_mask, uint32_t in_mask) {
     __syncthreads();
-    if (sh_->has_reduce) reduce_run<D, Op>(&sh_->rjob);
-    if (sh_->njobs > 0) copy_run(sh_->cjob, sh_->njobs);
-    release(out_mask, in_mask);
-  }
-  __device__ void execute_copy(uint32_t out_mask, uint32_t in_mask) {
-    __syncthreads();
+    if (sh_->has_reduce) sh_->reduce_fn(&sh_->rjob);
     if (sh_->njobs > 0) copy_run(sh_->cjob, sh_->njobs);
     release(out_mask, in_mask);
   }
 
   __device__ void finish() {
     if (!dirty_) return;
-    const DeviceHandle* h = &sh_->h;
+    const DeviceHandle* h = sh_->h;
     char* mine = h->base[h->rank];
     if (role_ == 1) {
       *reinterpret_cast<uint64_t*>(mine + set_->sent_offset(blockIdx.x, peer_)) = cnt_;

@@ -1,0 +1,81 @@
+#include "backend/cuda/cuda_ops.h"
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "backend/work.h"
+#include "common/check.h"
+#include "cuda/cuda_engine.h"
+
+namespace pycoll {
+
+CudaOps::CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank, int size,
+                 std::chrono::milliseconds timeout)
+    : store_(std::move(store)), group_name_(std::move(group_name)), rank_(rank), size_(size), timeout_(timeout) {}
+
+CudaOps::~CudaOps() = default;
+
+CudaEngine& CudaOps::engine(const at::Device& device) {
+  std::lock_guard<std::mutex> g(mu_);
+  const int idx = device.index();
+  auto it = engines_.find(idx);
+  if (it == engines_.end()) {
+    c10::cuda::CUDAGuard guard(device);
+    auto eng = std::make_unique<CudaEngine>(store_, "pycoll/" + group_name_ + "/cuda" + std::to_string(idx) + "/",
+                                            rank_, size_, idx, timeout_);
+    it = engines_.emplace(idx, std::move(eng)).first;
+  }
+  return *it->second;
+}
+
+bool CudaOps::usable(const at::Device& device) { return engine(device).peers_reachable(); }
+
+c10::cuda::CUDAStream CudaOps::comm_stream(const at::Device& device, Lane lane) {
+  std::lock_guard<std::mutex> g(mu_);
+  const auto key = std::make_pair(static_cast<int>(device.index()), static_cast<int>(lane));
+  auto it = streams_.find(key);
+  if (it == streams_.end()) {
+    it = streams_.emplace(key, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())).first;
+  }
+  return it->second;
+}
+
+c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op, uint64_t seq,
+                                               const std::vector<at::Tensor>& tensors,
+                                               const std::vector<at::Tensor>& outputs, const Body& body, Lane lane) {
+  TORCH_INTERNAL_ASSERT(!tensors.empty());
+  const at::Device device = tensors[0].device();
+  c10::cuda::CUDAGuard guard(device);
+  CudaEngine& eng = engine(device);
+  if (int code = eng.device_error()) {
+    C10_THROW_ERROR(DistBackendError, str(op, ": the group is unusable after a GPU-side error (code ", code,
+                                          "): ", eng.device_error_message()));
+  }
+  auto current = c10::cuda::getCurrentCUDAStream(device.index());
+  auto comm = comm_stream(device, lane);
+  at::cuda::CUDAEvent start;
+  start.record(current);
+  start.block(comm);
+  for (const auto& t : tensors) {
+    if (t.defined() && t.numel() > 0) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm);
+  }
+  {
+    c10::cuda::CUDAStreamGuard sg(comm);  // temporaries made by body live on the comm stream
+    body(eng, comm.stream());
+  }
+  auto end = std::make_shared<at::cuda::CUDAEvent>();
+  end->record(comm);
+
+  auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, std::vector<c10::Device>{device});
+  work->on_wait = [end, device]() { end->block(c10::cuda::getCurrentCUDAStream(device.index())); };
+  work->query = [end]() { return end->query(); };
+  work->mark_done(nullptr);
+  {
+    c10::cuda::CUDAStreamGuard sg(comm);  // the Future's events go on the comm stream
+    work->settle_future();
+  }
+  return work;
+}
+
+}  // namespace pycoll

@@ -1,0 +1,67 @@
+// The CUDA side of ProcessGroupPycoll, with ProcessGroupNCCL's stream
+// semantics: each device has an internal communication stream that first
+// waits on the caller's current stream; the engine's kernels run there;
+// every tensor is recorded on that stream for the caching allocator; the
+// Work's wait() makes the caller's current stream wait on the op's end event
+// without blocking the host; the Future is completed on the comm stream with
+// the device list, so DDP comm-hook callbacks synchronise correctly.
+// Built only when the extension has CUDA (PYCOLL_WITH_CUDA).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/types.h"
+
+namespace pycoll {
+
+class CudaEngine;
+
+class CudaOps {
+ public:
+  CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank, int size,
+          std::chrono::milliseconds timeout);
+  ~CudaOps();
+
+  // True when the engine serves this device (every peer on this host with
+  // peer access). Creating the engine is collective: the first CUDA op of the
+  // group does it on every rank, in the same order.
+  bool usable(const at::Device& device);
+
+  // Collectives share one stream per device; sends and receives get one
+  // each, so a send never waits behind a receive that depends on it.
+  enum class Lane { Collective = 0, Send = 1, Recv = 2 };
+  using Body = std::function<void(CudaEngine&, cudaStream_t)>;
+  // Orders the comm stream after the caller's stream, runs body there,
+  // records tensors, and returns the Work (see above). `outputs` is what the
+  // Future holds.
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* op, uint64_t seq,
+                                        const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& outputs,
+                                        const Body& body, Lane lane = Lane::Collective);
+
+  CudaEngine& engine(const at::Device& device);
+  c10::cuda::CUDAStream comm_stream(const at::Device& device, Lane lane);
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string group_name_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::map<int, std::unique_ptr<CudaEngine>> engines_;
+  std::map<std::pair<int, int>, c10::cuda::CUDAStream> streams_;
+};
+
+}  // namespace pycoll

@@ -1,0 +1,96 @@
+// The CUDA engine: collectives and point-to-point between the GPUs of one host, through a
+// symmetric CUDA IPC workspace (transport/cuda_ipc) and the kernels of csrc/kernels.
+//
+// Contract with the backend
+//   - Every rank of the group constructs the engine, in the same order, on first CUDA use
+//     (collective: it exchanges IPC handles through the Store).
+//   - Collectives (all_reduce ... barrier) are issued in the same order on every rank and run in
+//     that order: enqueue them on one stream per engine (the backend's communication stream).
+//     They share the workspace; two collectives of one engine must never run concurrently.
+//   - send/recv use their own channels and may run on other streams, concurrently with
+//     collectives. All sends to one peer must be ordered on one stream, likewise all receives from
+//     one peer; sends and receives must be on different streams (a send larger than 1 MiB needs the
+//     peer's matching receive to run).
+//   - Every call enqueues on `stream` and returns without blocking the host. The caller keeps the
+//     tensors alive until the work completes (recordStream) and sets nothing: the engine guards
+//     the device itself.
+//   - After a kernel's bounded wait expires, device_error() turns non-zero for good: the backend
+//     should raise device_error_message() and stop using the engine.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
+#include <cuda_runtime_api.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "common/types.h"
+
+namespace pycoll {
+
+namespace cuda_ipc {
+class IpcWorkspace;
+}
+
+class CudaEngine {
+ public:
+  // Collective: every rank of the group constructs it, in the same order, on first CUDA use.
+  // key_prefix is unique per group; use store->set/get(key_prefix + "...") for IPC handle exchange.
+  CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int size, int device,
+             std::chrono::milliseconds timeout);
+  ~CudaEngine();
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  // False if some peer is on another host or lacks P2P access (the backend then stages through host memory).
+  bool peers_reachable() const;
+  // Why peers_reachable() is false (empty otherwise).
+  std::string unreachable_reason() const;
+
+  // Every call enqueues on `stream` (whose device is `device`) and returns without blocking the host;
+  // tensors are contiguous, same dtype on all ranks, on `device`. Returns the algorithm used (for logging).
+  // op is one of Sum, Avg, Product, Min, Max, BAnd, BOr, BXor (the backend turns PremulSum into a pre-scale + Sum).
+  // Bool: Sum/Max = OR, Product/Min = AND. Any size >= 0 must work (chunk through the bounded workspace).
+  Algo all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream);  // in may alias out
+  // For reduce_scatter and all_gather, OneShot names the direct algorithm (one hop: every rank
+  // writes every peer) and Ring the ring; TwoShot and Tree requests run the direct one.
+  Algo reduce_scatter(const at::Tensor& in /* size*m elements */, at::Tensor& out /* m */, ReduceKind op, Algo algo,
+                      cudaStream_t stream);
+  Algo all_gather(const at::Tensor& in /* m */, at::Tensor& out /* size*m */, Algo algo, cudaStream_t stream);
+  void broadcast(at::Tensor& t, int root, cudaStream_t stream);
+  void reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceKind op, cudaStream_t stream);  // out meaningful on root
+  // Byte counts/offsets per peer, into in/out viewed as bytes.
+  void all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& send_bytes,
+                  const std::vector<int64_t>& send_offsets, const std::vector<int64_t>& recv_bytes,
+                  const std::vector<int64_t>& recv_offsets, cudaStream_t stream);
+  // Point-to-point, matched in issue order per (src,dst) pair. Sends and receives may be issued on different
+  // streams by the backend; a send must not deadlock against a send in the opposite direction (use a per-pair
+  // channel of bounded size in the receiver-visible workspace with ready/consumed counters).
+  void send(const at::Tensor& t, int peer, cudaStream_t stream);
+  void recv(at::Tensor& t, int peer, cudaStream_t stream);
+  void barrier(cudaStream_t stream);
+  // Non-zero if a kernel's bounded spin-wait expired (peer never arrived); kernels write it into host-mapped memory.
+  int device_error() const;
+  std::string device_error_message() const;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int device() const { return device_; }
+  // Bytes of device memory this rank's workspace holds (0 for one rank or unreachable peers).
+  int64_t workspace_bytes() const;
+
+ private:
+  void check_usable(const char* op) const;
+
+  int rank_;
+  int size_;
+  int device_;
+  std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
+};
+
+}  // namespace pycoll

@@ -1,0 +1,47 @@
+// The CUDA engine's cost model: the only place that chooses an algorithm and a launch geometry.
+// Pure C++ (compiled in CPU-only builds too). Every input is identical on all ranks (byte count,
+// world size), so every rank makes the same choice: the kernels rely on it.
+#pragma once
+
+#include <cstdint>
+
+#include "common/types.h"
+
+namespace pycoll {
+namespace gpu {
+
+// How a message is cut for the CTAs: `nchunks` chunks of `chunk` elements (the last may be
+// short); chunk c goes to CTA c % blocks.
+struct Geometry {
+  int blocks = 1;
+  int64_t chunk = 0;
+  int64_t nchunks = 0;
+};
+
+// Cut `elems` elements of `elem_bytes` each. A chunk fits a slot (`slot_bytes`), is a multiple of
+// 16 bytes (so chunk boundaries keep 16-byte alignment), and is at least kMinChunkBytes unless
+// the whole message is smaller; at most `max_blocks` CTAs.
+Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t slot_bytes, int max_blocks);
+
+// Predicted time in microseconds of one call (2..8 ranks on one NVLink/NVSwitch host).
+// `bytes`: all_reduce: the tensor; all_gather / reduce_scatter: one rank's share.
+double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks);
+
+// Choices for Algo::Auto. all_reduce: OneShot, TwoShot or Ring (Tree only when asked for).
+// all_gather / reduce_scatter: OneShot ("direct": one hop, every rank writes every peer) or Ring.
+Algo choose_all_reduce(int64_t bytes, int nranks);
+Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks);
+Algo choose_all_gather(int64_t bytes_per_rank, int nranks);
+
+// Model constants, exposed for docs/logging.
+struct CostConstants {
+  double launch_us;
+  double hop_us;
+  double link_gbps;
+  double hbm_gbps;
+  int64_t min_chunk_bytes;
+};
+const CostConstants& cost_constants();
+
+}  // namespace gpu
+}  // namespace pycoll

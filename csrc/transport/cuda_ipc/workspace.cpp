@@ -1,0 +1,263 @@
+// Compiled only in CUDA builds (setup.py compiles every .cpp; CPU-only builds skip this body).
+#if defined(PYCOLL_WITH_CUDA) && PYCOLL_WITH_CUDA
+
+#include "transport/cuda_ipc/workspace.h"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include "common/types.h"
+
+namespace pycoll {
+namespace cuda_ipc {
+
+namespace {
+
+#define PYCOLL_IPC_CHECK(expr, what)                                                              \
+  do {                                                                                            \
+    const cudaError_t err_ = (expr);                                                              \
+    TORCH_CHECK(err_ == cudaSuccess, "pycoll::cuda_ipc: ", what, " failed: ", cudaGetErrorString(err_)); \
+  } while (0)
+
+constexpr uint32_t kMagic = 0x70434950;  // "pCIP"
+constexpr uint32_t kVersion = 1;
+
+// What a rank publishes about itself. Raw bytes through the Store: every rank runs this binary.
+struct PeerInfo {
+  uint32_t magic;
+  uint32_t version;
+  int32_t rank;
+  int32_t size;
+  int64_t total_bytes;
+  int64_t coll_slot_bytes;
+  char host[128];
+  char boot_id[64];
+  char bus_id[32];
+  cudaIpcMemHandle_t handle;
+};
+
+void copy_str(char* dst, size_t cap, const std::string& s) {
+  std::memset(dst, 0, cap);
+  std::memcpy(dst, s.data(), std::min(cap - 1, s.size()));
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+std::string boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string s;
+  if (f) std::getline(f, s);
+  return s;
+}
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+}  // namespace
+
+IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank,
+                           int size, int device, std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), device_(device) {
+  TORCH_CHECK(size >= 1 && size <= kMaxRanks, "pycoll::cuda_ipc: world size ", size, " is outside 1..",
+              kMaxRanks, " (the CUDA engine serves one host)");
+  TORCH_CHECK(rank >= 0 && rank < size, "pycoll::cuda_ipc: rank ", rank, " is outside 0..", size - 1);
+  TORCH_CHECK(store, "pycoll::cuda_ipc: store is null");
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+
+  void* h = nullptr;
+  PYCOLL_IPC_CHECK(cudaHostAlloc(&h, sizeof(HostErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable),
+                   "cudaHostAlloc(error record)");
+  std::memset(h, 0, sizeof(HostErrorRecord));
+  host_err_ = static_cast<HostErrorRecord*>(h);
+  void* d = nullptr;
+  PYCOLL_IPC_CHECK(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer");
+
+  layout_ = make_layout(size);
+  handle_.rank = rank;
+  handle_.nranks = size;
+  handle_.layout = layout_;
+  handle_.timeout_ns = uint64_t(timeout.count() > 0 ? timeout.count() : 1) * 1000000ull;
+  handle_.err = static_cast<HostErrorRecord*>(d);
+  peers_.assign(size, nullptr);
+
+  if (size == 1) {  // nothing to map: the engine never launches a kernel for one rank
+    reachable_ = true;
+    return;
+  }
+
+  PYCOLL_IPC_CHECK(cudaMalloc(reinterpret_cast<void**>(&local_), size_t(layout_.total_bytes)),
+                   "cudaMalloc(workspace of " + std::to_string(layout_.total_bytes) + " bytes)");
+  PYCOLL_IPC_CHECK(cudaMemset(local_, 0, size_t(layout_.total_bytes)), "cudaMemset(workspace)");
+  PYCOLL_IPC_CHECK(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // zeroed before any peer maps it
+
+  PeerInfo mine;
+  std::memset(&mine, 0, sizeof(mine));
+  mine.magic = kMagic;
+  mine.version = kVersion;
+  mine.rank = rank;
+  mine.size = size;
+  mine.total_bytes = layout_.total_bytes;
+  mine.coll_slot_bytes = layout_.coll.slot_bytes;
+  copy_str(mine.host, sizeof(mine.host), host_name());
+  copy_str(mine.boot_id, sizeof(mine.boot_id), boot_id());
+  PYCOLL_IPC_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, sizeof(mine.bus_id), device), "cudaDeviceGetPCIBusId");
+  PYCOLL_IPC_CHECK(cudaIpcGetMemHandle(&mine.handle, local_), "cudaIpcGetMemHandle");
+
+  // Round 1: every rank's handle.
+  const std::string base = key_prefix + "/pycoll_cuda_ipc/";
+  std::vector<uint8_t> blob(sizeof(PeerInfo));
+  std::memcpy(blob.data(), &mine, sizeof(PeerInfo));
+  store->set(base + "info/" + std::to_string(rank), blob);
+  std::vector<std::string> keys;
+  for (int q = 0; q < size; ++q) keys.push_back(base + "info/" + std::to_string(q));
+  store->wait(keys, timeout);
+  std::vector<PeerInfo> info(size);
+  for (int q = 0; q < size; ++q) {
+    const std::vector<uint8_t> v = store->get(keys[q]);
+    TORCH_CHECK(v.size() == sizeof(PeerInfo), "pycoll::cuda_ipc: rank ", q, " published ", v.size(),
+                " bytes of workspace info, expected ", sizeof(PeerInfo), " (different pycollectives builds?)");
+    std::memcpy(&info[q], v.data(), sizeof(PeerInfo));
+  }
+
+  // This rank's verdict: can it map every peer?
+  std::string why;
+  for (int q = 0; q < size && why.empty(); ++q) {
+    if (q == rank) continue;
+    const PeerInfo& p = info[q];
+    if (p.magic != kMagic || p.version != kVersion || p.size != size || p.total_bytes != mine.total_bytes ||
+        p.coll_slot_bytes != mine.coll_slot_bytes) {
+      why = "rank " + std::to_string(q) + " runs a different workspace layout (different pycollectives builds?)";
+      break;
+    }
+    if (std::strncmp(p.host, mine.host, sizeof(p.host)) != 0 ||
+        std::strncmp(p.boot_id, mine.boot_id, sizeof(p.boot_id)) != 0) {
+      why = "rank " + std::to_string(q) + " is on another host (" + std::string(p.host) + ")";
+      break;
+    }
+    int dev = -1;
+    if (cudaDeviceGetByPCIBusId(&dev, p.bus_id) != cudaSuccess) {
+      (void)cudaGetLastError();
+      why = "the GPU of rank " + std::to_string(q) + " (" + p.bus_id +
+            ") is not visible to this process (CUDA_VISIBLE_DEVICES differs between ranks?)";
+      break;
+    }
+    if (dev == device) {
+      why = "rank " + std::to_string(q) + " uses the same GPU as this rank";
+      break;
+    }
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, device, dev) != cudaSuccess || !can) {
+      (void)cudaGetLastError();
+      why = "no peer-to-peer access from GPU " + std::to_string(device) + " to the GPU of rank " + std::to_string(q);
+      break;
+    }
+  }
+  for (int q = 0; q < size && why.empty(); ++q) {
+    if (q == rank) continue;
+    void* ptr = nullptr;
+    const cudaError_t e = cudaIpcOpenMemHandle(&ptr, info[q].handle, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      why = "cudaIpcOpenMemHandle(rank " + std::to_string(q) + ") failed: " + cudaGetErrorString(e);
+      break;
+    }
+    peers_[q] = static_cast<char*>(ptr);
+  }
+
+  // Round 2: every rank's verdict, so that all ranks agree.
+  store->set(base + "ok/" + std::to_string(rank), to_bytes(why.empty() ? std::string("1") : "0" + why));
+  std::vector<std::string> ok_keys;
+  for (int q = 0; q < size; ++q) ok_keys.push_back(base + "ok/" + std::to_string(q));
+  store->wait(ok_keys, timeout);
+  reachable_ = true;
+  for (int q = 0; q < size; ++q) {
+    const std::vector<uint8_t> v = store->get(ok_keys[q]);
+    if (v.empty() || v[0] != '1') {
+      reachable_ = false;
+      if (reason_.empty()) reason_ = "rank " + std::to_string(q) + ": " + std::string(v.begin() + (v.empty() ? 0 : 1), v.end());
+    }
+  }
+  if (!reachable_) {
+    release_mappings();
+    return;
+  }
+  for (int q = 0; q < size; ++q) handle_.base[q] = q == rank ? local_ : peers_[q];
+}
+
+void IpcWorkspace::release_mappings() noexcept {
+  for (char*& p : peers_) {
+    if (p != nullptr) (void)cudaIpcCloseMemHandle(p);
+    p = nullptr;
+  }
+  if (local_ != nullptr) (void)cudaFree(local_);
+  local_ = nullptr;
+  for (int q = 0; q < kMaxRanks; ++q) handle_.base[q] = nullptr;
+  (void)cudaGetLastError();
+}
+
+IpcWorkspace::~IpcWorkspace() {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    release_mappings();
+    if (host_err_ != nullptr) (void)cudaFreeHost(host_err_);
+    host_err_ = nullptr;
+    (void)cudaGetLastError();
+  } catch (...) {
+    // A destructor must not throw; the process is most likely shutting down.
+  }
+}
+
+int IpcWorkspace::error_code() const {
+  if (host_err_ == nullptr) return 0;
+  const int code = *reinterpret_cast<const volatile int32_t*>(&host_err_->code);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return code;
+}
+
+std::string IpcWorkspace::error_message() const {
+  const int code = error_code();
+  if (code == kErrNone) return std::string();
+  const volatile HostErrorRecord* e = host_err_;
+  const int op = e->op;
+  const std::string what = op == 0 ? std::string("send/recv") : std::string(op_name(static_cast<OpCode>(op)));
+  std::ostringstream os;
+  os << "pycoll CUDA engine, rank " << e->rank << ": ";
+  switch (code) {
+    case kErrTimeout:
+      os << what << " (CTA " << e->block << ") timed out after " << (e->waited_ns / 1000000ull) << " ms waiting for rank "
+         << e->peer << (e->where == kWaitCredit ? " to free a workspace slot" : " to deliver data")
+         << " (flag " << e->observed << ", expected >= " << e->expected
+         << "). That rank crashed, hangs, or issued a different sequence of operations.";
+      break;
+    case kErrPeerAborted:
+      os << what << " (CTA " << e->block << ") stopped because rank " << e->peer
+         << " reported an error first; see that rank's error.";
+      break;
+    case kErrSizeMismatch:
+      os << "recv from rank " << e->peer << " expected a message of " << e->expected << " bytes but the peer sent "
+         << e->observed << " bytes.";
+      break;
+    default:
+      os << "unknown device error code " << code << ".";
+      break;
+  }
+  os << " The CUDA engine of this process group is unusable from now on.";
+  return os.str();
+}
+
+}  // namespace cuda_ipc
+}  // namespace pycoll
+
+#endif  // PYCOLL_WITH_CUDA

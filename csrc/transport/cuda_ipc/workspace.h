@@ -1,0 +1,61 @@
+// Symmetric CUDA IPC workspace: one cudaMalloc per rank (layout.h), exported with CUDA IPC, the
+// handles exchanged through the c10d Store, every peer's workspace mapped into this process; plus
+// the host-mapped record where kernels report the first error. Hands kernels a DeviceHandle.
+//
+// Collective: every rank of the group constructs it, in the same order, with the same
+// key_prefix. The constructor talks to the Store twice (publish / read every rank's handle, then
+// publish / read every rank's verdict) so that all ranks agree on reachable().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "transport/cuda_ipc/device_handle.h"
+
+namespace pycoll {
+namespace cuda_ipc {
+
+class IpcWorkspace {
+ public:
+  IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
+               int device, std::chrono::milliseconds timeout);
+  ~IpcWorkspace();
+  IpcWorkspace(const IpcWorkspace&) = delete;
+  IpcWorkspace& operator=(const IpcWorkspace&) = delete;
+
+  // True when every rank mapped every peer's workspace (same host, distinct GPUs with P2P access).
+  // The same value on every rank.
+  bool reachable() const { return reachable_; }
+  // Why this rank (or some rank) found a peer unreachable; empty when reachable().
+  const std::string& unreachable_reason() const { return reason_; }
+
+  // Valid when reachable().
+  const DeviceHandle& handle() const { return handle_; }
+  const Layout& layout() const { return layout_; }
+
+  // First error a kernel reported (DeviceErrorCode), 0 if none. Cheap: one read of host memory.
+  int error_code() const;
+  std::string error_message() const;
+
+ private:
+  void release_mappings() noexcept;
+
+  int rank_;
+  int size_;
+  int device_;
+  bool reachable_ = false;
+  std::string reason_;
+  Layout layout_;
+  char* local_ = nullptr;      // this rank's workspace (cudaMalloc)
+  std::vector<char*> peers_;   // peers' workspaces, opened with cudaIpcOpenMemHandle
+  HostErrorRecord* host_err_ = nullptr;  // cudaHostAlloc(mapped)
+  DeviceHandle handle_;
+};
+
+}  // namespace cuda_ipc
+}  // namespace pycoll
