@@ -11,8 +11,10 @@ if ! $PY -c "import torch" >/dev/null 2>&1; then
   $PY -m pip install -q "torch==2.14.1"
 fi
 missing=()
-for mod in ninja matplotlib pytest; do
-  $PY -c "import $mod" >/dev/null 2>&1 || missing+=("$mod")
+for pair in ninja:ninja matplotlib:matplotlib pytest:pytest pytest_timeout:pytest-timeout; do
+  mod=${pair%%:*}
+  pkg=${pair##*:}
+  $PY -c "import $mod" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   $PY -m pip install -q "${missing[@]}"
