@@ -1,0 +1,131 @@
+"""--calibrate: fit time(bytes) = alpha + beta * bytes per (op, algorithm) and write the
+constants the backend's ``auto`` cost model reads.
+
+The fit is least squares on the *relative* error, sum(((alpha + beta*b - t) / t)^2), so that
+8-byte and 64-MiB points count alike (plain least squares would let the largest sizes decide
+alpha alone).  Both constants are kept non-negative.  ``bytes`` is the size of the op's
+largest buffer, as everywhere in pycoll-bench.
+"""
+import json
+import math
+import os
+
+UNITS = {
+    "alpha_us": "microseconds per call",
+    "beta_us_per_byte": "microseconds per byte of the op's largest buffer (all_gather: output, "
+                        "reduce_scatter: input)",
+    "min_bytes": "bytes", "max_bytes": "bytes",
+}
+
+
+def fit_alpha_beta(points):
+    """(alpha_us, beta_us_per_byte, rel_rms) for [(bytes, time_us), ...] with >= 2 sizes."""
+    pts = [(float(b), float(t)) for b, t in points if t and t > 0]
+    if len({b for b, _ in pts}) < 2:
+        raise ValueError("need at least two distinct sizes to fit alpha and beta")
+    w = [1.0 / (t * t) for _, t in pts]
+    sw = sum(w)
+    swx = sum(wi * b for wi, (b, _) in zip(w, pts))
+    swxx = sum(wi * b * b for wi, (b, _) in zip(w, pts))
+    swt = sum(wi * t for wi, (_, t) in zip(w, pts))
+    swxt = sum(wi * b * t for wi, (b, t) in zip(w, pts))
+    det = sw * swxx - swx * swx
+    alpha = (swt * swxx - swx * swxt) / det if det else 0.0
+    beta = (sw * swxt - swx * swt) / det if det else 0.0
+    if beta < 0:                      # flat times: latency only
+        beta, alpha = 0.0, swt / sw
+    if alpha < 0:                     # through the origin: bandwidth only
+        alpha, beta = 0.0, swxt / swxx
+    rel = [((alpha + beta * b) - t) / t for b, t in pts]
+    return alpha, beta, math.sqrt(sum(r * r for r in rel) / len(rel))
+
+
+# What a cost model chooses between; only these become "entries".
+MODEL_ALGOS = ("ring", "tree", "oneshot", "twoshot")
+MODEL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+
+
+def _norm(name):
+    """'all_reduce', 'allreduce' -> 'allreduce' (the backend's op names have no underscore)."""
+    return str(name).lower().replace("_", "").replace("-", "")
+
+
+def backend_cost_pairs(device):
+    """The (op, algo) pairs the backend's CPU cost table holds, or None if it does not say.
+
+    A forced algorithm that an op does not implement falls back to another one inside the
+    backend (e.g. broadcast with ring runs the auto choice), so a row labelled with it did not
+    measure it; writing such a pair would add an algorithm the selector must not pick."""
+    if device != "cpu":
+        return None
+    try:
+        import pycollectives
+    except Exception:
+        return None
+    fn = getattr(pycollectives, "cost_entries", None) or getattr(getattr(pycollectives, "_C", None),
+                                                                 "cost_entries", None)
+    if fn is None:
+        return None
+    try:
+        return {(_norm(e[0]), _norm(e[1])) for e in fn()}
+    except Exception:
+        return None
+
+
+def fit_entries(rows, dtype, known_pairs=None):
+    """(entries, reference_entries) from eager, error-free, correct rows of ``dtype``.
+
+    ``entries``: one per (op, algorithm) for pycoll rows with a forced algorithm in
+    MODEL_ALGOS on an op in MODEL_OPS (and, when ``known_pairs`` is given, a pair the backend's
+    cost table holds) -- what ``pycollectives.load_cost_model`` applies.
+    ``reference_entries``: the same fit for every other row (pycoll's own choice as algo
+    "auto", the comparison backends with algo = their label, pairs the backend does not
+    implement), for comparison only; a cost model must not read them."""
+    groups = {}
+    for r in rows:
+        if r["mode"] != "eager" or r["dtype"] != dtype or r.get("error") or r.get("check") == "fail":
+            continue
+        if not r.get("time_us"):
+            continue
+        algo = (r["algo"] or "auto") if r["backend"] == "pycoll" else r["label"]
+        groups.setdefault((r["backend"], algo, r["op"]), []).append((r["bytes"], r["time_us"]))
+    entries, reference = [], []
+    for (backend, algo, op), pts in groups.items():
+        try:
+            alpha, beta, rel_rms = fit_alpha_beta(pts)
+        except ValueError:
+            continue
+        entry = dict(op=op, algo=algo, alpha_us=alpha, beta_us_per_byte=beta,
+                     min_bytes=int(min(b for b, _ in pts)), max_bytes=int(max(b for b, _ in pts)),
+                     backend=backend, points=len(pts), rel_rms_error=rel_rms)
+        model = backend == "pycoll" and algo in MODEL_ALGOS and op in MODEL_OPS
+        if model and known_pairs is not None and (_norm(op), _norm(algo)) not in known_pairs:
+            model = False
+            entry["note"] = "not in the backend's cost table: the forced algorithm falls back for this op"
+        (entries if model else reference).append(entry)
+    return entries, reference
+
+
+def constants_document(entries, reference, meta, dtype):
+    return {
+        "device": meta["device"],
+        "card": meta["card"],
+        "date": meta["date"],
+        "command": meta["command"],
+        "world_size": meta["world_size"],
+        "dtype": dtype,
+        "units": UNITS,
+        "model": "time_us = alpha_us + beta_us_per_byte * bytes (least squares on relative error)",
+        "entries": entries,
+        "reference_entries": reference,
+    }
+
+
+def write_constants(path, doc):
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+    os.replace(tmp, path)

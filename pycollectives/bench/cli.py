@@ -1,0 +1,311 @@
+"""pycoll-bench: nccl-tests-style benchmark of torch.distributed collectives, pycoll beside
+NCCL or Gloo in the same launch.  ``main`` parses and checks the arguments, then either runs
+as one rank of a torchrun job (RANK and WORLD_SIZE in the environment) or spawns its own
+ranks around a TCPStore on a free port."""
+import argparse
+import datetime
+import os
+import shlex
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+from . import checker
+from .config import BenchConfig
+from .ops import COLLECTIVES, DEFAULT_OPS
+from .sizes import parse_size, size_range
+
+KNOWN_ALGOS = ("ring", "tree", "oneshot", "twoshot", "auto")
+# What --calibrate measures when --algo is not given: every algorithm the cost model chooses
+# between (both engines implement all four).
+CALIBRATE_ALGOS = {"cpu": ["ring", "tree", "oneshot", "twoshot"], "cuda": ["oneshot", "twoshot", "ring", "tree"]}
+
+EXAMPLES = """\
+examples:
+  pycoll-bench                                   # pycoll vs gloo on 2 CPU ranks (vs nccl, one rank per GPU)
+  pycoll-bench --ops all_reduce -b 8 -e 1G -f 2 --check
+  pycoll-bench --backends pycoll,gloo --algo ring,tree,auto --nproc 4
+  pycoll-bench --calibrate                       # fit alpha/beta per algorithm -> pycollectives/cost_model.json
+  torchrun --nproc-per-node 8 -m pycollectives.bench --backends pycoll,nccl
+
+sizes are bytes of the op's largest buffer (all_gather: output, reduce_scatter: input), with
+K/M/G suffixes (powers of 1024); sizes that do not split into world-size chunks are skipped
+for all_gather, reduce_scatter and all_to_all.
+exit status: 0 ok, 1 a wrong result (--check) or a failed op, 2 bad arguments.
+"""
+
+
+def _csv(text):
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _size_arg(text):
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _nonneg_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="pycoll-bench", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
+        description="Benchmark torch.distributed collectives (nccl-tests style: mean time per call, "
+                    "max over ranks, algbw and busbw) for pycoll beside NCCL or Gloo.")
+    g = p.add_argument_group("what to run")
+    g.add_argument("--backends", type=_csv, default=None,
+                   help="comma list of backends, one process group each, run in alternation on the same "
+                        "tensors; ratios refer to the first that is not pycoll "
+                        "(default: pycoll,nccl with >= 2 GPUs, else pycoll,gloo)")
+    g.add_argument("--algo", type=_csv, default=None,
+                   help="pycoll algorithms, one row each (pycollectives.set_algo on every rank): "
+                        + ",".join(KNOWN_ALGOS))
+    g.add_argument("--ops", type=_csv, default=None,
+                   help=f"comma list from {','.join(COLLECTIVES)}, or 'all' (default: {','.join(DEFAULT_OPS)})")
+    g.add_argument("-d", "--dtype", type=_csv, default=["float32"],
+                   help=f"comma list from {','.join(checker.DTYPES)} (default: float32)")
+    g.add_argument("-o", "--op", dest="reduce_op", default="sum", choices=checker.REDUCE_OPS,
+                   help="reduce op of all_reduce, reduce, reduce_scatter (default: sum)")
+    g.add_argument("-r", "--root", type=_nonneg_int, default=0, help="root of broadcast and reduce (default: 0)")
+    g.add_argument("--inplace", action="store_true",
+                   help="in-place all_gather / reduce_scatter (input is the rank's chunk of the output / "
+                        "output is the rank's chunk of the input); default out-of-place. all_reduce, "
+                        "broadcast, reduce are in place by definition, all_to_all and sendrecv never")
+    g = p.add_argument_group("sizes (nccl-tests flags)")
+    g.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (default: 8)")
+    g.add_argument("-e", "--maxbytes", type=_size_arg, default=None,
+                   help="largest size (default: 64M on CPU, 1G on GPU)")
+    g.add_argument("-f", "--stepfactor", type=_positive_int, default=None, help="multiply size by this (default: 2)")
+    g.add_argument("-i", "--stepbytes", type=_size_arg, default=None, help="add this many bytes instead of -f")
+    g = p.add_argument_group("timing")
+    g.add_argument("-w", "--warmup", type=_nonneg_int, default=None,
+                   help="warmup calls per row (default: 5 below 1 MiB, 2 below 16 MiB, 1 above)")
+    g.add_argument("-n", "--iters", type=_positive_int, default=None,
+                   help="timed calls per row (default: adaptive, --budget seconds per row, 3 to 5000 calls)")
+    g.add_argument("--budget", type=_positive_float, default=0.05,
+                   help="adaptive iterations: seconds of timed calls per (size, op, row) (default: 0.05)")
+    g.add_argument("-c", "--check", action="store_true",
+                   help="verify every result against a plain torch reference; exit 1 on a wrong result")
+    g.add_argument("--graph", action="store_true",
+                   help="CUDA only: also time CUDA-graph replay of the calls (extra rows)")
+    g = p.add_argument_group("ranks")
+    g.add_argument("--nproc", type=_positive_int, default=None,
+                   help="ranks to spawn (default: one per GPU with >= 2 GPUs, else 2); ignored under torchrun")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="tensor device (default: cuda with >= 2 GPUs, else cpu)")
+    g.add_argument("--timeout", type=_positive_float, default=600.0,
+                   help="seconds before a collective or the rendezvous times out (default: 600)")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=os.path.join("benchmarks", "results"),
+                   help="directory of the JSON and PNG files (default: benchmarks/results/)")
+    g.add_argument("--name", default=None,
+                   help="<what> in <date>-<card>-<what>.json (default: <backends>-np<N>, e.g. pycoll-vs-gloo-np2)")
+    g.add_argument("--no-save", action="store_true", help="print the table only, write no files")
+    g.add_argument("--no-plot", action="store_true", help="write no PNG")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    g.add_argument("--calibrate", action="store_true",
+                   help="fit alpha (us) and beta (us/byte) per (op, algorithm) and write them for the auto "
+                        f"cost model (default algorithms: {','.join(CALIBRATE_ALGOS['cuda'])})")
+    g.add_argument("--calibrate-out", default=None,
+                   help="constants file (default: cost_model.json in the pycollectives package, i.e. "
+                        "pycollectives/cost_model.json in a source checkout)")
+    return p
+
+
+def _torchrun_env():
+    """(rank, world, local_rank) when launched by torchrun or a similar launcher, else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        rank = int(os.environ["RANK"])
+        return rank, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", rank))
+    return None
+
+
+def _pycollectives(device):
+    """(module, problem): problem is None when the 'pycoll' backend is registered."""
+    try:
+        import pycollectives
+    except Exception as exc:  # the package failed to import
+        return None, f"import pycollectives failed: {type(exc).__name__}: {exc}"
+    if "pycoll" not in dist.Backend.backend_list:
+        return pycollectives, ("import pycollectives did not register the 'pycoll' backend (is the C++ "
+                               "extension built?); try --backends " + ("nccl,nccl" if device == "cuda" else "gloo,gloo")
+                               + " to exercise the harness")
+    return pycollectives, None
+
+
+def _command(argv):
+    prog = "python -m pycollectives.bench" if sys.argv and sys.argv[0].endswith("__main__.py") else "pycoll-bench"
+    return " ".join([prog] + [shlex.quote(a) for a in argv])
+
+
+def parse_config(argv, parser=None):
+    """Checked BenchConfig and the torchrun triple (or None).  Bad arguments -> parser.error
+    (exit status 2)."""
+    parser = parser or build_parser()
+    a = parser.parse_args(argv)
+    err = parser.error
+    launched = _torchrun_env()
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    device = a.device
+    if device == "auto":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        device = "cuda" if ngpu >= 2 or (launched and ngpu >= max(1, local_world)) else "cpu"
+    if device == "cuda" and ngpu == 0:
+        err("--device cuda: no GPU is visible")
+    if a.graph and device != "cuda":
+        err("--graph times CUDA graph replay and needs GPUs (--device cuda); this run is on CPU"
+            + ("" if ngpu else ": no GPU is visible"))
+
+    world = launched[1] if launched else (a.nproc or (ngpu if device == "cuda" else 2))
+    if device == "cuda" and not launched and world > ngpu:
+        err(f"--nproc {world}: only {ngpu} GPU(s) visible; one rank per GPU")
+    if a.root >= world:
+        err(f"--root {a.root}: must be below the number of ranks ({world})")
+
+    backends = [b.lower() for b in (a.backends or ["pycoll", "nccl" if device == "cuda" else "gloo"])]
+    if not backends:
+        err("--backends: give at least one backend")
+    pyc, problem = (None, None)
+    if "pycoll" in backends or a.algo:
+        pyc, problem = _pycollectives(device)
+    for b in backends:
+        if b == "pycoll":
+            if problem:
+                err(f"--backends pycoll: {problem}")
+        elif b not in dist.Backend.backend_list or b in ("undefined",):
+            err(f"--backends: unknown backend {b!r} (known: pycoll, "
+                f"{', '.join(x for x in dist.Backend.backend_list if x != 'undefined')})")
+        if b == "nccl" and device != "cuda":
+            err("--backends nccl needs GPUs (--device cuda); on CPU compare with gloo")
+
+    algos = a.algo or []
+    if algos:
+        if "pycoll" not in backends:
+            err("--algo selects pycoll algorithms: add pycoll to --backends")
+        known = tuple(getattr(pyc, "ALGORITHMS", None) or getattr(getattr(pyc, "config", None), "ALGORITHMS", None)
+                      or KNOWN_ALGOS)
+        for name in algos:
+            if name not in known:
+                err(f"--algo: unknown algorithm {name!r} (known: {', '.join(known)})")
+        if not hasattr(pyc, "set_algo"):
+            err("--algo: this pycollectives has no set_algo()")
+        if len(set(algos)) != len(algos):
+            err("--algo: an algorithm is named twice")
+
+    ops = a.ops or list(DEFAULT_OPS)
+    if ops == ["all"]:
+        ops = list(COLLECTIVES)
+    for op in ops:
+        if op not in COLLECTIVES:
+            err(f"--ops: unknown op {op!r} (known: {', '.join(COLLECTIVES)}, all)")
+    if len(set(ops)) != len(ops):
+        err("--ops: an op is named twice")
+
+    dtypes = []
+    for name in a.dtype:
+        try:
+            key, dt = checker.resolve_dtype(name)
+        except KeyError:
+            err(f"--dtype: unknown dtype {name!r} (known: {', '.join(checker.DTYPES)})")
+        if a.reduce_op == "avg" and not dt.is_floating_point:
+            err(f"--op avg needs a floating-point --dtype, not {key}")
+        dtypes.append(key)
+    if not dtypes:
+        err("--dtype: give at least one dtype")
+
+    maxbytes = a.maxbytes if a.maxbytes is not None else (1 << 30 if device == "cuda" else 64 << 20)
+    try:
+        sizes = size_range(a.minbytes, maxbytes, a.stepfactor, a.stepbytes)
+    except ValueError as exc:
+        err(f"sizes: {exc}")
+
+    if a.calibrate and not algos and "pycoll" in backends and hasattr(pyc, "set_algo"):
+        algos = list(CALIBRATE_ALGOS[device])
+    calibrate_out = a.calibrate_out
+    if a.calibrate and calibrate_out is None:
+        import pycollectives
+        calibrate_out = os.path.join(list(pycollectives.__path__)[0], "cost_model.json")
+
+    if launched and a.nproc and a.nproc != world:
+        print(f"pycoll-bench: --nproc {a.nproc} ignored: launched with WORLD_SIZE={world}", file=sys.stderr)
+    cfg = BenchConfig(
+        device=device, nproc=world, backends=backends, algos=algos, ops=ops, sizes=sizes, dtypes=dtypes,
+        reduce_op=a.reduce_op, root=a.root, warmup=a.warmup, iters=a.iters, budget_s=a.budget,
+        inplace=a.inplace, check=a.check, graph=a.graph, out_dir=a.out, name=a.name,
+        save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out,
+        timeout_s=a.timeout, progress=not a.no_progress, command=_command(argv), argv=list(argv),
+        launcher="torchrun" if launched else "spawn")
+    return cfg, launched
+
+
+def _spawn(cfg):
+    import torch.multiprocessing as mp
+    from .runner import spawn_entry
+
+    host = "127.0.0.1"
+    store = dist.TCPStore(host, 0, None, True, timeout=datetime.timedelta(seconds=cfg.timeout_s),
+                          wait_for_workers=False)
+    fd, status_path = tempfile.mkstemp(prefix="pycoll-bench-status-")
+    os.close(fd)
+    try:
+        mp.start_processes(spawn_entry, args=(cfg, cfg.nproc, host, store.port, status_path),
+                           nprocs=cfg.nproc, join=True, start_method="spawn")
+        with open(status_path) as fh:
+            text = fh.read().strip()
+        return int(text) if text else 1
+    except mp.ProcessRaisedException as exc:
+        print(f"pycoll-bench: rank {exc.error_index} failed:\n{exc}", file=sys.stderr)
+        return 1
+    except mp.ProcessExitedException as exc:
+        print(f"pycoll-bench: rank {exc.error_index} exited with status {exc.exit_code}", file=sys.stderr)
+        return 1
+    finally:
+        del store
+        os.unlink(status_path)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg, launched = parse_config(argv)
+    os.environ["NCCL_NVLS_ENABLE"] = "0"   # never NVLink multicast, in every rank we start
+    if launched:
+        from .runner import run_rank
+        rank, world, local_rank = launched
+        return run_rank(cfg, rank, world, local_rank)
+    return _spawn(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The resolved settings of one benchmark run, shared by the launcher and every rank."""
+import dataclasses
+from typing import List, Optional
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    device: str                      # "cpu" or "cuda"
+    nproc: int                       # ranks to spawn (ignored under torchrun)
+    backends: List[str]              # first = default group; the others via new_group
+    algos: List[str]                 # pycoll algorithms, one row each; [] = backend's default
+    ops: List[str]
+    sizes: List[int]                 # bytes of each op's largest buffer
+    dtypes: List[str]
+    reduce_op: str = "sum"
+    root: int = 0
+    warmup: Optional[int] = None     # None: 5 calls below 1 MiB, 2 below 16 MiB, 1 above
+    iters: Optional[int] = None      # None: adaptive, from ``budget``
+    budget_s: float = 0.05           # adaptive: seconds of timed calls per (size, op, row)
+    min_iters: int = 3
+    max_iters: int = 5000
+    inplace: bool = False
+    check: bool = False
+    graph: bool = False
+    out_dir: str = "benchmarks/results"
+    name: Optional[str] = None       # <what> in the file names
+    save: bool = True
+    plot: bool = True
+    calibrate: bool = False
+    calibrate_out: Optional[str] = None
+    timeout_s: float = 600.0
+    progress: bool = True
+    command: str = ""
+    argv: List[str] = dataclasses.field(default_factory=list)
+    launcher: str = "spawn"          # "spawn" or "torchrun"
+
+    def to_json(self):
+        d = dataclasses.asdict(self)
+        d.pop("argv", None)
+        return d

@@ -1,0 +1,233 @@
+"""Rank 0's output: metadata, ratios to the baseline row, the table on stdout, the JSON and
+PNG files, the calibration constants, and the exit status."""
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import torch
+
+from . import calibrate
+from .sizes import format_size
+
+SCHEMA = "pycoll-bench/1"
+
+
+# -- metadata --------------------------------------------------------------------------------
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown-cpu"
+
+
+def card_name(device):
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.cuda.current_device())
+    return cpu_model()
+
+
+def driver_version():
+    """NVIDIA driver version from nvidia-smi, or None."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+def slugify(text):
+    """'Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz' -> 'intel-xeon-platinum-8480'."""
+    text = re.sub(r"\((r|tm|c)\)", "", text, flags=re.IGNORECASE)
+    text = text.split("@")[0]
+    text = re.sub(r"\b(cpu|processor)\b", "", text, flags=re.IGNORECASE)
+    text = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return text or "unknown"
+
+
+def metadata(cfg, world):
+    now = datetime.datetime.now().astimezone()
+    try:
+        import pycollectives
+        pyc_version = getattr(pycollectives, "__version__", None)
+    except Exception:
+        pyc_version = None
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(("PYCOLL_", "NCCL_", "GLOO_")) or k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}
+    return {
+        "card": card_name(cfg.device),
+        "device": cfg.device,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "driver": driver_version(),
+        "hostname": socket.gethostname(),
+        "date": now.isoformat(timespec="seconds"),
+        "nproc": world,
+        "world_size": world,
+        "command": cfg.command,
+        "argv": list(cfg.argv),
+        "launcher": cfg.launcher,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "pycollectives_version": pyc_version,
+        "env": env,
+    }
+
+
+# -- figures ---------------------------------------------------------------------------------
+def _key(r):
+    return (r["op"], r["bytes"], r["dtype"], r["mode"])
+
+
+def add_ratios(rows, baseline):
+    """time_ratio = time / baseline time and busbw_ratio = busbw / baseline busbw (the same
+    number inverted: >1 means faster than the baseline) at the same op, size, dtype, mode."""
+    base = {_key(r): r for r in rows if r["label"] == baseline}
+    for r in rows:
+        b = base.get(_key(r))
+        r["baseline"] = baseline
+        r["time_ratio"] = r["busbw_ratio"] = None
+        if b is not None and r["time_us"] and b["time_us"]:
+            r["time_ratio"] = r["time_us"] / b["time_us"]
+            r["busbw_ratio"] = b["time_us"] / r["time_us"]
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(rows, meta, cfg, baseline):
+    mode = "in-place" if cfg.inplace else "out-of-place"
+    iters = f"{cfg.iters} iterations" if cfg.iters else f"adaptive iterations ({cfg.budget_s:g} s per row)"
+    ratio_head = f"x {baseline}"
+    lines = [
+        f"# pycoll-bench: {meta['world_size']} ranks, {meta['device']} ({meta['card']}), torch {meta['torch']}, "
+        f"{','.join(cfg.dtypes)}, op {cfg.reduce_op}, {mode} where the op allows, {iters}",
+        "# time: mean per call, max over ranks; algbw = size / time; busbw = algbw * nccl-tests factor;",
+        f"# {ratio_head} = busbw / busbw of {baseline} at the same size (>1: faster than {baseline})",
+    ]
+    label_w = max([len("backend")] + [len(r["label"]) + (8 if r["mode"] == "graph" else 0) for r in rows])
+    head = (f"{'op':<15}{'size':>9}{'count':>12}  {'backend':<{label_w}}{'time_us':>12}"
+            f"{'algbw GB/s':>12}{'busbw GB/s':>12}{ratio_head:>{max(9, len(ratio_head) + 2)}}  check")
+    ratio_w = max(9, len(ratio_head) + 2)
+    multi_dtype = len(cfg.dtypes) > 1
+    prev = None
+    for r in rows:
+        group = (r["dtype"], r["op"])
+        if group != prev:
+            lines.append("")
+            if multi_dtype:
+                lines.append(f"## {r['dtype']}")
+            lines.append(head)
+            prev = group
+        label = r["label"] + (" (graph)" if r["mode"] == "graph" else "")
+        if r["error"]:
+            status = "error (see below)"
+        else:
+            status = r["check"] or ""
+        lines.append(f"{r['op']:<15}{format_size(r['bytes']):>9}{r['count']:>12}  {label:<{label_w}}"
+                     f"{_fmt(r['time_us'], '.2f'):>12}{_fmt(r['algbw_gbps'], '.3f'):>12}"
+                     f"{_fmt(r['busbw_gbps'], '.3f'):>12}{_fmt(r['busbw_ratio'], '.2f'):>{ratio_w}}  {status}")
+    return "\n".join(lines)
+
+
+# -- files -----------------------------------------------------------------------------------
+def output_stem(cfg, meta):
+    """<out>/<YYYY-MM-DD>-<card-slug>-<what>, with -2, -3 ... appended rather than overwrite."""
+    date = meta["date"][:10]
+    what = cfg.name or ("-vs-".join(cfg.backends) + f"-np{meta['world_size']}")
+    what = re.sub(r"[^A-Za-z0-9_.+-]+", "-", what).strip("-") or "bench"
+    base = os.path.join(cfg.out_dir, f"{date}-{slugify(meta['card'])}-{what}")
+    stem, n = base, 1
+    while os.path.exists(stem + ".json") or os.path.exists(stem + ".png"):
+        n += 1
+        stem = f"{base}-{n}"
+    return stem
+
+
+def finish(cfg, world, data):
+    """Print, write, and return the exit status (1 on a wrong result or a failed op)."""
+    meta = metadata(cfg, world)
+    rows, baseline = data["results"], data["baseline"]
+    add_ratios(rows, baseline)
+    print(format_table(rows, meta, cfg, baseline), flush=True)
+
+    failures = [r for r in rows if r.get("check") == "fail"]
+    errors = [r for r in rows if r.get("error")]
+    for r in failures:
+        print(f"pycoll-bench: WRONG RESULT {r['label']} {r['op']} {r['bytes']} B {r['dtype']}: {r['check_error']}",
+              file=sys.stderr)
+    grouped = {}
+    for r in errors:
+        grouped.setdefault((r["label"], r["mode"], r["op"], r["dtype"], r["error"]), []).append(r["bytes"])
+    for (label, mode, op, dtype, msg), sizes in grouped.items():
+        where = format_size(sizes[0]) if len(sizes) == 1 else \
+            f"{len(sizes)} sizes from {format_size(min(sizes))} to {format_size(max(sizes))}"
+        print(f"pycoll-bench: ERROR {label} {op} {dtype}{' graph' if mode == 'graph' else ''} at {where}: {msg}",
+              file=sys.stderr)
+
+    files = {"json": None, "png": None, "calibration": None}
+    doc = {
+        "schema": SCHEMA,
+        "metadata": meta,
+        "config": cfg.to_json(),
+        "baseline": baseline,
+        "labels": data["labels"],
+        "results": rows,
+        "skipped": data["skipped"],
+        "summary": {"rows": len(rows), "check_failures": len(failures), "errors": len(errors),
+                    "elapsed_s": data["elapsed_s"]},
+        "backend_stats": data.get("backend_stats"),
+        "files": files,
+    }
+    if cfg.calibrate:
+        entries, reference = calibrate.fit_entries(rows, cfg.dtypes[0], calibrate.backend_cost_pairs(cfg.device))
+        cdoc = calibrate.constants_document(entries, reference, meta, cfg.dtypes[0])
+        calibrate.write_constants(cfg.calibrate_out, cdoc)
+        files["calibration"] = cfg.calibrate_out
+        doc["calibration"] = cdoc
+        print(f"\n# calibration ({cfg.dtypes[0]}): time_us = alpha_us + beta_us_per_byte * bytes", flush=True)
+        if not entries:
+            print("#   no pycoll row with a forced algorithm (ring, tree, oneshot, twoshot): "
+                  "\"entries\" is empty; fits of the other rows are under \"reference_entries\"", flush=True)
+        for kind, group in (("", entries), ("(reference) ", reference)):
+            for e in group:
+                print(f"#   {kind}{e['backend']:<8}{e['algo']:<12}{e['op']:<16}alpha {e['alpha_us']:10.2f} us  "
+                      f"beta {e['beta_us_per_byte'] * 1e3:10.5f} ns/B  "
+                      f"({e['points']} sizes, rel rms {e['rel_rms_error']:.2f})", flush=True)
+    if cfg.save:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        stem = output_stem(cfg, meta)
+        files["json"] = stem + ".json"
+        if cfg.plot:
+            try:
+                from . import plot
+                plot.plot(rows, meta, cfg, stem + ".png")
+                files["png"] = stem + ".png"
+            except ImportError as exc:
+                print(f"pycoll-bench: no plot ({exc}); install matplotlib for the PNG", file=sys.stderr)
+        with open(files["json"], "w") as fh:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+    print("", flush=True)
+    for kind, path in files.items():
+        if path:
+            print(f"# wrote {kind}: {path}", flush=True)
+    return 1 if failures or errors else 0

@@ -1,0 +1,270 @@
+"""pycoll-bench (pycollectives/bench): end-to-end CLI runs on CPU ranks, the checker, the
+argument errors, and --calibrate.
+
+The CLI runs pycoll beside gloo when ``import pycollectives`` registers "pycoll", else (the
+extension not built yet, or PYCOLL_TEST_BACKEND=gloo) gloo beside gloo, so that the harness
+itself can be tested before the backend exists.  40 to 60 s on 2 cores.
+"""
+import importlib
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG_DIR = os.path.join(REPO, "pycollectives")
+SUBPROCESS_TIMEOUT = 240
+
+
+def _pycoll_available():
+    if os.environ.get("PYCOLL_TEST_BACKEND", "pycoll") == "gloo":
+        return False
+    try:
+        import pycollectives  # noqa: F401
+        import torch.distributed as dist
+    except Exception:
+        return False
+    return "pycoll" in dist.Backend.backend_list
+
+
+def _package_importable():
+    try:
+        import pycollectives  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+PYCOLL = _pycoll_available()
+BACKENDS = ["pycoll", "gloo"] if PYCOLL else ["gloo", "gloo"]
+LABELS = ["pycoll", "gloo"] if PYCOLL else ["gloo", "gloo#2"]
+
+# When pycollectives/__init__.py cannot import (extension not built), run the CLI through a
+# script that installs a bare package object for pycollectives first; spawned ranks re-run
+# the script as their __main__, so they get the same package.
+_SHIM = """\
+import sys, types
+pkg = types.ModuleType("pycollectives")
+pkg.__path__ = [{pkg_dir!r}]
+sys.modules["pycollectives"] = pkg
+from pycollectives.bench.cli import main
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def _bench_module(name):
+    """pycollectives.bench.<name>, importable even when pycollectives itself is not."""
+    if _package_importable():
+        return importlib.import_module(f"pycollectives.bench.{name}")
+    saved = {k: v for k, v in sys.modules.items() if k == "pycollectives" or k.startswith("pycollectives.")}
+    pkg = types.ModuleType("pycollectives")
+    pkg.__path__ = [PKG_DIR]
+    sys.modules["pycollectives"] = pkg
+    try:
+        return importlib.import_module(f"pycollectives.bench.{name}")
+    finally:
+        for k in [k for k in sys.modules if k == "pycollectives"]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+def run_cli(args, tmp_path, env_extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    env.update(env_extra or {})
+    if _package_importable():
+        cmd = [sys.executable, "-m", "pycollectives.bench"]
+    else:
+        shim = tmp_path / "bench_shim.py"
+        shim.write_text(_SHIM.format(pkg_dir=PKG_DIR))
+        cmd = [sys.executable, str(shim)]
+    return subprocess.run(cmd + list(args), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT)
+
+
+def _describe(proc):
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+
+
+def _check_types(obj, spec, where="doc"):
+    for key, types_ in spec.items():
+        assert key in obj, f"{where}: missing key {key!r}"
+        assert isinstance(obj[key], types_), f"{where}.{key}: {type(obj[key]).__name__} is not {types_}"
+
+
+NUM = (int, float)
+OPT_NUM = (int, float, type(None))
+OPT_STR = (str, type(None))
+ROW_SPEC = {
+    "op": str, "bytes": int, "count": int, "dtype": str, "reduce_op": OPT_STR, "label": str, "backend": str,
+    "algo": OPT_STR, "mode": str, "inplace": bool, "warmup": int, "iters": int, "time_us": NUM,
+    "algbw_gbps": NUM, "busbw_gbps": NUM, "check": OPT_STR, "check_error": OPT_STR, "error": OPT_STR,
+    "baseline": str, "time_ratio": OPT_NUM, "busbw_ratio": OPT_NUM,
+}
+META_SPEC = {
+    "card": str, "device": str, "torch": str, "cuda": OPT_STR, "driver": OPT_STR, "hostname": str,
+    "date": str, "nproc": int, "world_size": int, "command": str, "argv": list, "launcher": str,
+}
+ENTRY_SPEC = {"op": str, "algo": str, "alpha_us": NUM, "beta_us_per_byte": NUM, "min_bytes": int, "max_bytes": int}
+BASELINE = "gloo"
+BUSBW = {"all_reduce": 2 * (2 - 1) / 2, "all_gather": 1 / 2, "reduce_scatter": 1 / 2, "broadcast": 1.0}
+
+
+def test_cli_end_to_end_json_and_plot(tmp_path):
+    out = tmp_path / "results"
+    proc = run_cli(["--backends", ",".join(BACKENDS), "--nproc", "2", "-b", "8", "-e", "64K",
+                    "--check", "--budget", "0.01", "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, _describe(proc)
+    assert "busbw GB/s" in proc.stdout and f"x {BASELINE}" in proc.stdout, proc.stdout
+
+    jsons = sorted(out.glob("*.json"))
+    pngs = sorted(out.glob("*.png"))
+    assert len(jsons) == 1 and len(pngs) == 1, list(out.iterdir())
+    assert jsons[0].stem == pngs[0].stem
+    date, rest = jsons[0].stem[:10], jsons[0].stem[11:]
+    assert date.count("-") == 2 and rest.endswith(f"{'-vs-'.join(BACKENDS)}-np2"), jsons[0].name
+    png = pngs[0].read_bytes()
+    assert len(png) > 1000 and png[:8] == b"\x89PNG\r\n\x1a\n"
+
+    doc = json.loads(jsons[0].read_text())
+    _check_types(doc, {"schema": str, "metadata": dict, "config": dict, "baseline": str, "labels": list,
+                       "results": list, "skipped": list, "summary": dict, "files": dict})
+    assert doc["schema"] == "pycoll-bench/1"
+    meta = doc["metadata"]
+    _check_types(meta, META_SPEC, "metadata")
+    assert meta["nproc"] == 2 and meta["device"] == "cpu" and "-e 64K" in meta["command"]
+    assert doc["labels"] == LABELS and doc["baseline"] == BASELINE
+
+    sizes = [8 << k for k in range(14)]                      # 8 B .. 64 KiB
+    ops = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
+    rows = doc["results"]
+    assert len(rows) == len(sizes) * len(ops) * len(LABELS)
+    expected = {(o, s, lb) for o in ops for s in sizes for lb in LABELS}
+    assert {(r["op"], r["bytes"], r["label"]) for r in rows} == expected
+    for r in rows:
+        _check_types(r, ROW_SPEC, f"row {r.get('label')} {r.get('op')} {r.get('bytes')}")
+        assert r["error"] is None and r["check"] == "ok", r
+        assert r["time_us"] > 0 and r["iters"] >= 3
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["time_us"] / 1e3)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * BUSBW[r["op"]])
+        if r["label"] == BASELINE:
+            assert r["busbw_ratio"] == pytest.approx(1.0)
+        else:
+            assert r["busbw_ratio"] > 0 and r["time_ratio"] == pytest.approx(1 / r["busbw_ratio"])
+    assert doc["summary"]["check_failures"] == 0 and doc["summary"]["errors"] == 0
+
+
+def test_checker_catches_wrong_result():
+    import torch
+
+    checker = _bench_module("checker")
+    world, count = 3, 48
+    for op in ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "sendrecv"):
+        for dtype in (torch.float32, torch.bfloat16, torch.int8):
+            for reduce_op in ("sum", "prod", "max"):
+                ref = checker.expected(op, 1, world, count, dtype, "cpu", reduce_op, root=1)
+                assert ref is not None and ref.dtype == dtype
+                good = ref.clone()
+                assert checker.compare(good, ref) is None
+                bad = ref.clone()
+                bad[len(bad) // 2] += 1
+                msg = checker.compare(bad, ref)
+                assert msg is not None and f"index {len(bad) // 2}" in msg, (op, dtype, reduce_op)
+    # all_reduce(sum) of the known inputs, computed by hand
+    ins = [checker.pattern(r, 0, count, torch.float32, "cpu") for r in range(world)]
+    assert torch.equal(checker.expected("all_reduce", 0, world, count, torch.float32, "cpu"), sum(ins))
+    # wrong shape, NaN, and avg within / beyond the dtype's tolerance
+    ref = checker.expected("all_reduce", 0, world, count, torch.float16, "cpu", "avg")
+    assert checker.compare(ref[:-1], ref) is not None
+    nan = ref.clone()
+    nan[3] = float("nan")
+    assert checker.compare(nan, ref, exact=False) is not None
+    assert checker.compare(ref * (1 + 1e-3), ref, exact=False) is None
+    assert checker.compare(ref + 0.5, ref, exact=False) is not None
+    assert checker.expected("reduce", 0, world, count, torch.float32, "cpu", root=1) is None
+
+
+@pytest.mark.parametrize("argv", [
+    ["-b", "1X"],
+    ["-b", "1M", "-e", "1K"],
+    ["--ops", "all_reduce,nonsense"],
+    ["--dtype", "float128"],
+    ["-n", "0"],
+    ["-f", "1"],
+    ["--op", "xor"],
+    ["--op", "avg", "--dtype", "int32"],
+    ["--backends", "gloo", "--algo", "ring"],
+    ["--backends", "nccl", "--device", "cpu"],
+    ["--backends", "nosuchbackend"],
+    ["--root", "7"],
+    ["--graph", "--device", "cpu"],
+])
+def test_bad_arguments_are_usage_errors(argv, capsys):
+    cli = _bench_module("cli")
+    with pytest.raises(SystemExit) as info:
+        cli.parse_config(["--backends", "gloo,gloo"] + argv if "--backends" not in argv else argv)
+    assert info.value.code == 2
+    assert "usage: pycoll-bench" in capsys.readouterr().err
+
+
+def test_bad_arguments_exit_code_2(tmp_path):
+    proc = run_cli(["--backends", "gloo,gloo", "-b", "64K", "-e", "8"], tmp_path)
+    assert proc.returncode == 2, _describe(proc)
+    assert "usage:" in proc.stderr and "below minimum size" in proc.stderr
+
+
+def test_sizes():
+    sizes = _bench_module("sizes")
+    assert sizes.parse_size("8") == 8 and sizes.parse_size("64K") == 65536
+    assert sizes.parse_size("1M") == 1 << 20 and sizes.parse_size("1G") == 1 << 30
+    assert sizes.parse_size("2KiB") == 2048 and sizes.parse_size("1.5K") == 1536
+    assert sizes.size_range(8, 64) == [8, 16, 32, 64]
+    assert sizes.size_range(8, 40, step=16) == [8, 24, 40]
+    for bad in ("", "K", "1X", "-1", "1.3"):
+        with pytest.raises(ValueError):
+            sizes.parse_size(bad)
+
+
+def test_calibrate_and_wrong_result(tmp_path):
+    """--calibrate writes a schema-valid constants file; in the same run a result corrupted on
+    purpose (broadcast, on the last rank) fails --check: exit status 1, the row marked 'fail',
+    and the failing rows left out of the fit."""
+    target = tmp_path / "cost_model.json"
+    proc = run_cli(["--backends", ",".join(BACKENDS), "--ops", "all_reduce,broadcast", "-b", "8", "-e", "32K",
+                    "-f", "4", "--budget", "0.01", "--check", "--calibrate", "--calibrate-out", str(target),
+                    "--no-save"], tmp_path, env_extra={"PYCOLL_BENCH_INJECT_FAULT": "broadcast"})
+    assert proc.returncode == 1, _describe(proc)
+    assert "WRONG RESULT" in proc.stderr and "broadcast" in proc.stderr, _describe(proc)
+    assert "all_reduce" not in "".join(l for l in proc.stderr.splitlines() if "WRONG RESULT" in l)
+    table = [line.split() for line in proc.stdout.splitlines() if line.startswith(("all_reduce ", "broadcast "))]
+    assert table and all(row[-1] == ("ok" if row[0] == "all_reduce" else "fail") for row in table), proc.stdout
+
+    doc = json.loads(target.read_text())
+    _check_types(doc, {"device": str, "card": str, "date": str, "command": str, "world_size": int,
+                       "entries": list, "reference_entries": list, "units": dict})
+    assert doc["device"] == "cpu" and doc["world_size"] == 2 and "--calibrate" in doc["command"]
+    if PYCOLL:
+        assert doc["entries"], doc
+        assert {e["algo"] for e in doc["entries"]} <= {"ring", "tree", "oneshot", "twoshot"}
+    else:
+        assert doc["entries"] == []
+    fits = doc["entries"] + doc["reference_entries"]
+    assert BASELINE in {e["algo"] for e in doc["reference_entries"]}
+    for e in fits:
+        _check_types(e, ENTRY_SPEC, "entry")
+        assert e["op"] == "all_reduce", e        # the broadcast rows failed --check: not fitted
+        assert e["alpha_us"] >= 0 and e["beta_us_per_byte"] >= 0
+        assert e["min_bytes"] == 8 and e["max_bytes"] == 32768
+
+
+def test_fit_alpha_beta_recovers_a_line():
+    calibrate = _bench_module("calibrate")
+    pts = [(b, 5.0 + 0.01 * b) for b in (8, 64, 512, 4096, 32768)]
+    alpha, beta, rel = calibrate.fit_alpha_beta(pts)
+    assert alpha == pytest.approx(5.0, rel=1e-6) and beta == pytest.approx(0.01, rel=1e-6) and rel < 1e-9
