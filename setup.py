@@ -47,11 +47,20 @@ def _extension():
            "-Wno-missing-field-initializers"]
     macros = []
     if use_cuda:
+        # Minimal toolkits (nvcc only) lack the math-library headers that
+        # ATen/cuda includes; torch's wheels ship them. Searched last.
+        import torch
+
+        site = os.path.dirname(os.path.dirname(torch.__file__))
+        after = []
+        for inc in sorted(glob.glob(os.path.join(site, "nvidia", "*", "include"))):
+            cxx += ["-idirafter", inc]
+            after += ["-Xcompiler", "-idirafter", "-Xcompiler", inc]
         sources += sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
         macros.append(("PYCOLL_WITH_CUDA", "1"))
         nvcc = ["-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-Wall",
                 "-Xcompiler", "-Wno-unused-parameter", "-Xcompiler", "-Wno-deprecated-declarations",
-                "-DPYCOLL_WITH_CUDA=1"]
+                "-DPYCOLL_WITH_CUDA=1"] + after
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
         ext = cpp_extension.CUDAExtension(
             "pycollectives._C", sources, include_dirs=[os.path.join(here, "csrc")],

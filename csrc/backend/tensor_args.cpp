@@ -48,7 +48,7 @@ ReduceKind to_reduce(const char* op, const c10d::ReduceOp& r, DType t) {
 }
 
 at::Tensor premul_factor(const c10d::ReduceOp& r) {
-  auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(r.supplement_.get());
+  auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(r.supplement_.get());
   TORCH_CHECK_VALUE(sup != nullptr, "pycoll: PREMUL_SUM without a factor (use dist._make_nccl_premul_sum)");
   if (sup->tensor_factor.defined()) return sup->tensor_factor;
   return at::scalar_tensor(sup->double_factor, at::kDouble);

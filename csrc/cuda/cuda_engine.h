@@ -90,6 +90,7 @@ class CudaEngine {
   int rank_;
   int size_;
   int device_;
+  int max_blocks_;  // CTAs a collective may use (PYCOLL_CUDA_MAX_BLOCKS)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };
 

@@ -1,11 +1,12 @@
 // Cost model of the CUDA engine: time = launch + hops * hop latency + wire bytes / link bandwidth
 // + local bytes / memory bandwidth, per algorithm (docs/algorithms.md gives the steps and bytes).
 //
-// PROVISIONAL: none of these constants has been measured on the device yet. They come from the
-// anchors of DESIGN.md section 4 (2x H200 NVLink, torch 2.11 + NCCL: NCCL all_reduce ~33 us
-// floor, 323 GB/s busbw at 1 GiB) and NVIDIA's published H100 figures (NVLink4 450 GB/s per
-// direction, HBM3 3.35 TB/s). Replace each with a measurement (pycoll-bench on 2x H100/H200, note
-// the date and card here) before trusting the crossovers.
+// Fitted by hand to one run on 2x H200 NVLink (2026-11-26, torch 2.11, the engine called directly,
+// float32 sum, mean of back-to-back calls, 64 CTAs, 256 KiB slots; docs/algorithms.md has the
+// table): one-shot = 11.5 us + N / 310 GB/s, two-shot and ring = 17 us + N / 345 GB/s. The
+// latency terms lump launch, fences and __syncthreads of each step, hence hop_us well above the
+// raw NVLink flag latency. Only 2 ranks were measured: the n-dependence is the model's, PROVISIONAL
+// for n > 2, and so is everything on H100 (re-fit with pycoll-bench --calibrate there).
 #include "cuda/select.h"
 
 #include <algorithm>
@@ -17,11 +18,11 @@ namespace gpu {
 namespace {
 
 constexpr CostConstants kCost{
-    /*launch_us=*/3.0,        // provisional: kernel launch + first CTA scheduled, us
-    /*hop_us=*/1.5,           // provisional: one flag hop over NVLink incl. the sender's fence.sys, us
-    /*link_gbps=*/350.0,      // provisional: NVLink4 achievable per direction per GPU, GB/s (peak 450)
-    /*hbm_gbps=*/2500.0,      // provisional: local read+write streaming of copy/reduce, GB/s
-    /*min_chunk_bytes=*/8192  // provisional: smallest chunk handed to one CTA (512 threads x 16 B)
+    /*launch_us=*/6.0,        // us: launch + the first and last step of a kernel (2x H200, fitted)
+    /*hop_us=*/5.5,           // us: one more dependent step (flag hop + fence + syncs) (2x H200, fitted)
+    /*link_gbps=*/445.0,      // GB/s per direction per GPU on the wire (2x H200, fitted; NVLink4 peak 450)
+    /*hbm_gbps=*/3060.0,      // GB/s of local copy/reduce traffic (2x H200, fitted)
+    /*min_chunk_bytes=*/8192  // bytes: smallest chunk handed to one CTA (512 threads x 16 B); not tuned
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -48,6 +49,7 @@ Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t slot_bytes, in
     return g;
   }
   const int64_t bytes = elems * elem_bytes;
+  if (bytes <= kSmallMessageBytes) max_blocks = std::min(max_blocks, kSmallMaxBlocks);
   int64_t blocks = std::min<int64_t>(max_blocks, ceil_div(bytes, kCost.min_chunk_bytes));
   blocks = std::max<int64_t>(1, blocks);
   int64_t chunk = round_up(ceil_div(elems, blocks), pack);
@@ -69,14 +71,14 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks) {
   switch (op) {
     case OpCode::AllReduce:
       switch (algo) {
-        case Algo::OneShot:  // one hop; (n-1)N out; read n copies, write 1
+        case Algo::OneShot:  // one hop; (n-1)N out; every rank reduces all n copies
           return L + h + (n - 1) * N / link + (n + 1) * N / hbm;
-        case Algo::TwoShot:  // two hops; 2(n-1)/n N out
-          return L + 2 * h + 2 * (n - 1) / n * N / link + 3 * N / hbm;
+        case Algo::TwoShot:  // two hops; 2(n-1)/n N out; reduce 1/n, copy the rest
+          return L + 2 * h + 2 * (n - 1) / n * N / link + 2 * N / hbm;
         case Algo::Ring:  // 2(n-1) hops per chunk
-          return L + 2 * (n - 1) * h + 2 * (n - 1) / n * N / link + 3 * N / hbm;
+          return L + 2 * (n - 1) * h + 2 * (n - 1) / n * N / link + 2 * N / hbm;
         case Algo::Tree:  // up and down the depth of the tree; ~N out per rank
-          return L + 2 * ceil_log2(nranks) * h + N / link + 3 * N / hbm;
+          return L + 2 * ceil_log2(nranks) * h + N / link + 2 * N / hbm;
         case Algo::Auto: break;
       }
       break;

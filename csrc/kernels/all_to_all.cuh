@@ -6,7 +6,8 @@
 //   self:    my own slice is copied locally, split evenly over the CTAs.
 //   send(k): for every peer p that has a chunk j = b + k*B, copy it into channel me->p.
 //   recv(k): for every peer q that sent a chunk j, copy it from the slot to out + recv_off[q] + j*chunk.
-//   Schedule send(0); for k: send(k+1), recv(k). Pairs with nothing to carry cost nothing.
+//   Schedule send(0); for k: recv(k) and send(k+1) in one step (it waits only for messages and
+//   slots of earlier steps). Pairs with nothing to carry cost nothing.
 //   Bytes sent per rank: sum of send_bytes over peers.
 #pragma once
 
@@ -17,8 +18,8 @@ namespace pycoll {
 namespace kernels {
 
 static __device__ bool all_to_all(const CopyArgs& a, BlockChannels& ch, StepShared* sh) {
-  const int n = sh->h.nranks;
-  const int me = sh->h.rank;
+  const int n = sh->h->nranks;
+  const int me = sh->h->rank;
   const uint32_t peers = peer_mask(n, me);
   const int B = gridDim.x;
   const int b = blockIdx.x;
@@ -51,49 +52,49 @@ static __device__ bool all_to_all(const CopyArgs& a, BlockChannels& ch, StepShar
     K = kr > K ? kr : K;
   }
 
-  auto send = [&](int64_t k) -> bool {
+  // Peers that exchange chunk j = b + k*B of their pair with this rank.
+  auto send_mask = [&](int64_t k) {
     const int64_t j = int64_t(b) + k * B;
     uint32_t mask = 0;
     for (int p = 0; p < n; ++p)
       if (has(peers, p) && j < chunks(a.send_bytes[p])) mask |= 1u << p;
-    if (mask == 0) return true;
-    if (!ch.acquire(mask, 0)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      for (int p = 0; p < n; ++p) {
-        if (!has(mask, p)) continue;
-        const int64_t f = j * chunk;
-        const int64_t len = a.send_bytes[p] - f < chunk ? a.send_bytes[p] - f : chunk;
-        push_dst(sh->add_copy(in + a.send_off[p] + f, len), sh->oslot[p]);
-      }
-    }
-    ch.execute_copy(mask, 0);
-    return true;
+    return mask;
   };
-  auto recv = [&](int64_t k) -> bool {
+  auto recv_mask = [&](int64_t k) {
     const int64_t j = int64_t(b) + k * B;
     uint32_t mask = 0;
     for (int q = 0; q < n; ++q)
       if (has(peers, q) && j < chunks(a.recv_bytes[q])) mask |= 1u << q;
-    if (mask == 0) return true;
-    if (!ch.acquire(0, mask)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      for (int q = 0; q < n; ++q) {
-        if (!has(mask, q)) continue;
-        const int64_t f = j * chunk;
-        const int64_t len = a.recv_bytes[q] - f < chunk ? a.recv_bytes[q] - f : chunk;
-        push_dst(sh->add_copy(sh->islot[q], len), out + a.recv_off[q] + f);
-      }
+    return mask;
+  };
+  auto add_send = [&](int64_t k, uint32_t mask) {
+    const int64_t f = (int64_t(b) + k * B) * chunk;
+    for (int p = 0; p < n; ++p) {
+      if (!has(mask, p)) continue;
+      const int64_t len = a.send_bytes[p] - f < chunk ? a.send_bytes[p] - f : chunk;
+      push_dst(sh->add_copy(in + a.send_off[p] + f, len), sh->oslot[p]);
     }
-    ch.execute_copy(0, mask);
-    return true;
+  };
+  auto add_recv = [&](int64_t k, uint32_t mask) {
+    const int64_t f = (int64_t(b) + k * B) * chunk;
+    for (int q = 0; q < n; ++q) {
+      if (!has(mask, q)) continue;
+      const int64_t len = a.recv_bytes[q] - f < chunk ? a.recv_bytes[q] - f : chunk;
+      push_dst(sh->add_copy(sh->islot[q], len), out + a.recv_off[q] + f);
+    }
   };
 
-  if (K > 0 && !send(0)) return false;
-  for (int64_t k = 0; k < K; ++k) {
-    if (k + 1 < K && !send(k + 1)) return false;
-    if (!recv(k)) return false;
+  for (int64_t k = -1; k < K; ++k) {  // step k: recv(k) (k >= 0) + send(k+1)
+    const uint32_t in_mask = k >= 0 ? recv_mask(k) : 0u;
+    const uint32_t out_mask = k + 1 < K ? send_mask(k + 1) : 0u;
+    if (in_mask == 0 && out_mask == 0) continue;
+    if (!ch.acquire(out_mask, in_mask)) return false;
+    if (threadIdx.x == 0) {
+      sh->clear();
+      add_recv(k, in_mask);
+      add_send(k + 1, out_mask);
+    }
+    ch.execute_copy(out_mask, in_mask);
   }
   return true;
 }

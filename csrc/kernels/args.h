@@ -4,12 +4,17 @@
 
 #include <cstdint>
 
+#include "common/types.h"
 #include "transport/cuda_ipc/device_handle.h"
 
 namespace pycoll {
 namespace kernels {
 
-// Reduce kernels (one per dtype and op; the bodies are shared, see entry.cuh).
+// Reduce operations the kernels implement. Avg, Bool and Int8 bitwise ops are mapped onto these by
+// the host (cuda_engine.cu: kernel_type).
+enum class ReduceOp : int32_t { Sum = 0, Prod = 1, Min = 2, Max = 3, And = 4, Or = 5, Xor = 6 };
+
+// What the reduce kernel runs.
 enum class ReduceMode : int32_t {
   AllReduceOneShot = 0,
   AllReduceTwoShot = 1,
@@ -47,7 +52,9 @@ struct ReduceArgs {
   int64_t nchunks;
   int32_t root;       // ReduceDirect
   int32_t div;        // Avg: world size; else 1
-  int32_t elem_size;  // bytes per element of the kernel's dtype
+  int32_t elem_size;  // bytes per element of `dtype`
+  DType dtype;        // element type (never Bool: the host maps it to UInt8)
+  ReduceOp rop;       // reduce operation (bitwise ones only for UInt8, Int32, Int64)
   int32_t pad;
   // Tree: per tree t (0, 1): parent (-1 at the root) and up to two children (-1 if none).
   int32_t tree_parent[2];

@@ -10,7 +10,7 @@ namespace pycoll {
 namespace kernels {
 
 static __device__ bool barrier_all(BlockChannels& ch, StepShared* sh) {
-  const uint32_t peers = peer_mask(sh->h.nranks, sh->h.rank);
+  const uint32_t peers = peer_mask(sh->h->nranks, sh->h->rank);
   if (!ch.acquire(peers, 0)) return false;
   if (threadIdx.x == 0) sh->clear();
   ch.execute_copy(peers, 0);

@@ -18,8 +18,8 @@ namespace pycoll {
 namespace kernels {
 
 static __device__ bool broadcast_direct(const CopyArgs& a, BlockChannels& ch, StepShared* sh) {
-  const int n = sh->h.nranks;
-  const int me = sh->h.rank;
+  const int n = sh->h->nranks;
+  const int me = sh->h->rank;
   const int root = a.root;
   const uint32_t peers = peer_mask(n, me);
   const uint32_t from_root = 1u << root;
@@ -51,18 +51,17 @@ static __device__ bool broadcast_direct(const CopyArgs& a, BlockChannels& ch, St
   return true;
 }
 
-template <DType D, class Op>
-__device__ bool reduce_direct(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
-  using T = typename DTypeTraits<D>::T;
-  const int n = sh->h.nranks;
-  const int me = sh->h.rank;
+static __device__ bool reduce_direct(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
+  const int n = sh->h->nranks;
+  const int me = sh->h->rank;
   const int root = a.root;
   const uint32_t peers = peer_mask(n, me);
   const uint32_t to_root = 1u << root;
   const int B = gridDim.x;
   const int64_t K = block_chunk_count(a.nchunks, blockIdx.x, B);
-  const T* in = static_cast<const T*>(a.in);
-  T* out = static_cast<T*>(a.out);
+  const int64_t es = a.elem_size;
+  const char* in = static_cast<const char*>(a.in);
+  char* out = static_cast<char*>(a.out);
   for (int64_t k = 0; k < K; ++k) {
     const int64_t f = (int64_t(blockIdx.x) + k * B) * a.chunk;
     const int64_t len = a.count - f < a.chunk ? a.count - f : a.chunk;
@@ -71,18 +70,18 @@ __device__ bool reduce_direct(const ReduceArgs& a, BlockChannels& ch, StepShared
       if (threadIdx.x == 0) {
         sh->clear();
         ReduceJob& j = sh->set_reduce(len, a.div);
-        for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(in + f) : sh->islot[q]);
-        push_dst(j, out + f);
+        for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(in + f * es) : sh->islot[q]);
+        push_dst(j, out + f * es);
       }
-      ch.execute<D, Op>(0, peers);
+      ch.execute(0, peers);
     } else {
       if (!ch.acquire(to_root, 0)) return false;
       if (threadIdx.x == 0) {
         sh->clear();
-        CopyJob& j = sh->add_copy(in + f, len * int64_t(sizeof(T)));
+        CopyJob& j = sh->add_copy(in + f * es, len * es);
         push_dst(j, sh->oslot[root]);
       }
-      ch.execute<D, Op>(to_root, 0);
+      ch.execute(to_root, 0);
     }
   }
   return true;

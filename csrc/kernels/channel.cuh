@@ -9,7 +9,7 @@
 //       (tail >= recvd + 1) and publishes sh->islot[q] (this rank's memory). Ends with a
 //       __syncthreads; returns false on every thread if any wait expired or the rank is aborted.
 //   thread 0 fills sh->cjob / sh->rjob from sh->oslot / sh->islot and the user's pointers.
-//   execute(out_mask, in_mask)
+//   execute / execute_copy(out_mask, in_mask)
 //       __syncthreads; all threads run the jobs; release: __syncthreads, then lane p posts
 //       tail = sent + 1 into p's memory (st.release.sys: the slot's contents are visible first),
 //       lane q posts head = recvd + 1 into q's memory (our reads of the slot are done first).
@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "kernels/args.h"
 #include "kernels/primitives.cuh"
 #include "kernels/signal.cuh"
 #include "transport/cuda_ipc/device_handle.h"
@@ -36,19 +37,50 @@ using cuda_ipc::ChannelSetLayout;
 
 constexpr int kThreads = 512;  // threads per CTA of every kernel
 
-// The block-wide reduce verb of one (dtype, op): reduce_run<D, Op>. Algorithm bodies are compiled
-// once and call it through this pointer, once per step.
-typedef void (*ReduceFn)(const ReduceJob*);
+// Calls reduce_run<D, Op> for a runtime (dtype, op): the algorithm bodies are compiled once and
+// only the data loop exists per (dtype, op). One switch per step; invalid pairs do nothing (the
+// host never launches them).
+static __device__ __noinline__ void reduce_dispatch(DType dtype, ReduceOp op, const ReduceJob* job) {
+#define PYCOLL_ARITH_CASES(D)                                   \
+  switch (op) {                                                 \
+    case ReduceOp::Sum: reduce_run<D, OpSum>(job); return;      \
+    case ReduceOp::Prod: reduce_run<D, OpProd>(job); return;    \
+    case ReduceOp::Min: reduce_run<D, OpMin>(job); return;      \
+    case ReduceOp::Max: reduce_run<D, OpMax>(job); return;      \
+    default: break;                                             \
+  }
+#define PYCOLL_BITWISE_CASES(D)                                 \
+  switch (op) {                                                 \
+    case ReduceOp::And: reduce_run<D, OpAnd>(job); return;      \
+    case ReduceOp::Or: reduce_run<D, OpOr>(job); return;        \
+    case ReduceOp::Xor: reduce_run<D, OpXor>(job); return;      \
+    default: break;                                             \
+  }
+  switch (dtype) {
+    case DType::Float32: PYCOLL_ARITH_CASES(DType::Float32) return;
+    case DType::Float64: PYCOLL_ARITH_CASES(DType::Float64) return;
+    case DType::Float16: PYCOLL_ARITH_CASES(DType::Float16) return;
+    case DType::BFloat16: PYCOLL_ARITH_CASES(DType::BFloat16) return;
+    case DType::Int8: PYCOLL_ARITH_CASES(DType::Int8) return;
+    case DType::UInt8: PYCOLL_ARITH_CASES(DType::UInt8) PYCOLL_BITWISE_CASES(DType::UInt8) return;
+    case DType::Int32: PYCOLL_ARITH_CASES(DType::Int32) PYCOLL_BITWISE_CASES(DType::Int32) return;
+    case DType::Int64: PYCOLL_ARITH_CASES(DType::Int64) PYCOLL_BITWISE_CASES(DType::Int64) return;
+    default: return;
+  }
+#undef PYCOLL_ARITH_CASES
+#undef PYCOLL_BITWISE_CASES
+}
 
 // Per-CTA shared state.
 struct StepShared {
   const DeviceHandle* h;            // points into the kernel arguments' shared-memory copy
-  ReduceFn reduce_fn;               // null in copy-only kernels
+  DType rdtype;                     // reduce jobs' element type and operation (reduce kernel only)
+  ReduceOp rop;
   char* oslot[kMaxRanks];           // slot to write, per outbound peer (in the peer's workspace)
   const char* islot[kMaxRanks];     // slot to read, per inbound peer (in this rank's workspace)
   int32_t njobs;
   int32_t has_reduce;
-  CopyJob cjob[kMaxRanks];
+  CopyJob cjob[2 * kMaxRanks];     // a fused step may receive from and send to every peer
   ReduceJob rjob;
 
   // Thread 0 only: start describing a step.
@@ -91,11 +123,13 @@ __device__ __forceinline__ int64_t block_chunk_count(int64_t nchunks, int b, int
 // Thread 0 copies the kernel arguments into shared memory (so that noinline code can take their
 // address without a per-thread local copy); everyone waits for it.
 template <class Args>
-__device__ __forceinline__ void load_args(StepShared* sh, Args* smem_args, const Args& args, ReduceFn fn) {
+__device__ __forceinline__ void load_args(StepShared* sh, Args* smem_args, const Args& args, DType dtype,
+                                          ReduceOp op) {
   if (threadIdx.x == 0) {
     *smem_args = args;
     sh->h = &smem_args->h;
-    sh->reduce_fn = fn;
+    sh->rdtype = dtype;
+    sh->rop = op;
   }
   __syncthreads();
 }
@@ -178,7 +212,13 @@ class BlockChannels {
   // Runs the jobs thread 0 described, then releases.
   __device__ void execute(uint32_t out_mask, uint32_t in_mask) {
     __syncthreads();
-    if (sh_->has_reduce) sh_->reduce_fn(&sh_->rjob);
+    if (sh_->has_reduce) reduce_dispatch(sh_->rdtype, sh_->rop, &sh_->rjob);
+    if (sh_->njobs > 0) copy_run(sh_->cjob, sh_->njobs);
+    release(out_mask, in_mask);
+  }
+  // Same, for kernels that never reduce (they then do not link the reduce instantiations).
+  __device__ void execute_copy(uint32_t out_mask, uint32_t in_mask) {
+    __syncthreads();
     if (sh_->njobs > 0) copy_run(sh_->cjob, sh_->njobs);
     release(out_mask, in_mask);
   }

@@ -1,7 +1,11 @@
-// Kernel entry points: one reduce kernel per (dtype, op), one copy kernel, one p2p kernel. Each
-// copies the device handle to shared memory, builds the CTA's channel endpoints, runs the body the
+// Kernel entry points: one reduce kernel, one copy kernel, one p2p kernel.
+// Each copies its arguments to shared memory, builds the CTA's channel endpoints, runs the body the
 // mode names, and stores the channel counters back when the body completed (after an error the
 // rank is aborted for good, so the counters no longer matter).
+//
+// The algorithm bodies do not depend on the dtype or the op (they move bytes and describe reduce
+// jobs), so they are compiled once; only reduce_run<D, Op> exists per (dtype, op), reached through
+// reduce_dispatch (channel.cuh) once per step. This keeps compile time and code size small.
 #pragma once
 
 #include "kernels/all_gather.cuh"
@@ -20,44 +24,48 @@
 namespace pycoll {
 namespace kernels {
 
-template <DType D, class Op>
-__global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const ReduceArgs a) {
-  __shared__ StepShared sh;
-  load_handle(&sh, a.h);
-  BlockChannels ch(&sh, &sh.h.layout.coll, a.op, 0);
+static __global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const ReduceArgs args) {
+  __shared__ ReduceArgs sa;
+  __shared__ StepShared sh_storage;
+  StepShared* sh = &sh_storage;
+  load_args(sh, &sa, args, args.dtype, args.rop);
+  const ReduceArgs& a = sa;
+  BlockChannels ch(sh, &a.h.layout.coll, a.op, 0);
   bool ok = false;
   switch (a.mode) {
-    case ReduceMode::AllReduceOneShot: ok = one_shot_all_reduce<D, Op>(a, ch, &sh); break;
-    case ReduceMode::AllReduceTwoShot: ok = two_shot_all_reduce<D, Op>(a, ch, &sh); break;
-    case ReduceMode::AllReduceRing: ok = ring_all_reduce<D, Op>(a, ch, &sh); break;
-    case ReduceMode::AllReduceTree: ok = tree_all_reduce<D, Op>(a, ch, &sh); break;
-    case ReduceMode::ReduceScatterDirect: ok = reduce_scatter_direct<D, Op>(a, ch, &sh); break;
-    case ReduceMode::ReduceScatterRing: ok = reduce_scatter_ring<D, Op>(a, ch, &sh); break;
-    case ReduceMode::ReduceDirect: ok = reduce_direct<D, Op>(a, ch, &sh); break;
+    case ReduceMode::AllReduceOneShot: ok = one_shot_all_reduce(a, ch, sh); break;
+    case ReduceMode::AllReduceTwoShot: ok = two_shot_all_reduce(a, ch, sh); break;
+    case ReduceMode::AllReduceRing: ok = ring_all_reduce(a, ch, sh); break;
+    case ReduceMode::AllReduceTree: ok = tree_all_reduce(a, ch, sh); break;
+    case ReduceMode::ReduceScatterDirect: ok = reduce_scatter_direct(a, ch, sh); break;
+    case ReduceMode::ReduceScatterRing: ok = reduce_scatter_ring(a, ch, sh); break;
+    case ReduceMode::ReduceDirect: ok = reduce_direct(a, ch, sh); break;
   }
   if (ok) ch.finish();
 }
 
-__global__ void __launch_bounds__(kThreads, 1) copy_kernel(const CopyArgs a) {
+static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const CopyArgs a) {
+  __shared__ CopyArgs sa;
   __shared__ StepShared sh;
-  load_handle(&sh, a.h);
-  BlockChannels ch(&sh, &sh.h.layout.coll, a.op, 0);
+  load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
+  BlockChannels ch(&sh, &sa.h.layout.coll, sa.op, 0);
   bool ok = false;
-  switch (a.mode) {
-    case CopyMode::AllGatherDirect: ok = all_gather_direct(a, ch, &sh); break;
-    case CopyMode::AllGatherRing: ok = all_gather_ring(a, ch, &sh); break;
-    case CopyMode::Broadcast: ok = broadcast_direct(a, ch, &sh); break;
-    case CopyMode::AllToAll: ok = all_to_all(a, ch, &sh); break;
+  switch (sa.mode) {
+    case CopyMode::AllGatherDirect: ok = all_gather_direct(sa, ch, &sh); break;
+    case CopyMode::AllGatherRing: ok = all_gather_ring(sa, ch, &sh); break;
+    case CopyMode::Broadcast: ok = broadcast_direct(sa, ch, &sh); break;
+    case CopyMode::AllToAll: ok = all_to_all(sa, ch, &sh); break;
     case CopyMode::Barrier: ok = barrier_all(ch, &sh); break;
   }
   if (ok) ch.finish();
 }
 
-__global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const P2PArgs a) {
+static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const P2PArgs a) {
+  __shared__ P2PArgs sa;
   __shared__ StepShared sh;
-  load_handle(&sh, a.h);
-  BlockChannels ch(&sh, &sh.h.layout.p2p, /*op=*/0, uint64_t(a.bytes));
-  if (p2p_run(a, ch, &sh)) ch.finish();
+  load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
+  BlockChannels ch(&sh, &sa.h.layout.p2p, /*op=*/0, uint64_t(sa.bytes));
+  if (p2p_run(sa, ch, &sh)) ch.finish();
 }
 
 }  // namespace kernels

@@ -61,7 +61,7 @@ struct Word<1> { using type = unsigned char; };
 template <int W>
 __device__ __forceinline__ void copy_words(const CopyJob& job) {
   using V = typename Word<W>::type;
-  constexpr int U = W >= 8 ? 4 : 8;  // independent loads in flight per thread
+  constexpr int U = 8;  // independent loads in flight per thread
   const int nt = blockDim.x;
   const int nd = job.nd;
   const int64_t nw = job.bytes / W;
@@ -130,21 +130,30 @@ __device__ __noinline__ void reduce_run(const ReduceJob* job) {
   for (int64_t base = threadIdx.x; base < nvec; base += int64_t(U) * nt) {
     A acc[U][E];
     {
-      const uint4* sp = reinterpret_cast<const uint4*>(job->src[0]);
-      uint4 v[U];
+      // The first two sources are loaded together (one memory latency, not two).
+      const uint4* s0 = reinterpret_cast<const uint4*>(job->src[0]);
+      const uint4* s1 = reinterpret_cast<const uint4*>(job->src[ns > 1 ? 1 : 0]);
+      uint4 v0[U];
+      uint4 v1[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t i = base + int64_t(u) * nt;
-        v[u] = i < nvec ? ldcg16(sp + i) : make_uint4(0, 0, 0, 0);
+        v0[u] = i < nvec ? ldcg16(s0 + i) : make_uint4(0, 0, 0, 0);
+        v1[u] = (i < nvec && ns > 1) ? ldcg16(s1 + i) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const PackArray<T> x = unpack<T>(v[u]);
+        const PackArray<T> x = unpack<T>(v0[u]);
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[u][e] = Tr::to_acc(x.e[e]);
+        if (ns > 1) {
+          const PackArray<T> y = unpack<T>(v1[u]);
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[u][e] = Op::apply(acc[u][e], Tr::to_acc(y.e[e]));
+        }
       }
     }
-    for (int s = 1; s < ns; ++s) {
+    for (int s = 2; s < ns; ++s) {
       const uint4* sp = reinterpret_cast<const uint4*>(job->src[s]);
       uint4 v[U];
 #pragma unroll

@@ -11,14 +11,12 @@
 namespace pycoll {
 namespace kernels {
 
-template <DType D, class Op>
-__device__ bool reduce_scatter_direct(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
-  return direct_reduce_scatter<D, Op>(a, ch, sh, /*gather=*/false);
+static __device__ bool reduce_scatter_direct(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
+  return direct_reduce_scatter(a, ch, sh, /*gather=*/false);
 }
 
-template <DType D, class Op>
-__device__ bool reduce_scatter_ring(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
-  return ring_reduce_scatter<D, Op>(a, ch, sh, /*gather=*/false);
+static __device__ bool reduce_scatter_ring(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
+  return ring_reduce_scatter(a, ch, sh, /*gather=*/false);
 }
 
 }  // namespace kernels

@@ -24,9 +24,7 @@ namespace kernels {
 
 constexpr int kTreeLag = 2;  // L above; must stay below the collective FIFO depth (4)
 
-template <DType D, class Op>
-__device__ bool tree_all_reduce(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
-  using T = typename DTypeTraits<D>::T;
+static __device__ bool tree_all_reduce(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
   const int B = gridDim.x;
   const int t = B >= 2 ? int(blockIdx.x & 1u) : 0;
   const int parent = a.tree_parent[t];
@@ -36,8 +34,9 @@ __device__ bool tree_all_reduce(const ReduceArgs& a, BlockChannels& ch, StepShar
   const uint32_t child_mask = (c0 >= 0 ? (1u << c0) : 0u) | (c1 >= 0 ? (1u << c1) : 0u);
   const bool root = parent < 0;
   const int64_t K = block_chunk_count(a.nchunks, blockIdx.x, B);
-  const T* in = static_cast<const T*>(a.in);
-  T* out = static_cast<T*>(a.out);
+  const int64_t es = a.elem_size;
+  const char* in = static_cast<const char*>(a.in);
+  char* out = static_cast<char*>(a.out);
   auto first = [&](int64_t k) { return (int64_t(blockIdx.x) + k * B) * a.chunk; };
   auto length = [&](int64_t k) {
     const int64_t f = first(k);
@@ -50,30 +49,30 @@ __device__ bool tree_all_reduce(const ReduceArgs& a, BlockChannels& ch, StepShar
     if (threadIdx.x == 0) {
       sh->clear();
       ReduceJob& j = sh->set_reduce(length(k), root ? a.div : 1);
-      push_src(j, in + first(k));
+      push_src(j, in + first(k) * es);
       if (c0 >= 0) push_src(j, sh->islot[c0]);
       if (c1 >= 0) push_src(j, sh->islot[c1]);
       if (root) {
-        push_dst(j, out + first(k));
+        push_dst(j, out + first(k) * es);
         if (c0 >= 0) push_dst(j, sh->oslot[c0]);
         if (c1 >= 0) push_dst(j, sh->oslot[c1]);
       } else {
         push_dst(j, sh->oslot[parent]);
       }
     }
-    ch.execute<D, Op>(out_mask, child_mask);
+    ch.execute(out_mask, child_mask);
     return true;
   };
   auto down = [&](int64_t k) -> bool {
     if (!ch.acquire(child_mask, up_mask)) return false;
     if (threadIdx.x == 0) {
       sh->clear();
-      CopyJob& j = sh->add_copy(sh->islot[parent], length(k) * int64_t(sizeof(T)));
-      push_dst(j, out + first(k));
+      CopyJob& j = sh->add_copy(sh->islot[parent], length(k) * es);
+      push_dst(j, out + first(k) * es);
       if (c0 >= 0) push_dst(j, sh->oslot[c0]);
       if (c1 >= 0) push_dst(j, sh->oslot[c1]);
     }
-    ch.execute<D, Op>(child_mask, up_mask);
+    ch.execute(child_mask, up_mask);
     return true;
   };
 

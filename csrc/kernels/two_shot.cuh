@@ -10,10 +10,12 @@
 //               from `in`), store to out + me*out_stride and, with gather, push the result to
 //               every peer. Only the owner computes a segment, so every rank ends with the same bits.
 //   gather(k):  wait for every peer's reduced slice (q, k), copy it to out + q*out_stride.
-//   Schedule with gather:    scatter(0); for k: reduce(k), scatter(k+1), gather(k)
-//                            (channel me->p then carries scatter(0), result(0), scatter(1), ... in
+//   Schedule with gather:    scatter(0); for k: reduce(k); then gather(k) and scatter(k+1) in one
+//                            step (channel me->p carries scatter(0), result(0), scatter(1), ...,
 //                            the order p consumes them).
-//   Schedule without gather: scatter(0); for k: scatter(k+1), reduce(k).
+//   Schedule without gather: scatter(0); for k: reduce(k) and scatter(k+1) in one step.
+//   A fused step waits for a message the peers sent in an earlier step and for a slot freed in an
+//   earlier step, so no cycle of waits can form (needs nslots >= 2).
 //   Two flag hops; bytes sent per rank: 2 * (n-1)/n * count * elem_size (half without gather).
 #pragma once
 
@@ -23,16 +25,15 @@
 namespace pycoll {
 namespace kernels {
 
-template <DType D, class Op>
-__device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels& ch, StepShared* sh, bool gather) {
-  using T = typename DTypeTraits<D>::T;
-  const int n = sh->h.nranks;
-  const int me = sh->h.rank;
+static __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels& ch, StepShared* sh, bool gather) {
+  const int n = sh->h->nranks;
+  const int me = sh->h->rank;
   const uint32_t peers = peer_mask(n, me);
   const int B = gridDim.x;
   const int64_t K = block_chunk_count(a.nchunks, blockIdx.x, B);
-  const T* in = static_cast<const T*>(a.in);
-  T* out = static_cast<T*>(a.out);
+  const int64_t es = a.elem_size;
+  const char* in = static_cast<const char*>(a.in);
+  char* out = static_cast<char*>(a.out);
   auto first = [&](int64_t k) { return (int64_t(blockIdx.x) + k * B) * a.chunk; };
   auto slice = [&](int q, int64_t k) {
     int64_t seglen = a.count - int64_t(q) * a.seg;
@@ -40,67 +41,70 @@ __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels& ch, St
     const int64_t len = seglen - first(k);
     return len < 0 ? int64_t(0) : (len > a.chunk ? a.chunk : len);
   };
-  auto src_of = [&](int q, int64_t k) { return in + int64_t(q) * a.seg + first(k); };
-  auto dst_of = [&](int q, int64_t k) { return out + int64_t(q) * a.out_stride + first(k); };
+  auto src_of = [&](int q, int64_t k) { return in + (int64_t(q) * a.seg + first(k)) * es; };
+  auto dst_of = [&](int q, int64_t k) { return out + (int64_t(q) * a.out_stride + first(k)) * es; };
 
-  auto scatter = [&](int64_t k) -> bool {
+  // Jobs of the current step (thread 0 only).
+  auto add_scatter = [&](int64_t k) {
+    for (int p = 0; p < n; ++p)
+      if (has(peers, p)) push_dst(sh->add_copy(src_of(p, k), slice(p, k) * es), sh->oslot[p]);
+  };
+  auto add_reduce = [&](int64_t k, uint32_t result_to) {
+    ReduceJob& j = sh->set_reduce(slice(me, k), a.div);
+    for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(src_of(me, k)) : sh->islot[q]);
+    push_dst(j, dst_of(me, k));
+    for (int p = 0; p < n; ++p)
+      if (has(result_to, p)) push_dst(j, sh->oslot[p]);
+  };
+  auto add_gather = [&](int64_t k) {
+    for (int q = 0; q < n; ++q)
+      if (has(peers, q)) push_dst(sh->add_copy(sh->islot[q], slice(q, k) * es), dst_of(q, k));
+  };
+
+  if (K > 0) {  // scatter(0)
     if (!ch.acquire(peers, 0)) return false;
     if (threadIdx.x == 0) {
       sh->clear();
-      for (int p = 0; p < n; ++p) {
-        if (!has(peers, p)) continue;
-        CopyJob& j = sh->add_copy(src_of(p, k), slice(p, k) * int64_t(sizeof(T)));
-        push_dst(j, sh->oslot[p]);
-      }
+      add_scatter(0);
     }
-    ch.execute<D, Op>(peers, 0);
-    return true;
-  };
-  auto reduce = [&](int64_t k) -> bool {
-    const uint32_t out_mask = gather ? peers : 0u;
-    if (!ch.acquire(out_mask, peers)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      ReduceJob& j = sh->set_reduce(slice(me, k), a.div);
-      for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(src_of(me, k)) : sh->islot[q]);
-      push_dst(j, dst_of(me, k));
-      for (int p = 0; p < n; ++p)
-        if (has(out_mask, p)) push_dst(j, sh->oslot[p]);
-    }
-    ch.execute<D, Op>(out_mask, peers);
-    return true;
-  };
-  auto gather_recv = [&](int64_t k) -> bool {
-    if (!ch.acquire(0, peers)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      for (int q = 0; q < n; ++q) {
-        if (!has(peers, q)) continue;
-        CopyJob& j = sh->add_copy(sh->islot[q], slice(q, k) * int64_t(sizeof(T)));
-        push_dst(j, dst_of(q, k));
-      }
-    }
-    ch.execute<D, Op>(0, peers);
-    return true;
-  };
-
-  if (K > 0 && !scatter(0)) return false;
+    ch.execute(peers, 0);
+  }
   for (int64_t k = 0; k < K; ++k) {
+    const bool more = k + 1 < K;
     if (gather) {
-      if (!reduce(k)) return false;
-      if (k + 1 < K && !scatter(k + 1)) return false;
-      if (!gather_recv(k)) return false;
+      // reduce(k): in from every peer, result out to every peer.
+      if (!ch.acquire(peers, peers)) return false;
+      if (threadIdx.x == 0) {
+        sh->clear();
+        add_reduce(k, peers);
+      }
+      ch.execute(peers, peers);
+      // gather(k) + scatter(k+1).
+      const uint32_t out_mask = more ? peers : 0u;
+      if (!ch.acquire(out_mask, peers)) return false;
+      if (threadIdx.x == 0) {
+        sh->clear();
+        add_gather(k);
+        if (more) add_scatter(k + 1);
+      }
+      ch.execute(out_mask, peers);
     } else {
-      if (k + 1 < K && !scatter(k + 1)) return false;
-      if (!reduce(k)) return false;
+      // reduce(k) + scatter(k+1).
+      const uint32_t out_mask = more ? peers : 0u;
+      if (!ch.acquire(out_mask, peers)) return false;
+      if (threadIdx.x == 0) {
+        sh->clear();
+        add_reduce(k, 0u);
+        if (more) add_scatter(k + 1);
+      }
+      ch.execute(out_mask, peers);
     }
   }
   return true;
 }
 
-template <DType D, class Op>
-__device__ bool two_shot_all_reduce(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
-  return direct_reduce_scatter<D, Op>(a, ch, sh, /*gather=*/true);
+static __device__ bool two_shot_all_reduce(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
+  return direct_reduce_scatter(a, ch, sh, /*gather=*/true);
 }
 
 }  // namespace kernels

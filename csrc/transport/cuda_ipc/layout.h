@@ -30,16 +30,19 @@ namespace pycoll {
 namespace cuda_ipc {
 
 constexpr int kMaxRanks = 8;        // world sizes 1..8 (one host)
-constexpr int kCollBlocks = 32;     // CTAs (= channels per peer pair) available to a collective
+constexpr int kCollBlocks = 64;     // CTAs (= channels per peer pair) a collective may use
 constexpr int kCollSlots = 4;       // FIFO depth of a collective channel
 constexpr int kP2PBlocks = 4;       // CTAs of one send/recv
 constexpr int kP2PSlots = 4;        // FIFO depth of a p2p channel
 constexpr int64_t kP2PSlotBytes = 64 << 10;
 // Collective slot size: the data budget below is shared by the n-1 inbound peers; the slot is the
-// largest power of two that fits, clamped to [16 KiB, 128 KiB]. 2 ranks -> 128 KiB slots, 16 MiB.
-constexpr int64_t kCollDataBudget = 16 << 20;
+// largest power of two that fits, clamped to [16 KiB, 256 KiB]: 2 ranks -> 256 KiB slots (64 MiB),
+// 3 -> 128 KiB, 4 -> 64 KiB, 5..8 -> 32 KiB. 64 CTAs with 256 KiB slots measured best for large
+// messages on 2x H200 (2026-11-26; 128 KiB slots were 5-10% slower at 64 MiB..1 GiB).
+// make_layout() takes an explicit slot size instead (PYCOLL_CUDA_SLOT_KIB, see cuda_engine.cu).
+constexpr int64_t kCollDataBudget = 64 << 20;
 constexpr int64_t kMinCollSlotBytes = 16 << 10;
-constexpr int64_t kMaxCollSlotBytes = 128 << 10;
+constexpr int64_t kMaxCollSlotBytes = 256 << 10;
 // Flags written by different writers sit 128 bytes apart (no false sharing between writers).
 constexpr int64_t kFlagStride = 128;
 
@@ -99,7 +102,8 @@ inline int64_t coll_slot_bytes_for(int nranks) {
   return s;
 }
 
-inline Layout make_layout(int nranks) {
+// `coll_slot_bytes` 0 picks coll_slot_bytes_for(nranks); otherwise a multiple of 4 KiB.
+inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0) {
   Layout L;
   L.nranks = nranks;
   int64_t off = 0;
@@ -122,7 +126,7 @@ inline Layout make_layout(int nranks) {
   };
   L.off_abort = take(kFlagStride, kFlagStride);
   L.off_claim = take(kFlagStride, kFlagStride);
-  flags(L.coll, kCollBlocks, kCollSlots, coll_slot_bytes_for(nranks), false);
+  flags(L.coll, kCollBlocks, kCollSlots, coll_slot_bytes > 0 ? coll_slot_bytes : coll_slot_bytes_for(nranks), false);
   flags(L.p2p, kP2PBlocks, kP2PSlots, kP2PSlotBytes, true);
   const int64_t npeers = nranks > 1 ? nranks - 1 : 0;
   L.coll.off_data = take(npeers * kCollBlocks * kCollSlots * L.coll.slot_bytes, 4096);

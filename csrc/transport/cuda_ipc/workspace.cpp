@@ -68,13 +68,28 @@ std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t
 }  // namespace
 
 IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank,
-                           int size, int device, std::chrono::milliseconds timeout)
+                           int size, int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes)
     : rank_(rank), size_(size), device_(device) {
   TORCH_CHECK(size >= 1 && size <= kMaxRanks, "pycoll::cuda_ipc: world size ", size, " is outside 1..",
               kMaxRanks, " (the CUDA engine serves one host)");
   TORCH_CHECK(rank >= 0 && rank < size, "pycoll::cuda_ipc: rank ", rank, " is outside 0..", size - 1);
   TORCH_CHECK(store, "pycoll::cuda_ipc: store is null");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  try {
+    init(std::move(store), key_prefix, timeout, coll_slot_bytes);
+  } catch (...) {
+    release_mappings();
+    if (host_err_ != nullptr) (void)cudaFreeHost(host_err_);
+    host_err_ = nullptr;
+    throw;
+  }
+}
+
+void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix,
+                        std::chrono::milliseconds timeout, int64_t coll_slot_bytes) {
+  const int rank = rank_;
+  const int size = size_;
+  const int device = device_;
 
   void* h = nullptr;
   PYCOLL_IPC_CHECK(cudaHostAlloc(&h, sizeof(HostErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable),
@@ -84,7 +99,9 @@ IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::str
   void* d = nullptr;
   PYCOLL_IPC_CHECK(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer");
 
-  layout_ = make_layout(size);
+  TORCH_CHECK(coll_slot_bytes == 0 || (coll_slot_bytes >= 4096 && coll_slot_bytes % 4096 == 0),
+              "pycoll::cuda_ipc: slot size ", coll_slot_bytes, " is not a positive multiple of 4 KiB");
+  layout_ = make_layout(size, coll_slot_bytes);
   handle_.rank = rank;
   handle_.nranks = size;
   handle_.layout = layout_;
@@ -136,11 +153,13 @@ IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::str
   for (int q = 0; q < size && why.empty(); ++q) {
     if (q == rank) continue;
     const PeerInfo& p = info[q];
-    if (p.magic != kMagic || p.version != kVersion || p.size != size || p.total_bytes != mine.total_bytes ||
-        p.coll_slot_bytes != mine.coll_slot_bytes) {
-      why = "rank " + std::to_string(q) + " runs a different workspace layout (different pycollectives builds?)";
-      break;
-    }
+    // Every rank sees a mismatch the same way, so every rank throws here (no rank is left waiting).
+    TORCH_CHECK(p.magic == kMagic && p.version == kVersion && p.size == size,
+                "pycoll::cuda_ipc: rank ", q, " runs a different pycollectives build");
+    TORCH_CHECK(p.total_bytes == mine.total_bytes && p.coll_slot_bytes == mine.coll_slot_bytes,
+                "pycoll::cuda_ipc: rank ", q, " uses a workspace of ", p.total_bytes, " bytes with ",
+                p.coll_slot_bytes, "-byte slots, this rank ", mine.total_bytes, " and ", mine.coll_slot_bytes,
+                " (set PYCOLL_CUDA_SLOT_KIB alike on every rank)");
     if (std::strncmp(p.host, mine.host, sizeof(p.host)) != 0 ||
         std::strncmp(p.boot_id, mine.boot_id, sizeof(p.boot_id)) != 0) {
       why = "rank " + std::to_string(q) + " is on another host (" + std::string(p.host) + ")";

@@ -22,8 +22,10 @@ namespace cuda_ipc {
 
 class IpcWorkspace {
  public:
+  // `coll_slot_bytes` 0: the layout's default for `size` ranks. Every rank must pass the same
+  // value (the constructor throws on every rank otherwise).
   IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
-               int device, std::chrono::milliseconds timeout);
+               int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0);
   ~IpcWorkspace();
   IpcWorkspace(const IpcWorkspace&) = delete;
   IpcWorkspace& operator=(const IpcWorkspace&) = delete;
@@ -43,6 +45,8 @@ class IpcWorkspace {
   std::string error_message() const;
 
  private:
+  void init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, std::chrono::milliseconds timeout,
+            int64_t coll_slot_bytes);
   void release_mappings() noexcept;
 
   int rank_;

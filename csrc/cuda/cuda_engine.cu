@@ -1,0 +1,513 @@
+// Host side of the CUDA engine: argument checks, dtype/op mapping, launch planning (through
+// select.h), kernel launches (through launch.h). Nothing here blocks the host or allocates.
+#include "cuda/cuda_engine.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include "cuda/launch.h"
+#include "cuda/select.h"
+#include "kernels/args.h"
+#include "transport/cuda_ipc/workspace.h"
+
+namespace pycoll {
+
+namespace {
+
+using cuda_ipc::kCollBlocks;
+using cuda_ipc::kMaxRanks;
+using cuda_ipc::kP2PBlocks;
+using cuda_ipc::kP2PSlotBytes;
+using KOp = kernels::ReduceOp;
+
+#define PYCOLL_CUDA_OK(expr, op, what)                                                                 \
+  do {                                                                                                 \
+    const cudaError_t err_ = (expr);                                                                   \
+    TORCH_CHECK(err_ == cudaSuccess, "pycoll::", op, ": ", what, " failed: ", cudaGetErrorString(err_)); \
+  } while (0)
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+DType to_dtype(at::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kFloat: return DType::Float32;
+    case at::kDouble: return DType::Float64;
+    case at::kHalf: return DType::Float16;
+    case at::kBFloat16: return DType::BFloat16;
+    case at::kChar: return DType::Int8;
+    case at::kByte: return DType::UInt8;
+    case at::kInt: return DType::Int32;
+    case at::kLong: return DType::Int64;
+    case at::kBool: return DType::Bool;
+    default: break;
+  }
+  TORCH_CHECK(false, "pycoll::", op, ": unsupported dtype ", t,
+              " (supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool)");
+}
+
+bool is_floating(DType d) {
+  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
+}
+
+// What the kernels run for a (dtype, reduce op): Bool runs as UInt8 with OR/AND/XOR, Int8 bitwise
+// ops as UInt8 (sign does not matter), Avg as Sum with a final division by the world size.
+struct KernelType {
+  DType dtype;
+  KOp op;
+  int div;
+};
+
+KernelType kernel_type(DType d, ReduceKind r, int nranks, const char* op) {
+  TORCH_CHECK(r != ReduceKind::PremulSum, "pycoll::", op,
+              ": PREMUL_SUM reaches the CUDA engine as a pre-scale + SUM (backend's job)");
+  if (d == DType::Bool) {
+    switch (r) {
+      case ReduceKind::Sum:
+      case ReduceKind::Avg:
+      case ReduceKind::Max:
+      case ReduceKind::BOr: return {DType::UInt8, KOp::Or, 1};
+      case ReduceKind::Product:
+      case ReduceKind::Min:
+      case ReduceKind::BAnd: return {DType::UInt8, KOp::And, 1};
+      case ReduceKind::BXor: return {DType::UInt8, KOp::Xor, 1};
+      default: break;
+    }
+    TORCH_CHECK(false, "pycoll::", op, ": unsupported reduce op ", reduce_name(r), " for bool");
+  }
+  switch (r) {
+    case ReduceKind::Sum: return {d, KOp::Sum, 1};
+    case ReduceKind::Avg: return {d, KOp::Sum, nranks};
+    case ReduceKind::Product: return {d, KOp::Prod, 1};
+    case ReduceKind::Min: return {d, KOp::Min, 1};
+    case ReduceKind::Max: return {d, KOp::Max, 1};
+    case ReduceKind::BAnd:
+    case ReduceKind::BOr:
+    case ReduceKind::BXor: {
+      TORCH_CHECK(!is_floating(d), "pycoll::", op, ": ", reduce_name(r),
+                  " needs an integer or bool tensor, got ", dtype_name(d));
+      const DType kd = d == DType::Int8 ? DType::UInt8 : d;
+      const KOp k = r == ReduceKind::BAnd ? KOp::And : (r == ReduceKind::BOr ? KOp::Or : KOp::Xor);
+      return {kd, k, 1};
+    }
+    default: break;
+  }
+  TORCH_CHECK(false, "pycoll::", op, ": unsupported reduce op ", reduce_name(r));
+}
+
+void check_tensor(const at::Tensor& t, const char* op, const char* name, int device) {
+  TORCH_CHECK(t.defined(), "pycoll::", op, ": ", name, " is undefined");
+  TORCH_CHECK(t.is_cuda() && t.get_device() == device, "pycoll::", op, ": ", name, " must be on cuda:", device,
+              ", got ", t.device());
+  TORCH_CHECK(t.is_contiguous(), "pycoll::", op, ": ", name, " must be contiguous");
+}
+
+void copy_local(void* dst, const void* src, int64_t bytes, cudaStream_t stream, const char* op) {
+  if (bytes <= 0 || dst == src) return;
+  PYCOLL_CUDA_OK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, stream), op, "cudaMemcpyAsync");
+}
+
+// NCCL's in-order binary tree (ncclGetBtree): rank 0 is the root with one child; every other rank
+// has a parent and up to two children.
+void btree(int n, int rank, int* up, int* d0, int* d1) {
+  int bit = 1;
+  for (bit = 1; bit < n; bit <<= 1)
+    if (bit & rank) break;
+  if (rank == 0) {
+    *up = -1;
+    *d0 = -1;
+    *d1 = n > 1 ? bit >> 1 : -1;
+    return;
+  }
+  int u = (rank ^ bit) | (bit << 1);
+  if (u >= n) u = rank ^ bit;
+  *up = u;
+  int lowbit = bit >> 1;
+  *d0 = lowbit == 0 ? -1 : rank - lowbit;
+  int down1 = lowbit == 0 ? -1 : rank + lowbit;
+  while (down1 >= n) {
+    lowbit >>= 1;
+    down1 = lowbit == 0 ? -1 : rank + lowbit;
+  }
+  *d1 = down1;
+}
+
+// NCCL's double binary tree (ncclGetDtree): tree 1 is tree 0 mirrored (even n) or shifted by one
+// (odd n), so that a rank is an inner node in at most one of them.
+void dtree(int n, int rank, int parent[2], int child[2][2]) {
+  btree(n, rank, &parent[0], &child[0][0], &child[0][1]);
+  int u, a, b;
+  if (n % 2 == 1) {
+    btree(n, (rank - 1 + n) % n, &u, &a, &b);
+    auto map = [n](int x) { return x < 0 ? -1 : (x + 1) % n; };
+    parent[1] = map(u);
+    child[1][0] = map(a);
+    child[1][1] = map(b);
+  } else {
+    btree(n, n - 1 - rank, &u, &a, &b);
+    auto map = [n](int x) { return x < 0 ? -1 : n - 1 - x; };
+    parent[1] = map(u);
+    child[1][0] = map(a);
+    child[1][1] = map(b);
+  }
+}
+
+// Environment settings of the CUDA engine, read once per engine. They shape the workspace and the
+// launches, so they must be identical on every rank (a different slot size makes the constructor
+// throw on every rank; a different CTA cap would desynchronise the ranks' channels).
+//   PYCOLL_CUDA_MAX_BLOCKS  CTAs one collective uses at most, 1..cuda_ipc::kCollBlocks
+//                           (default gpu::kDefaultMaxBlocks).
+//   PYCOLL_CUDA_SLOT_KIB    collective slot size in KiB, a multiple of 4 (default: by world size,
+//                           see transport/cuda_ipc/layout.h).
+int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0' && x >= lo && x <= hi, "pycoll: ", name, "=", v, " must be an integer in ",
+              lo, "..", hi);
+  return x;
+}
+
+}  // namespace
+
+CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int size, int device,
+                       std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), device_(device) {
+  TORCH_CHECK(device >= 0, "pycoll::CudaEngine: device must be a CUDA device index, got ", device);
+  max_blocks_ = int(env_int("PYCOLL_CUDA_MAX_BLOCKS", gpu::kDefaultMaxBlocks, 1, kCollBlocks));
+  const int64_t slot_kib = env_int("PYCOLL_CUDA_SLOT_KIB", 0, 0, 16384);
+  TORCH_CHECK(slot_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SLOT_KIB=", slot_kib, " must be a multiple of 4");
+  ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
+                                                 slot_kib * 1024);
+}
+
+CudaEngine::~CudaEngine() = default;
+
+bool CudaEngine::peers_reachable() const { return ws_->reachable(); }
+std::string CudaEngine::unreachable_reason() const { return ws_->unreachable_reason(); }
+int CudaEngine::device_error() const { return ws_->error_code(); }
+std::string CudaEngine::device_error_message() const { return ws_->error_message(); }
+int64_t CudaEngine::workspace_bytes() const {
+  return size_ > 1 && ws_->reachable() ? ws_->layout().total_bytes : 0;
+}
+
+void CudaEngine::check_usable(const char* op) const {
+  TORCH_CHECK(ws_->reachable(), "pycoll::", op, ": the CUDA engine cannot reach every peer (",
+              ws_->unreachable_reason(), "); stage through host memory instead");
+  TORCH_CHECK(ws_->error_code() == 0, "pycoll::", op, ": ", ws_->error_message());
+}
+
+namespace {
+
+kernels::ReduceArgs make_reduce_args(const cuda_ipc::DeviceHandle& h, OpCode op, const void* in, void* out,
+                                     const KernelType& kt) {
+  kernels::ReduceArgs a{};
+  a.h = h;
+  a.op = int32_t(op);
+  a.in = in;
+  a.out = out;
+  a.div = kt.div;
+  a.dtype = kt.dtype;
+  a.rop = kt.op;
+  a.elem_size = int32_t(dtype_size(kt.dtype));
+  a.root = 0;
+  for (int t = 0; t < 2; ++t) {
+    a.tree_parent[t] = -1;
+    a.tree_child[t][0] = a.tree_child[t][1] = -1;
+  }
+  return a;
+}
+
+void launch_reduce_checked(const gpu::Geometry& g, cudaStream_t stream, kernels::ReduceArgs& a, const char* op) {
+  a.chunk = g.chunk;
+  a.nchunks = g.nchunks;
+  TORCH_CHECK(g.blocks >= 1 && g.blocks <= kCollBlocks, "pycoll::", op, ": bad launch geometry (", g.blocks,
+              " CTAs)");
+  PYCOLL_CUDA_OK(gpu::launch_reduce(g.blocks, stream, a), op, "kernel launch");
+}
+
+void launch_copy_checked(int grid, cudaStream_t stream, const kernels::CopyArgs& a, const char* op) {
+  TORCH_CHECK(grid >= 1 && grid <= kCollBlocks, "pycoll::", op, ": bad launch geometry (", grid, " CTAs)");
+  PYCOLL_CUDA_OK(gpu::launch_copy(grid, stream, a), op, "kernel launch");
+}
+
+kernels::CopyArgs make_copy_args(const cuda_ipc::DeviceHandle& h, OpCode op, kernels::CopyMode mode) {
+  kernels::CopyArgs a{};
+  a.h = h;
+  a.op = int32_t(op);
+  a.mode = mode;
+  return a;
+}
+
+}  // namespace
+
+Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream) {
+  const char* kOp = "all_reduce";
+  check_tensor(in, kOp, "input", device_);
+  check_tensor(out, kOp, "output", device_);
+  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::all_reduce: output dtype ", out.scalar_type(),
+              " differs from input dtype ", in.scalar_type());
+  TORCH_CHECK(in.numel() == out.numel(), "pycoll::all_reduce: output has ", out.numel(), " elements, input ",
+              in.numel());
+  const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
+  const int64_t count = in.numel();
+  const int64_t es = int64_t(dtype_size(kt.dtype));
+  const Algo chosen = algo == Algo::Auto ? gpu::choose_all_reduce(count * es, size_) : algo;
+  if (count == 0) return chosen;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  if (size_ == 1) {
+    copy_local(out.data_ptr(), in.data_ptr(), count * es, stream, kOp);
+    return chosen;
+  }
+  check_usable(kOp);
+  kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in.data_ptr(), out.data_ptr(), kt);
+  const int64_t slot = ws_->layout().coll.slot_bytes;
+  a.count = count;
+  gpu::Geometry g;
+  switch (chosen) {
+    case Algo::OneShot:
+      a.mode = kernels::ReduceMode::AllReduceOneShot;
+      g = gpu::plan_geometry(count, es, slot, max_blocks_);
+      break;
+    case Algo::TwoShot:
+    case Algo::Ring:
+      a.mode = chosen == Algo::TwoShot ? kernels::ReduceMode::AllReduceTwoShot : kernels::ReduceMode::AllReduceRing;
+      a.seg = round_up(ceil_div(count, size_), 16 / es);  // segment starts stay 16-byte aligned
+      a.out_stride = a.seg;
+      g = gpu::plan_geometry(a.seg, es, slot, max_blocks_);
+      break;
+    case Algo::Tree: {
+      a.mode = kernels::ReduceMode::AllReduceTree;
+      int parent[2];
+      int child[2][2];
+      dtree(size_, rank_, parent, child);
+      for (int t = 0; t < 2; ++t) {
+        a.tree_parent[t] = parent[t];
+        a.tree_child[t][0] = child[t][0];
+        a.tree_child[t][1] = child[t][1];
+      }
+      g = gpu::plan_geometry(count, es, slot, max_blocks_);
+      break;
+    }
+    case Algo::Auto:
+      TORCH_CHECK(false, "pycoll::all_reduce: no algorithm chosen");
+  }
+  launch_reduce_checked(g, stream, a, kOp);
+  return chosen;
+}
+
+Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream) {
+  const char* kOp = "reduce_scatter";
+  check_tensor(in, kOp, "input", device_);
+  check_tensor(out, kOp, "output", device_);
+  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::reduce_scatter: output dtype ", out.scalar_type(),
+              " differs from input dtype ", in.scalar_type());
+  const int64_t m = out.numel();
+  TORCH_CHECK(in.numel() == m * size_, "pycoll::reduce_scatter: input has ", in.numel(),
+              " elements, expected world size (", size_, ") x output (", m, ")");
+  const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
+  const int64_t es = int64_t(dtype_size(kt.dtype));
+  Algo chosen = algo == Algo::Auto ? gpu::choose_reduce_scatter(m * es, size_) : algo;
+  if (chosen != Algo::Ring) chosen = Algo::OneShot;
+  if (m == 0) return chosen;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  if (size_ == 1) {
+    copy_local(out.data_ptr(), in.data_ptr(), m * es, stream, kOp);
+    return chosen;
+  }
+  check_usable(kOp);
+  kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::ReduceScatter, in.data_ptr(), out.data_ptr(), kt);
+  a.mode = chosen == Algo::Ring ? kernels::ReduceMode::ReduceScatterRing : kernels::ReduceMode::ReduceScatterDirect;
+  a.count = m * size_;
+  a.seg = m;
+  a.out_stride = 0;
+  const gpu::Geometry g = gpu::plan_geometry(m, es, ws_->layout().coll.slot_bytes, max_blocks_);
+  launch_reduce_checked(g, stream, a, kOp);
+  return chosen;
+}
+
+Algo CudaEngine::all_gather(const at::Tensor& in, at::Tensor& out, Algo algo, cudaStream_t stream) {
+  const char* kOp = "all_gather";
+  check_tensor(in, kOp, "input", device_);
+  check_tensor(out, kOp, "output", device_);
+  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::all_gather: output dtype ", out.scalar_type(),
+              " differs from input dtype ", in.scalar_type());
+  TORCH_CHECK(out.numel() == in.numel() * size_, "pycoll::all_gather: output has ", out.numel(),
+              " elements, expected world size (", size_, ") x input (", in.numel(), ")");
+  const int64_t bytes = int64_t(in.nbytes());
+  Algo chosen = algo == Algo::Auto ? gpu::choose_all_gather(bytes, size_) : algo;
+  if (chosen != Algo::Ring) chosen = Algo::OneShot;
+  if (bytes == 0) return chosen;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  if (size_ == 1) {
+    copy_local(out.data_ptr(), in.data_ptr(), bytes, stream, kOp);
+    return chosen;
+  }
+  check_usable(kOp);
+  kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::AllGather,
+                                       chosen == Algo::Ring ? kernels::CopyMode::AllGatherRing
+                                                            : kernels::CopyMode::AllGatherDirect);
+  a.in = in.data_ptr();
+  a.out = out.data_ptr();
+  a.bytes = bytes;
+  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, ws_->layout().coll.slot_bytes, max_blocks_);
+  a.chunk = g.chunk;
+  a.nchunks = g.nchunks;
+  launch_copy_checked(g.blocks, stream, a, kOp);
+  return chosen;
+}
+
+void CudaEngine::broadcast(at::Tensor& t, int root, cudaStream_t stream) {
+  const char* kOp = "broadcast";
+  check_tensor(t, kOp, "tensor", device_);
+  TORCH_CHECK(root >= 0 && root < size_, "pycoll::broadcast: root ", root, " is outside 0..", size_ - 1);
+  const int64_t bytes = int64_t(t.nbytes());
+  if (bytes == 0 || size_ == 1) return;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  check_usable(kOp);
+  kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::Broadcast, kernels::CopyMode::Broadcast);
+  a.in = t.data_ptr();
+  a.out = t.data_ptr();
+  a.bytes = bytes;
+  a.root = root;
+  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, ws_->layout().coll.slot_bytes, max_blocks_);
+  a.chunk = g.chunk;
+  a.nchunks = g.nchunks;
+  launch_copy_checked(g.blocks, stream, a, kOp);
+}
+
+void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceKind op, cudaStream_t stream) {
+  const char* kOp = "reduce";
+  check_tensor(in, kOp, "input", device_);
+  TORCH_CHECK(root >= 0 && root < size_, "pycoll::reduce: root ", root, " is outside 0..", size_ - 1);
+  if (rank_ == root) {
+    check_tensor(out, kOp, "output", device_);
+    TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::reduce: output dtype ", out.scalar_type(),
+                " differs from input dtype ", in.scalar_type());
+    TORCH_CHECK(in.numel() == out.numel(), "pycoll::reduce: output has ", out.numel(), " elements, input ",
+                in.numel());
+  }
+  const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
+  const int64_t count = in.numel();
+  const int64_t es = int64_t(dtype_size(kt.dtype));
+  if (count == 0) return;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  if (size_ == 1) {
+    copy_local(out.data_ptr(), in.data_ptr(), count * es, stream, kOp);
+    return;
+  }
+  check_usable(kOp);
+  kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::Reduce, in.data_ptr(),
+                                           rank_ == root ? out.data_ptr() : nullptr, kt);
+  a.mode = kernels::ReduceMode::ReduceDirect;
+  a.count = count;
+  a.root = root;
+  const gpu::Geometry g = gpu::plan_geometry(count, es, ws_->layout().coll.slot_bytes, max_blocks_);
+  launch_reduce_checked(g, stream, a, kOp);
+}
+
+void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& send_bytes,
+                            const std::vector<int64_t>& send_offsets, const std::vector<int64_t>& recv_bytes,
+                            const std::vector<int64_t>& recv_offsets, cudaStream_t stream) {
+  const char* kOp = "all_to_all";
+  check_tensor(in, kOp, "input", device_);
+  check_tensor(out, kOp, "output", device_);
+  const size_t n = size_t(size_);
+  TORCH_CHECK(send_bytes.size() == n && send_offsets.size() == n && recv_bytes.size() == n &&
+                  recv_offsets.size() == n,
+              "pycoll::all_to_all: byte counts and offsets need one entry per rank (", size_, ")");
+  const int64_t in_bytes = int64_t(in.nbytes());
+  const int64_t out_bytes = int64_t(out.nbytes());
+  int64_t total = 0;
+  for (size_t q = 0; q < n; ++q) {
+    TORCH_CHECK(send_bytes[q] >= 0 && send_offsets[q] >= 0 && send_offsets[q] + send_bytes[q] <= in_bytes,
+                "pycoll::all_to_all: send slice for rank ", q, " (", send_bytes[q], " bytes at ", send_offsets[q],
+                ") is outside the input (", in_bytes, " bytes)");
+    TORCH_CHECK(recv_bytes[q] >= 0 && recv_offsets[q] >= 0 && recv_offsets[q] + recv_bytes[q] <= out_bytes,
+                "pycoll::all_to_all: receive slice for rank ", q, " (", recv_bytes[q], " bytes at ", recv_offsets[q],
+                ") is outside the output (", out_bytes, " bytes)");
+    total += send_bytes[q] + recv_bytes[q];
+  }
+  TORCH_CHECK(send_bytes[rank_] == recv_bytes[rank_], "pycoll::all_to_all: this rank sends ", send_bytes[rank_],
+              " bytes to itself but receives ", recv_bytes[rank_]);
+  if (total == 0) return;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  if (size_ == 1) {
+    copy_local(static_cast<char*>(out.data_ptr()) + recv_offsets[0],
+               static_cast<const char*>(in.data_ptr()) + send_offsets[0], send_bytes[0], stream, kOp);
+    return;
+  }
+  check_usable(kOp);
+  kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::AllToAll, kernels::CopyMode::AllToAll);
+  a.in = in.data_ptr();
+  a.out = out.data_ptr();
+  a.chunk = ws_->layout().coll.slot_bytes;
+  for (size_t q = 0; q < n; ++q) {
+    a.send_bytes[q] = send_bytes[q];
+    a.send_off[q] = send_offsets[q];
+    a.recv_bytes[q] = recv_bytes[q];
+    a.recv_off[q] = recv_offsets[q];
+  }
+  launch_copy_checked(gpu::kAllToAllBlocks, stream, a, kOp);
+}
+
+namespace {
+
+kernels::P2PArgs make_p2p_args(const cuda_ipc::DeviceHandle& h, void* buf, int64_t bytes, int peer, bool is_send) {
+  kernels::P2PArgs a{};
+  a.h = h;
+  a.peer = peer;
+  a.is_send = is_send ? 1 : 0;
+  a.buf = buf;
+  a.bytes = bytes;
+  a.chunk = kP2PSlotBytes;
+  a.nchunks = ceil_div(bytes, kP2PSlotBytes);
+  return a;
+}
+
+}  // namespace
+
+void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
+  const char* kOp = "send";
+  check_tensor(t, kOp, "tensor", device_);
+  TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::send: peer ", peer,
+              " must be another rank in 0..", size_ - 1);
+  const int64_t bytes = int64_t(t.nbytes());
+  if (bytes == 0) return;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  check_usable(kOp);
+  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, true);
+  const int grid = int(std::min<int64_t>(kP2PBlocks, a.nchunks));
+  PYCOLL_CUDA_OK(gpu::launch_p2p(grid, stream, a), kOp, "kernel launch");
+}
+
+void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
+  const char* kOp = "recv";
+  check_tensor(t, kOp, "tensor", device_);
+  TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::recv: peer ", peer,
+              " must be another rank in 0..", size_ - 1);
+  const int64_t bytes = int64_t(t.nbytes());
+  if (bytes == 0) return;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  check_usable(kOp);
+  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, false);
+  const int grid = int(std::min<int64_t>(kP2PBlocks, a.nchunks));
+  PYCOLL_CUDA_OK(gpu::launch_p2p(grid, stream, a), kOp, "kernel launch");
+}
+
+void CudaEngine::barrier(cudaStream_t stream) {
+  const char* kOp = "barrier";
+  if (size_ == 1) return;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  check_usable(kOp);
+  const kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::Barrier, kernels::CopyMode::Barrier);
+  launch_copy_checked(1, stream, a, kOp);
+}
+
+}  // namespace pycoll

@@ -1,0 +1,540 @@
+"""GPU tests of the CUDA engine, through torch.distributed with backend "pycoll".
+
+Two ranks, one GPU each (skipped when fewer than 2 GPUs are visible). Each test spawns the ranks
+once and loops over its cases inside them. Every rank builds every rank's input from the same
+seed, so each rank computes the reference itself (float64 for floating types, int64 with the
+dtype's wrap-around for integers, logical ops for bool). Each rank returns a digest of every
+result; the parent checks that the ranks agree bit for bit (the engine's results must be
+identical on every rank, for every algorithm).
+"""
+import datetime
+import functools
+import hashlib
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ranks import run_ranks, set_algo
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.pycoll_only,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+]
+
+WORLD = 2
+# Bounds every spin-wait of the engine's kernels (and Store waits): a protocol bug then fails the
+# test with the engine's device error instead of hanging for the default 30 minutes.
+PG_TIMEOUT = datetime.timedelta(seconds=60)
+ALGOS = ("oneshot", "twoshot", "ring", "tree", "auto")
+SIZES = (0, 1, 7, 1031, (1 << 20) + 3)
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INTS = (torch.int8, torch.uint8, torch.int32, torch.int64)
+DTYPES = FLOATS + INTS + (torch.bool,)
+R = dist.ReduceOp
+FLOAT_OPS = (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX)
+INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
+BOOL_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
+TOL = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float64: (1e-12, 1e-12),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+
+
+def ops_for(dtype):
+    if dtype in FLOATS:
+        return FLOAT_OPS
+    if dtype == torch.bool:
+        return BOOL_OPS
+    return INT_OPS
+
+
+def _name(op):
+    for k in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+        if op == getattr(R, k):
+            return k
+    return str(op)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs, references, digests (run inside the ranks)
+
+
+def make_input(seed, key, rank, numel, dtype, device, op=None):
+    """Rank `rank`'s input of case `key` (the same on every process)."""
+    g = torch.Generator(device=device)
+    h = int.from_bytes(hashlib.sha1(repr(key).encode()).digest()[:7], "little")  # same in every process
+    g.manual_seed((seed * 1000003 + h * 31 + rank) % (2**62))
+    if dtype in FLOATS:
+        x = torch.randn(numel, generator=g, device=device, dtype=torch.float32)
+        if op == R.PRODUCT:
+            x = 1.0 + 0.25 * x
+        return x.to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (numel,), generator=g, device=device).bool()
+    lo, hi = {torch.int8: (-8, 8), torch.uint8: (0, 16), torch.int32: (-1000, 1000), torch.int64: (-1000, 1000)}[dtype]
+    return torch.randint(lo, hi, (numel,), generator=g, device=device, dtype=torch.int64).to(dtype)
+
+
+def reference(xs, op, dtype):
+    """Reduction of the ranks' inputs `xs` in float64 / int64 / bool."""
+    n = len(xs)
+    if dtype == torch.bool:
+        s = torch.stack(xs)
+        if op in (R.SUM, R.MAX, R.BOR):
+            return s.any(0)
+        if op in (R.PRODUCT, R.MIN, R.BAND):
+            return s.all(0)
+        return functools.reduce(torch.logical_xor, xs)
+    if dtype in FLOATS:
+        s = torch.stack([x.double() for x in xs])
+        if op == R.SUM:
+            return s.sum(0)
+        if op == R.AVG:
+            return s.sum(0) / n
+        if op == R.PRODUCT:
+            return s.prod(0)
+        if op == R.MIN:
+            return s.min(0).values
+        if op == R.MAX:
+            return s.max(0).values
+        raise ValueError(op)
+    s = torch.stack([x.long() for x in xs])
+    if op == R.SUM:
+        return s.sum(0).to(dtype)  # wraps like the engine
+    if op == R.PRODUCT:
+        return s.prod(0).to(dtype)
+    if op == R.MIN:
+        return s.min(0).values.to(dtype)
+    if op == R.MAX:
+        return s.max(0).values.to(dtype)
+    fn = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
+    return functools.reduce(fn, [x.long() for x in xs]).to(dtype)
+
+
+def check_close(got, want, dtype, what):
+    if got.numel() == 0 and want.numel() == 0:
+        return
+    if dtype in FLOATS:
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+    else:
+        if not torch.equal(got.cpu(), want.to(got.dtype).cpu()):
+            bad = (got.cpu() != want.to(got.dtype).cpu()).nonzero()[:5].flatten().tolist()
+            raise AssertionError(f"{what}: mismatch at indices {bad}")
+
+
+def digest(t):
+    t = t.contiguous()
+    if t.numel() == 0:
+        return "empty"
+    return hashlib.sha1(t.view(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def _setup(rank):
+    torch.cuda.set_device(rank)
+    return torch.device("cuda", rank)
+
+
+def _assert_same_digests(results):
+    r0, r1 = results
+    assert len(r0) == len(r1)
+    diff = [a[0] for a, b in zip(r0, r1) if a != b]
+    assert not diff, f"ranks disagree bitwise on {len(diff)} cases, e.g. {diff[:5]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# all_reduce
+
+
+def _all_reduce_matrix(rank, world, seed):
+    dev = _setup(rank)
+    out = []
+    for algo in ALGOS:
+        set_algo(algo)
+        for dtype in DTYPES:
+            for op in ops_for(dtype):
+                for numel in SIZES:
+                    key = ("ar", algo, str(dtype), _name(op), numel)
+                    xs = [make_input(seed, key, q, numel, dtype, dev, op) for q in range(world)]
+                    t = xs[rank].clone()
+                    dist.all_reduce(t, op=op)
+                    check_close(t, reference(xs, op, dtype), dtype, str(key))
+                    out.append((str(key), digest(t)))
+    set_algo("auto")
+    torch.cuda.synchronize()
+    return out
+
+
+def test_all_reduce_every_dtype_op_algo_size(seed):
+    _assert_same_digests(run_ranks(WORLD, _all_reduce_matrix, seed, timeout=600, pg_timeout=PG_TIMEOUT))
+
+
+def _all_reduce_large(rank, world, seed):
+    dev = _setup(rank)
+    out = []
+    cases = [(64 << 20, torch.float32), (64 << 20, torch.bfloat16), (256 << 20, torch.float32)]
+    for nbytes, dtype in cases:
+        numel = nbytes // torch.tensor([], dtype=dtype).element_size()
+        for algo in ALGOS:
+            set_algo(algo)
+            key = ("ar-large", algo, str(dtype), numel)
+            xs = [make_input(seed, key, q, numel, dtype, dev) for q in range(world)]
+            t = xs[rank].clone()
+            dist.all_reduce(t)
+            check_close(t, reference(xs, R.SUM, dtype), dtype, str(key))
+            out.append((str(key), digest(t)))
+            del xs, t
+            torch.cuda.empty_cache()
+    set_algo("auto")
+    return out
+
+
+def test_all_reduce_large(seed):
+    _assert_same_digests(run_ranks(WORLD, _all_reduce_large, seed, timeout=600, pg_timeout=PG_TIMEOUT))
+
+
+def _all_reduce_layouts(rank, world, seed):
+    """Tensors at odd element offsets inside an allocation, and non-contiguous ones."""
+    dev = _setup(rank)
+    out = []
+    for algo in ALGOS:
+        set_algo(algo)
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.bool):
+            for numel in (1, 7, 1031, 300007):
+                for offset in (1, 3):
+                    key = ("ar-offset", algo, str(dtype), numel, offset)
+                    xs = [make_input(seed, key, q, numel, dtype, dev) for q in range(world)]
+                    base = make_input(seed, key + ("base",), rank, numel + offset + 5, dtype, dev)
+                    guard = base.clone()
+                    t = base[offset:offset + numel]
+                    t.copy_(xs[rank])
+                    dist.all_reduce(t, op=R.MAX)
+                    check_close(t, reference(xs, R.MAX, dtype), dtype, str(key))
+                    # Nothing outside the view was touched.
+                    assert torch.equal(base[:offset], guard[:offset]), key
+                    assert torch.equal(base[offset + numel:], guard[offset + numel:]), key
+                    out.append((str(key), digest(t)))
+            # Non-contiguous: every other element of a 2-column view.
+            key = ("ar-strided", algo, str(dtype))
+            xs = [make_input(seed, key, q, 2 * 4099, dtype, dev) for q in range(world)]
+            t = xs[rank].clone().view(4099, 2)[:, 0]
+            try:
+                dist.all_reduce(t, op=R.MAX)
+            except (RuntimeError, ValueError):
+                pass  # rejecting non-contiguous input is acceptable; corrupting it is not
+            else:
+                want = reference([x.view(4099, 2)[:, 0] for x in xs], R.MAX, dtype)
+                check_close(t, want, dtype, str(key))
+                out.append((str(key), digest(t)))
+    set_algo("auto")
+    torch.cuda.synchronize()
+    return out
+
+
+def test_all_reduce_odd_offsets_and_strides(seed):
+    _assert_same_digests(run_ranks(WORLD, _all_reduce_layouts, seed, timeout=600, pg_timeout=PG_TIMEOUT))
+
+
+# ---------------------------------------------------------------------------------------------
+# reduce_scatter, all_gather
+
+
+def _reduce_scatter(rank, world, seed):
+    dev = _setup(rank)
+    for algo in ALGOS:
+        set_algo(algo)
+        for dtype in DTYPES:
+            ops = ops_for(dtype) if algo in ("oneshot", "ring") else (R.SUM,)
+            for op in ops:
+                for m in (0, 1, 7, 1031, 262147):
+                    key = ("rs", algo, str(dtype), _name(op), m)
+                    xs = [make_input(seed, key, q, world * m, dtype, dev, op) for q in range(world)]
+                    o = torch.empty(m, dtype=dtype, device=dev)
+                    dist.reduce_scatter_tensor(o, xs[rank], op=op)
+                    want = reference(xs, op, dtype)[rank * m:(rank + 1) * m]
+                    check_close(o, want, dtype, str(key))
+        # List form, and a shard that starts at an odd offset.
+        key = ("rs-list", algo)
+        xs = [make_input(seed, key, q, world * 1031, torch.float32, dev) for q in range(world)]
+        base = torch.zeros(1031 + 1, device=dev)
+        o = base[1:]
+        dist.reduce_scatter(o, list(xs[rank].chunk(world)), op=R.SUM)
+        check_close(o, reference(xs, R.SUM, torch.float32)[rank * 1031:(rank + 1) * 1031], torch.float32, str(key))
+    set_algo("auto")
+    torch.cuda.synchronize()
+
+
+def test_reduce_scatter(seed):
+    run_ranks(WORLD, _reduce_scatter, seed, timeout=600, pg_timeout=PG_TIMEOUT)
+
+
+def _all_gather(rank, world, seed):
+    dev = _setup(rank)
+    out = []
+    for algo in ALGOS:
+        set_algo(algo)
+        for dtype in DTYPES:
+            for m in SIZES:
+                key = ("ag", algo, str(dtype), m)
+                xs = [make_input(seed, key, q, m, dtype, dev) for q in range(world)]
+                o = torch.empty(world * m, dtype=dtype, device=dev)
+                dist.all_gather_into_tensor(o, xs[rank])
+                check_close(o, torch.cat(xs), dtype, str(key))
+                out.append((str(key), digest(o)))
+        # Odd offsets for input and output, and the list form.
+        for m in (7, 1031, 65537):
+            key = ("ag-offset", algo, m)
+            xs = [make_input(seed, key, q, m, torch.float16, dev) for q in range(world)]
+            src = torch.empty(m + 1, dtype=torch.float16, device=dev)[1:]
+            src.copy_(xs[rank])
+            dst = torch.zeros(world * m + 3, dtype=torch.float16, device=dev)
+            dist.all_gather_into_tensor(dst[3:], src)
+            check_close(dst[3:], torch.cat(xs), torch.float16, str(key))
+            assert torch.equal(dst[:3], torch.zeros(3, dtype=torch.float16, device=dev))
+            lst = [torch.empty(m, dtype=torch.float16, device=dev) for _ in range(world)]
+            dist.all_gather(lst, src)
+            check_close(torch.cat(lst), torch.cat(xs), torch.float16, str(key) + "-list")
+    set_algo("auto")
+    torch.cuda.synchronize()
+    return out
+
+
+def test_all_gather(seed):
+    _assert_same_digests(run_ranks(WORLD, _all_gather, seed, timeout=600, pg_timeout=PG_TIMEOUT))
+
+
+# ---------------------------------------------------------------------------------------------
+# broadcast, reduce, all_to_all, send/recv, barrier
+
+
+def _broadcast_reduce(rank, world, seed):
+    dev = _setup(rank)
+    for root in range(world):
+        for dtype in DTYPES:
+            for numel in SIZES + ((16 << 20) + 5,):
+                key = ("bc", root, str(dtype), numel)
+                x = make_input(seed, key, root, numel, dtype, dev)
+                t = x.clone() if rank == root else torch.zeros(numel, dtype=dtype, device=dev)
+                dist.broadcast(t, src=root)
+                check_close(t, x, dtype, str(key))
+            for op in ops_for(dtype):
+                for numel in (0, 7, 1031, (1 << 20) + 3):
+                    key = ("reduce", root, str(dtype), _name(op), numel)
+                    xs = [make_input(seed, key, q, numel, dtype, dev, op) for q in range(world)]
+                    t = xs[rank].clone()
+                    dist.reduce(t, dst=root, op=op)
+                    if rank == root:
+                        check_close(t, reference(xs, op, dtype), dtype, str(key))
+    torch.cuda.synchronize()
+
+
+def test_broadcast_and_reduce(seed):
+    run_ranks(WORLD, _broadcast_reduce, seed, timeout=600, pg_timeout=PG_TIMEOUT)
+
+
+def _all_to_all(rank, world, seed):
+    dev = _setup(rank)
+    splits_cases = [
+        [[0, 0], [0, 0]],
+        [[1, 2], [3, 4]],
+        [[1031, 0], [7, 65537]],
+        [[(1 << 20) + 3, 5], [0, (2 << 20) + 1]],
+    ]
+    for dtype in (torch.float32, torch.float16, torch.uint8, torch.int64):
+        for splits in splits_cases:
+            # splits[src][dst] = elements src sends to dst
+            key = ("a2a", str(dtype), str(splits))
+            xs = [make_input(seed, key, q, sum(splits[q]), dtype, dev) for q in range(world)]
+            in_splits = splits[rank]
+            out_splits = [splits[q][rank] for q in range(world)]
+            o = torch.full((sum(out_splits),), 0, dtype=dtype, device=dev)
+            dist.all_to_all_single(o, xs[rank], out_splits, in_splits)
+            want = []
+            for q in range(world):
+                start = sum(splits[q][:rank])
+                want.append(xs[q][start:start + splits[q][rank]])
+            check_close(o, torch.cat(want), dtype, str(key))
+        # Equal splits (no split lists).
+        key = ("a2a-even", str(dtype))
+        xs = [make_input(seed, key, q, world * 4097, dtype, dev) for q in range(world)]
+        o = torch.empty(world * 4097, dtype=dtype, device=dev)
+        dist.all_to_all_single(o, xs[rank])
+        check_close(o, torch.cat([xs[q][rank * 4097:(rank + 1) * 4097] for q in range(world)]), dtype, str(key))
+    torch.cuda.synchronize()
+
+
+def test_all_to_all(seed):
+    run_ranks(WORLD, _all_to_all, seed, timeout=600, pg_timeout=PG_TIMEOUT)
+
+
+def _send_recv(rank, world, seed):
+    dev = _setup(rank)
+    peer = 1 - rank
+    for dtype in (torch.float32, torch.uint8, torch.bfloat16):
+        for numel in (1, 1031, (1 << 20) + 3, (16 << 20) + 1):
+            # Both directions at once: each rank's send must not wait for its own receive.
+            key = ("p2p", str(dtype), numel)
+            mine = make_input(seed, key, rank, numel, dtype, dev)
+            theirs = make_input(seed, key, peer, numel, dtype, dev)
+            got = torch.zeros(numel, dtype=dtype, device=dev)
+            reqs = [dist.isend(mine, peer), dist.irecv(got, peer)]
+            for r in reqs:
+                r.wait()
+            check_close(got, theirs, dtype, str(key))
+    # Several messages in a row are matched in issue order.
+    msgs = [make_input(seed, ("p2p-seq", i), 0, 1000 + 977 * i, torch.float32, dev) for i in range(5)]
+    if rank == 0:
+        for m in msgs:
+            dist.send(m, 1)
+    else:
+        for m in msgs:
+            got = torch.empty_like(m)
+            dist.recv(got, 0)
+            check_close(got, m, torch.float32, "p2p-seq")
+    # batch_isend_irecv.
+    key = ("p2p-batch",)
+    mine = make_input(seed, key, rank, 300001, torch.float32, dev)
+    got = torch.empty(300001, device=dev)
+    ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, got, peer)]
+    for r in dist.batch_isend_irecv(ops):
+        r.wait()
+    check_close(got, make_input(seed, key, peer, 300001, torch.float32, dev), torch.float32, "p2p-batch")
+    torch.cuda.synchronize()
+
+
+def test_send_recv(seed):
+    run_ranks(WORLD, _send_recv, seed, timeout=300, pg_timeout=PG_TIMEOUT)
+
+
+def _barrier(rank, world, seed):
+    _setup(rank)
+    for _ in range(5):
+        dist.barrier()
+    # A barrier after GPU work still orders it: rank 1 reads what rank 0 wrote before.
+    dev = torch.device("cuda", rank)
+    t = torch.full((1024,), float(rank + 1), device=dev)
+    dist.all_reduce(t)
+    dist.barrier()
+    assert torch.all(t == 3.0)
+
+
+def test_barrier(seed):
+    run_ranks(WORLD, _barrier, seed, timeout=120, pg_timeout=PG_TIMEOUT)
+
+
+# ---------------------------------------------------------------------------------------------
+# stream semantics, tensor lifetime, CUDA graphs
+
+
+def _streams(rank, world, seed):
+    dev = _setup(rank)
+    for algo in ("oneshot", "twoshot", "ring", "tree"):
+        set_algo(algo)
+        # The input is produced late on the current stream: the collective must wait for it.
+        x = torch.empty(1 << 20, device=dev)
+        torch.cuda._sleep(20_000_000)  # about 10 ms of GPU time before the fill
+        x.fill_(float(rank + 1))
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()  # makes the current stream wait, no host sync
+        y = x * 2  # runs on the current stream after the collective
+        assert torch.all(y == 6.0), f"{algo}: stream ordering broken"
+
+        # A tensor freed right after an async collective must not be handed out again before the
+        # collective is done with it (recordStream on the communication stream).
+        torch.cuda._sleep(20_000_000)
+        z = torch.ones(1 << 22, device=dev)
+        work = dist.all_reduce(z, async_op=True)
+        del z
+        w = torch.full((1 << 22,), 7.0, device=dev)  # would reuse z's block if it were free
+        work.wait()
+        torch.cuda.synchronize()
+        assert torch.all(w == 7.0), f"{algo}: freed tensor reused while the collective used it"
+    set_algo("auto")
+
+
+def test_stream_semantics(seed):
+    run_ranks(WORLD, _streams, seed, timeout=300, pg_timeout=PG_TIMEOUT)
+
+
+def _graphs(rank, world, seed):
+    dev = _setup(rank)
+    for algo in ("oneshot", "twoshot"):
+        set_algo(algo)
+        x = torch.zeros(4099, device=dev)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            dist.all_reduce(x)  # warm-up outside the graph (creates the engine)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            dist.all_reduce(x)
+        for i in range(3):
+            x.fill_(float(rank + 1 + i))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.all(x == float(3 + 2 * i)), f"{algo}: replay {i} gave {x[0].item()}"
+    set_algo("auto")
+
+
+def test_cuda_graph_replay(seed):
+    run_ranks(WORLD, _graphs, seed, timeout=300, pg_timeout=PG_TIMEOUT)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input
+
+
+def _bad_input(rank, world, seed):
+    dev = _setup(rank)
+    other = torch.device("cuda", 1 - rank)
+    checks = []
+
+    def expect_error(fn, what):
+        try:
+            fn()
+        except (RuntimeError, ValueError, TypeError):
+            checks.append(what)
+            return
+        raise AssertionError(f"{what}: no error raised")
+
+    t = torch.ones(16, device=dev)
+    # A tensor on another rank's GPU.
+    expect_error(lambda: dist.all_reduce(torch.ones(16, device=other)), "wrong device")
+    # all_gather output of the wrong size / dtype.
+    expect_error(lambda: dist.all_gather_into_tensor(torch.empty(3 * 16, device=dev), t), "all_gather size")
+    expect_error(lambda: dist.all_gather_into_tensor(torch.empty(2 * 16, device=dev, dtype=torch.float16), t),
+                 "all_gather dtype")
+    # reduce_scatter input of the wrong size.
+    expect_error(lambda: dist.reduce_scatter_tensor(torch.empty(16, device=dev), torch.ones(31, device=dev)),
+                 "reduce_scatter size")
+    # Bitwise op on floats.
+    expect_error(lambda: dist.all_reduce(t.clone(), op=R.BAND), "bitwise on float")
+    # The group still works afterwards.
+    x = torch.full((33,), float(rank + 1), device=dev)
+    dist.all_reduce(x)
+    assert torch.all(x == 3.0)
+    return checks
+
+
+def test_bad_input_raises(seed):
+    run_ranks(WORLD, _bad_input, seed, timeout=120, pg_timeout=PG_TIMEOUT)
+
+
+if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins
+    import sys
+
+    _repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, _repo)
+    os.environ["PYTHONPATH"] = _repo + os.pathsep + os.environ.get("PYTHONPATH", "")
+    s = int(os.environ.get("PYCOLL_TEST_SEED", "1234"))
+    names = sys.argv[1:] or [n for n in dir() if n.startswith("test_")]
+    for n in names:
+        print(n, flush=True)
+        globals()[n](s)
+    print("all passed")
