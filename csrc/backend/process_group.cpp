@@ -1,5 +1,7 @@
 #include "backend/process_group.h"
 
+#include <pybind11/pybind11.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -18,17 +20,24 @@ namespace pycoll {
 
 namespace {
 
+// Store calls take the GIL: the Store handed to a backend may be implemented
+// in Python (or wrap one), and calling into it without the GIL crashes.
 Rendezvous make_rendezvous(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix) {
   Rendezvous rv;
   rv.prefix = prefix;
   rv.set = [store](const std::string& k, const std::string& v) {
+    pybind11::gil_scoped_acquire gil;
     store->set(k, std::vector<uint8_t>(v.begin(), v.end()));
   };
   rv.get = [store](const std::string& k) {
+    pybind11::gil_scoped_acquire gil;
     auto v = store->get(k);
     return std::string(v.begin(), v.end());
   };
-  rv.add = [store](const std::string& k, int64_t d) { return store->add(k, d); };
+  rv.add = [store](const std::string& k, int64_t d) {
+    pybind11::gil_scoped_acquire gil;
+    return store->add(k, d);
+  };
   return rv;
 }
 
