@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include <optional>
 #include <vector>
 
 #include "kernels/compression_cpu.h"
@@ -48,6 +49,17 @@ void check_words(const at::Tensor& t, const char* op, const char* arg) {
                    t.scalar_type());
 }
 
+// The float32 [numel] result tensor: `out` after checking it, or a new one.
+at::Tensor result_tensor(const std::optional<at::Tensor>& out, const at::Tensor& like, int64_t numel, const char* op) {
+  if (!out.has_value()) return at::empty({numel}, like.options().dtype(at::kFloat));
+  const at::Tensor& o = *out;
+  TORCH_CHECK_TYPE(o.scalar_type() == at::kFloat, op, ": out must be float32, got ", o.scalar_type());
+  TORCH_CHECK_VALUE(o.device() == like.device(), op, ": out is on ", o.device(), ", the words on ", like.device());
+  TORCH_CHECK_VALUE(o.is_contiguous() && o.numel() == numel, op, ": out must be contiguous with ", numel,
+                    " elements, got shape ", o.sizes());
+  return o;
+}
+
 at::Tensor pack_signs(const at::Tensor& x) {
   constexpr const char* op = "pycoll::pack_signs";
   check_floating(x, op, "tensor");
@@ -60,7 +72,7 @@ at::Tensor pack_signs(const at::Tensor& x) {
   return pycoll::pack_signs_cpu(x);
 }
 
-at::Tensor unpack_signs(const at::Tensor& packed, int64_t numel, double scale) {
+at::Tensor unpack_signs(const at::Tensor& packed, int64_t numel, double scale, const std::optional<at::Tensor>& out) {
   constexpr const char* op = "pycoll::unpack_signs";
   check_words(packed, op, "packed");
   TORCH_CHECK_VALUE(packed.dim() == 1, op, ": packed must be 1-D, got shape ", packed.sizes());
@@ -68,15 +80,21 @@ at::Tensor unpack_signs(const at::Tensor& packed, int64_t numel, double scale) {
   TORCH_CHECK_VALUE(packed.numel() >= pycoll::sign_words(numel), op, ": packed has ", packed.numel(),
                     " words, numel ", numel, " needs ", pycoll::sign_words(numel));
   const bool cuda = on_cuda(packed, op, "packed");
+  at::Tensor result = result_tensor(out, packed, numel, op);
   const py::gil_scoped_release nogil;
 #ifdef PYCOLL_WITH_CUDA
-  if (cuda) return pycoll::unpack_signs_cuda(packed, numel, scale);
+  if (cuda) {
+    pycoll::unpack_signs_cuda(packed, numel, scale, result);
+    return result;
+  }
 #endif
   (void)cuda;
-  return pycoll::unpack_signs_cpu(packed, numel, scale);
+  pycoll::unpack_signs_cpu(packed, numel, scale, result);
+  return result;
 }
 
-at::Tensor majority_vote(const at::Tensor& gathered, int64_t numel, double scale) {
+at::Tensor majority_vote(const at::Tensor& gathered, int64_t numel, double scale,
+                         const std::optional<at::Tensor>& out) {
   constexpr const char* op = "pycoll::majority_vote";
   check_words(gathered, op, "gathered");
   TORCH_CHECK_VALUE(gathered.dim() == 2, op, ": gathered must be [world, words], got shape ", gathered.sizes());
@@ -85,12 +103,17 @@ at::Tensor majority_vote(const at::Tensor& gathered, int64_t numel, double scale
   TORCH_CHECK_VALUE(gathered.size(1) >= pycoll::sign_words(numel), op, ": gathered rows have ", gathered.size(1),
                     " words, numel ", numel, " needs ", pycoll::sign_words(numel));
   const bool cuda = on_cuda(gathered, op, "gathered");
+  at::Tensor result = result_tensor(out, gathered, numel, op);
   const py::gil_scoped_release nogil;
 #ifdef PYCOLL_WITH_CUDA
-  if (cuda) return pycoll::majority_vote_cuda(gathered, numel, scale);
+  if (cuda) {
+    pycoll::majority_vote_cuda(gathered, numel, scale, result);
+    return result;
+  }
 #endif
   (void)cuda;
-  return pycoll::majority_vote_cpu(gathered, numel, scale);
+  pycoll::majority_vote_cpu(gathered, numel, scale, result);
+  return result;
 }
 
 at::Tensor batched_orthogonalize_(const at::Tensor& m, double eps) {
@@ -161,10 +184,11 @@ void register_compression(pybind11::module& m) {
   // there), then releases the GIL for the work.
   m.def("pack_signs", &pack_signs, arg("tensor"),
         "Signs of a float tensor as int32 words: bit i%32 of word i/32 is 1 where tensor.flatten()[i] < 0");
-  m.def("unpack_signs", &unpack_signs, arg("packed"), arg("numel"), arg("scale") = 1.0,
-        "float32 [numel]: -scale where the bit is 1, +scale where it is 0");
+  m.def("unpack_signs", &unpack_signs, arg("packed"), arg("numel"), arg("scale") = 1.0, arg("out") = py::none(),
+        "float32 [numel] (into `out` when given): -scale where the bit is 1, +scale where it is 0");
   m.def("majority_vote", &majority_vote, arg("gathered"), arg("numel"), arg("scale") = 1.0,
-        "float32 [numel]: scale * the majority sign of gathered [world, words] (0 on a tie)");
+        arg("out") = py::none(),
+        "float32 [numel] (into `out` when given): scale * the majority sign of gathered [world, words] (0 on a tie)");
   m.def("batched_orthogonalize_", &batched_orthogonalize_, arg("matrices"), arg("eps") = 1e-8,
         "Modified Gram-Schmidt on the columns of every [n, r] matrix of [batch, n, r], in place; returns it");
   m.def("flatten_into", &flatten_into, arg("tensors"), arg("bucket"),

@@ -88,30 +88,26 @@ at::Tensor pack_signs_cuda(const at::Tensor& x) {
   return out;
 }
 
-at::Tensor unpack_signs_cuda(const at::Tensor& packed, int64_t numel, double scale) {
+void unpack_signs_cuda(const at::Tensor& packed, int64_t numel, double scale, const at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(packed.device());
   const at::Tensor words = packed.contiguous();
-  at::Tensor out = at::empty({numel}, words.options().dtype(at::kFloat));
-  if (numel == 0) return out;
+  if (numel == 0) return;
   const auto stream = at::cuda::getCurrentCUDAStream();
   ck::unpack_signs_kernel<<<grid_for((numel + 3) / 4, ck::kThreads), ck::kThreads, 0, stream>>>(
       reinterpret_cast<const uint32_t*>(words.const_data_ptr<int32_t>()), out.data_ptr<float>(), numel,
       static_cast<float>(scale));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
 }
 
-at::Tensor majority_vote_cuda(const at::Tensor& gathered, int64_t numel, double scale) {
+void majority_vote_cuda(const at::Tensor& gathered, int64_t numel, double scale, const at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(gathered.device());
   const at::Tensor g = gathered.stride(1) == 1 ? gathered : gathered.contiguous();
-  at::Tensor out = at::empty({numel}, g.options().dtype(at::kFloat));
-  if (numel == 0) return out;
+  if (numel == 0) return;
   const auto stream = at::cuda::getCurrentCUDAStream();
   ck::majority_vote_kernel<<<grid_for((numel + 3) / 4, ck::kThreads), ck::kThreads, 0, stream>>>(
       reinterpret_cast<const uint32_t*>(g.const_data_ptr<int32_t>()), static_cast<int>(g.size(0)), g.stride(0),
       out.data_ptr<float>(), numel, static_cast<float>(scale));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
 }
 
 void batched_orthogonalize_cuda_(const at::Tensor& m, double eps) {

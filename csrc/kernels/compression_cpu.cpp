@@ -120,23 +120,20 @@ at::Tensor pack_signs_cpu(const at::Tensor& x) {
   return out;
 }
 
-at::Tensor unpack_signs_cpu(const at::Tensor& packed, int64_t numel, double scale) {
+void unpack_signs_cpu(const at::Tensor& packed, int64_t numel, double scale, const at::Tensor& out) {
   const at::Tensor words = packed.contiguous();
-  at::Tensor out = at::empty({numel}, words.options().dtype(at::kFloat));
   const uint32_t* w = reinterpret_cast<const uint32_t*>(words.const_data_ptr<int32_t>());
   float* o = out.data_ptr<float>();
   const float pos = static_cast<float>(scale);
   at::parallel_for(0, sign_words(numel), kWordGrain, [&](int64_t w0, int64_t w1) {
     for (int64_t j = w0; j < w1; ++j) unpack_word(w[j], pos, o + j * 32, std::min<int64_t>(32, numel - j * 32));
   });
-  return out;
 }
 
-at::Tensor majority_vote_cpu(const at::Tensor& gathered, int64_t numel, double scale) {
+void majority_vote_cpu(const at::Tensor& gathered, int64_t numel, double scale, const at::Tensor& out) {
   const at::Tensor g = gathered.stride(1) == 1 ? gathered : gathered.contiguous();
   const int64_t world = g.size(0);
   const int64_t row = g.stride(0);
-  at::Tensor out = at::empty({numel}, g.options().dtype(at::kFloat));
   const uint32_t* words = reinterpret_cast<const uint32_t*>(g.const_data_ptr<int32_t>());
   float* o = out.data_ptr<float>();
   const float pos = static_cast<float>(scale);
@@ -145,7 +142,6 @@ at::Tensor majority_vote_cpu(const at::Tensor& gathered, int64_t numel, double s
       vote_word(words + j, row, world, pos, o + j * 32, std::min<int64_t>(32, numel - j * 32));
     }
   });
-  return out;
 }
 
 void batched_orthogonalize_cpu_(const at::Tensor& m, double eps) {

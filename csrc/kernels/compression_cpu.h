@@ -35,12 +35,13 @@ inline int64_t sign_words(int64_t numel) { return (numel + 31) / 32; }
 // (row-major) order. Returns int32 [sign_words(x.numel())].
 at::Tensor pack_signs_cpu(const at::Tensor& x);
 
-// packed: int32 [>= sign_words(numel)]. Returns float32 [numel] of +-scale.
-at::Tensor unpack_signs_cpu(const at::Tensor& packed, int64_t numel, double scale);
+// packed: int32 [>= sign_words(numel)]. Writes float32 +-scale into out
+// (contiguous float32 [numel]).
+void unpack_signs_cpu(const at::Tensor& packed, int64_t numel, double scale, const at::Tensor& out);
 
 // gathered: int32 [W, >= sign_words(numel)] (row stride free, unit column
-// stride). Returns float32 [numel] of {-scale, 0, +scale}.
-at::Tensor majority_vote_cpu(const at::Tensor& gathered, int64_t numel, double scale);
+// stride). Writes float32 {-scale, 0, +scale} into out (contiguous float32 [numel]).
+void majority_vote_cpu(const at::Tensor& gathered, int64_t numel, double scale, const at::Tensor& out);
 
 // m: floating [B, n, r] with r <= n, any strides; orthonormalises the columns
 // of each matrix in place.

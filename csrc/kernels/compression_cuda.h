@@ -13,8 +13,8 @@
 namespace pycoll {
 
 at::Tensor pack_signs_cuda(const at::Tensor& x);
-at::Tensor unpack_signs_cuda(const at::Tensor& packed, int64_t numel, double scale);
-at::Tensor majority_vote_cuda(const at::Tensor& gathered, int64_t numel, double scale);
+void unpack_signs_cuda(const at::Tensor& packed, int64_t numel, double scale, const at::Tensor& out);
+void majority_vote_cuda(const at::Tensor& gathered, int64_t numel, double scale, const at::Tensor& out);
 void batched_orthogonalize_cuda_(const at::Tensor& m, double eps);
 void flatten_into_cuda(const std::vector<at::Tensor>& tensors, const at::Tensor& bucket);
 void unflatten_from_cuda(const at::Tensor& bucket, const std::vector<at::Tensor>& tensors);

@@ -1,0 +1,54 @@
+import importlib.util
+import os
+import random
+import sys
+
+import pytest
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Use the source tree (in-place build) when pycollectives is not installed.
+# Set before any rank starts: the ranks inherit this sys.path.
+if importlib.util.find_spec("pycollectives") is None and _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from ranks import BACKEND, IS_GLOO  # noqa: E402
+
+SEED = int(os.environ.get("PYCOLL_TEST_SEED", random.randrange(2**31)))
+
+
+def pytest_report_header(config):
+    return [
+        f"pycollectives tests: backend={BACKEND} (PYCOLL_TEST_BACKEND), "
+        f"seed={SEED} (PYCOLL_TEST_SEED to reproduce)"
+    ]
+
+
+def _cuda_devices():
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    need_gpu = [it for it in items if it.get_closest_marker("gpu")]
+    if need_gpu:
+        n = _cuda_devices()
+        if n < 2:
+            skip = pytest.mark.skip(reason=f"needs 2 CUDA GPUs, {n} visible")
+            for it in need_gpu:
+                it.add_marker(skip)
+    if IS_GLOO:
+        skip = pytest.mark.skip(reason="pycoll-specific (PYCOLL_TEST_BACKEND=gloo)")
+        for it in items:
+            if it.get_closest_marker("pycoll_only"):
+                it.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def seed():
+    """Base seed of this session's random inputs (printed in the header)."""
+    return SEED
