@@ -7,6 +7,7 @@
 #include <torch/python.h>
 
 #include "algorithms/select.h"
+#include "bindings/compression_bindings.h"
 #include "backend/op_stats.h"
 #include "backend/process_group.h"
 #include "backend/settings.h"
@@ -76,5 +77,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("select_algorithm", [](const std::string& op, size_t bytes, int world) {
     return std::string(pycoll::algo_name(pycoll::select_algorithm(parse_op(op), bytes, world)));
   });
+  register_compression(m);
   (void)backend_base;
 }
