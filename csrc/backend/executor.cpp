@@ -2,6 +2,12 @@
 
 namespace pycoll {
 
+namespace {
+thread_local bool t_running_inline = false;
+}  // namespace
+
+bool SerialExecutor::running_inline() { return t_running_inline; }
+
 SerialExecutor::SerialExecutor() : thread_([this] { loop(); }) {}
 
 SerialExecutor::~SerialExecutor() { stop(); }
@@ -26,7 +32,9 @@ bool SerialExecutor::submit(std::function<void()> task, bool inline_ok) {
     }
     busy_ = true;
   }
+  t_running_inline = true;
   task();
+  t_running_inline = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     busy_ = false;

@@ -24,6 +24,8 @@ class SerialExecutor {
 
   // Returns true if the task ran inline (already finished) on this thread.
   bool submit(std::function<void()> task, bool inline_ok);
+  // True while this thread runs a task inline (nobody can hold its Future yet).
+  static bool running_inline();
   void stop();
 
  private:

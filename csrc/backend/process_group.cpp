@@ -164,7 +164,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch(c10d::OpType type, con
       err = std::current_exception();
     }
     work->mark_done(err);
-    CompletionPool::instance().post([work] { work->settle_future(); });
+    if (SerialExecutor::running_inline()) {
+      work->settle_future();  // no callback can be attached yet: complete it here, no thread hand-off
+    } else {
+      CompletionPool::instance().post([work] { work->settle_future(); });
+    }
   };
   executor_->submit(std::move(task), !async_op);
   return work;
