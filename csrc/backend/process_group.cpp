@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "backend/op_stats.h"
 #include "backend/settings.h"
@@ -49,6 +51,13 @@ at::Tensor dense(const at::Tensor& t) { return t.is_contiguous() ? t : t.contigu
 // Copies the result back when the op had to work on a contiguous copy.
 void write_back(const at::Tensor& user, const at::Tensor& buf) {
   if (!user.is_same(buf)) user.copy_(buf);
+}
+
+// PREMUL_SUM is a pre-scale followed by SUM (as in NCCL): returns the tensor
+// to reduce and the op the engine runs.
+std::pair<at::Tensor, ReduceKind> prescaled(const at::Tensor& t, ReduceKind rk, const at::Tensor& factor) {
+  if (rk != ReduceKind::PremulSum) return {t, rk};
+  return {t * factor.to(t.device()), ReduceKind::Sum};
 }
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
@@ -191,12 +200,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce(std::vector<at::Ten
     return cuda_->launch(c10d::OpType::ALLREDUCE, kOp, ++issued_, {t}, {t},
                          [this, t, rk, factor](CudaEngine& e, cudaStream_t s) {
                            at::Tensor buf = dense(t);
-                           at::Tensor src = buf;
-                           ReduceKind k = rk;
-                           if (k == ReduceKind::PremulSum) {
-                             src = buf * factor.to(buf.device());
-                             k = ReduceKind::Sum;
-                           }
+                           auto [src, k] = prescaled(buf, rk, factor);
                            OpTimer timer;
                            Algo a = e.all_reduce(src, buf, k, algo_override(), s);
                            write_back(t, buf);
@@ -213,12 +217,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce(std::vector<at::Ten
   }
   return launch(c10d::OpType::ALLREDUCE, kOp, {t}, opts.asyncOp, [this, t, dt, rk, factor]() {
     at::Tensor buf = dense(t);
-    at::Tensor src = buf;
-    ReduceKind k = rk;
-    if (k == ReduceKind::PremulSum) {
-      src = buf * factor.to(buf.device());  // scale before summing, as NCCL does
-      k = ReduceKind::Sum;
-    }
+    auto [src, k] = prescaled(buf, rk, factor);
     OpTimer timer;
     Algo a = cpu_->all_reduce(bytes_of(src), bytes_of(buf), buf.numel(), dt, k, algo_override());
     write_back(t, buf);
@@ -258,11 +257,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce_coalesced(std::vect
     std::vector<at::Tensor> flat;
     for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
     at::Tensor buf = at::cat(flat);
-    ReduceKind k = rk;
-    if (k == ReduceKind::PremulSum) {
-      buf.mul_(factor.to(buf.device()));
-      k = ReduceKind::Sum;
-    }
+    ReduceKind k;
+    std::tie(buf, k) = prescaled(buf, rk, factor);
     OpTimer timer;
     Algo a = cpu_->all_reduce(bytes_of(buf), bytes_of(buf), buf.numel(), dt, k, algo_override());
     int64_t off = 0;
@@ -330,12 +326,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce(std::vector<at::Tensor
     return cuda_->launch(c10d::OpType::REDUCE, kOp, ++issued_, {t}, {t},
                          [this, t, rk, factor, root](CudaEngine& e, cudaStream_t s) {
                            at::Tensor buf = dense(t);
-                           at::Tensor src = buf;
-                           ReduceKind k = rk;
-                           if (k == ReduceKind::PremulSum) {
-                             src = buf * factor.to(buf.device());
-                             k = ReduceKind::Sum;
-                           }
+                           auto [src, k] = prescaled(buf, rk, factor);
                            OpTimer timer;
                            e.reduce(src, buf, root, k, s);
                            if (rank_ == root) write_back(t, buf);
@@ -352,12 +343,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce(std::vector<at::Tensor
   }
   return launch(c10d::OpType::REDUCE, kOp, {t}, opts.asyncOp, [this, t, dt, rk, factor, root]() {
     at::Tensor buf = dense(t);
-    at::Tensor src = buf;
-    ReduceKind k = rk;
-    if (k == ReduceKind::PremulSum) {
-      src = buf * factor.to(buf.device());
-      k = ReduceKind::Sum;
-    }
+    auto [src, k] = prescaled(buf, rk, factor);
     OpTimer timer;
     Algo a = cpu_->reduce(bytes_of(src), bytes_of(buf), buf.numel(), dt, k, root, algo_override());
     if (rank_ == root) write_back(t, buf);
@@ -679,11 +665,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter(std::vector<at
     std::vector<at::Tensor> parts;
     for (const auto& i : ins) parts.push_back(i.reshape({-1}));
     at::Tensor flat = at::cat(parts);
-    ReduceKind k = rk;
-    if (k == ReduceKind::PremulSum) {
-      flat.mul_(factor.to(flat.device()));
-      k = ReduceKind::Sum;
-    }
+    ReduceKind k;
+    std::tie(flat, k) = prescaled(flat, rk, factor);
     at::Tensor dst = dense(out);
     OpTimer timer;
     Algo a = cpu_->reduce_scatter(bytes_of(flat), bytes_of(dst), out.numel(), dt, k, algo_override());
@@ -710,11 +693,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_reduce_scatter_base(at::Tens
     return cuda_->launch(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, ++issued_, {in, out}, {out},
                          [this, in, out, rk, factor](CudaEngine& e, cudaStream_t s) {
                            at::Tensor src = dense(in);
-                           ReduceKind k = rk;
-                           if (k == ReduceKind::PremulSum) {
-                             src = src * factor.to(src.device());
-                             k = ReduceKind::Sum;
-                           }
+                           ReduceKind k;
+      std::tie(src, k) = prescaled(src, rk, factor);
                            at::Tensor dst = dense(out);
                            OpTimer timer;
                            Algo a = e.reduce_scatter(src, dst, k, algo_override(), s);
@@ -732,11 +712,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_reduce_scatter_base(at::Tens
   }
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, {out}, opts.asyncOp, [this, in, out, dt, rk, factor]() {
     at::Tensor src = dense(in);
-    ReduceKind k = rk;
-    if (k == ReduceKind::PremulSum) {
-      src = src * factor.to(src.device());
-      k = ReduceKind::Sum;
-    }
+    ReduceKind k;
+      std::tie(src, k) = prescaled(src, rk, factor);
     at::Tensor dst = dense(out);
     OpTimer timer;
     Algo a = cpu_->reduce_scatter(bytes_of(src), bytes_of(dst), out.numel(), dt, k, algo_override());
@@ -773,11 +750,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter_tensor_coalesc
     int64_t total = 0;
     for (size_t i = 0; i < ins.size(); ++i) {
       at::Tensor src = dense(ins[i]);
-      ReduceKind k = kinds[i];
-      if (k == ReduceKind::PremulSum) {
-        src = src * factor.to(src.device());
-        k = ReduceKind::Sum;
-      }
+      ReduceKind k;
+      std::tie(src, k) = prescaled(src, kinds[i], factor);
       at::Tensor dst = dense(outs[i]);
       a = cpu_->reduce_scatter(bytes_of(src), bytes_of(dst), outs[i].numel(), to_dtype(kOp, src.scalar_type()), k,
                                algo_override());
