@@ -8,6 +8,7 @@ which one it built.
 import glob
 import os
 import shutil
+import subprocess
 import sys
 
 from setuptools import find_packages, setup
@@ -37,7 +38,64 @@ def _want_cuda():
     return True, f"CUDA {torch.version.cuda}, toolkit at {home}"
 
 
+def _gcc_major(cxx):
+    try:
+        out = subprocess.run([cxx, "-dumpversion"], capture_output=True, text=True, timeout=30).stdout.strip()
+        return int(out.split(".")[0])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+def _links_shared_libstdcxx(cxx):
+    try:
+        out = subprocess.run([cxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return os.path.isabs(out) and os.path.exists(out)
+
+
+def _pick_compiler():
+    """Keeps CXX unless it would put a second C++ runtime into the process.
+
+    A compiler that links libstdc++ statically into shared objects, or whose
+    headers are from another GCC than torch's, makes an extension whose
+    iostreams use facets of the other runtime: seen as a segfault in the
+    first `ostream << int` (a device image sets CXX=/opt/gcc/bin/g++). Then
+    the g++ on PATH is used when it matches torch's GCC.
+    """
+    import re
+
+    import torch
+
+    cxx = os.environ.get("CXX")
+    if not cxx:
+        return
+    m = re.search(r"GCC (\d+)\.", torch.__config__.show())
+    torch_major = int(m.group(1)) if m else None
+    bad = []
+    if not _links_shared_libstdcxx(cxx):
+        bad.append("links libstdc++ statically")
+    if torch_major and _gcc_major(cxx) not in (None, torch_major):
+        bad.append(f"is GCC {_gcc_major(cxx)}, torch was built with GCC {torch_major}")
+    if not bad:
+        return
+    for name in ("g++", f"g++-{torch_major}"):
+        alt = shutil.which(name, path="/usr/bin:/usr/local/bin")
+        if alt and os.path.realpath(alt) != os.path.realpath(cxx) and _links_shared_libstdcxx(alt) \
+                and _gcc_major(alt) in (None, torch_major):
+            print(f"pycollectives: CXX={cxx} {' and '.join(bad)}; using {alt} instead", file=sys.stderr)
+            os.environ["CXX"] = alt
+            cc = os.path.join(os.path.dirname(alt), "gcc" + name[3:])
+            if os.path.exists(cc):
+                os.environ["CC"] = cc
+            return
+    if not _links_shared_libstdcxx(cxx):  # an older GCC alone is fine (tested with GCC 12 against torch's 13)
+        print(f"pycollectives: warning: CXX={cxx} {' and '.join(bad)}; the extension may crash", file=sys.stderr)
+
+
 def _extension():
+    _pick_compiler()
     use_cuda, why = _want_cuda()
     from torch.utils import cpp_extension
 

@@ -1,6 +1,6 @@
 """GPU tests of the CUDA engine, through torch.distributed with backend "pycoll".
 
-Two ranks, one GPU each (skipped when fewer than 2 GPUs are visible). Each test spawns the ranks
+Two ranks, one GPU each (PYCOLL_GPU_WORLD=N for N; skipped when fewer GPUs are visible). Each test spawns the ranks
 once and loops over its cases inside them. Every rank builds every rank's input from the same
 seed, so each rank computes the reference itself (float64 for floating types, int64 with the
 dtype's wrap-around for integers, logical ops for bool). Each rank returns a digest of every
@@ -21,10 +21,12 @@ from ranks import run_ranks, set_algo
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.pycoll_only,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
 ]
 
-WORLD = 2
+# One rank per GPU; PYCOLL_GPU_WORLD=4 (or 8) runs the same suite on more GPUs.
+WORLD = int(os.environ.get("PYCOLL_GPU_WORLD", "2"))
+pytestmark.append(pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs"))
 # Bounds every spin-wait of the engine's kernels (and Store waits): a protocol bug then fails the
 # test with the engine's device error instead of hanging for the default 30 minutes.
 PG_TIMEOUT = datetime.timedelta(seconds=60)
