@@ -22,8 +22,11 @@ CudaEngine& CudaOps::engine(const at::Device& device) {
   auto it = engines_.find(idx);
   if (it == engines_.end()) {
     c10::cuda::CUDAGuard guard(device);
-    auto eng = std::make_unique<CudaEngine>(store_, "pycoll/" + group_name_ + "/cuda" + std::to_string(idx) + "/",
-                                            rank_, size_, idx, timeout_);
+    // Keyed by the order in which this rank first used a device, not by the
+    // device index: rank r drives cuda:r, yet every rank's first engine must
+    // meet the others under the same Store keys.
+    const std::string key = "pycoll/" + group_name_ + "/cuda_engine" + std::to_string(engines_.size()) + "/";
+    auto eng = std::make_unique<CudaEngine>(store_, key, rank_, size_, idx, timeout_);
     it = engines_.emplace(idx, std::move(eng)).first;
   }
   return *it->second;
