@@ -1018,6 +1018,45 @@ def test_batch_isend_irecv(world_size, seed):
     run_ranks(world_size, _batch_isend_irecv_rank, seed)
 
 
+def _self_p2p_rank(rank, ws, seed):
+    quiet()
+    cases = Cases("send/recv to self", rank, ws, seed)
+    with cases.case(kind="batch: receive posted first, two tags out of order, plus a ring exchange"):
+        a = gen(torch.float32, "data", (1031,), cases.seed(rank))
+        b = gen(torch.int64, "data", (7,), cases.seed(rank) + 1)
+        got_a, got_b = filler(torch.float32, (1031,)), filler(torch.int64, (7,))
+        ops = [dist.P2POp(dist.irecv, got_b, rank, tag=2), dist.P2POp(dist.irecv, got_a, rank, tag=1),
+               dist.P2POp(dist.isend, a, rank, tag=1), dist.P2POp(dist.isend, b, rank, tag=2)]
+        if ws > 1:
+            ring = filler(torch.float32, (1031,))
+            ops += [dist.P2POp(dist.isend, a, (rank + 1) % ws), dist.P2POp(dist.irecv, ring, (rank - 1) % ws)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        cases.check("tag 1", got_a, a)
+        cases.check("tag 2", got_b, b)
+        if ws > 1:
+            cases.check("ring", ring, gen(torch.float32, "data", (1031,), cases.seed((rank - 1) % ws)))
+    with cases.case(kind="sizes that do not match"):
+        w = dist.isend(torch.ones(5), rank, tag=9)
+        try:
+            dist.recv(torch.empty(6), rank, tag=9)
+            raise AssertionError("a receive of 6 elements matched a send of 5 without an error")
+        except (RuntimeError, ValueError) as e:
+            assert "send to self of 5 elements" in str(e), str(e)
+        try:
+            w.wait()
+            raise AssertionError("the send's wait() did not report the mismatch")
+        except (RuntimeError, ValueError):
+            pass
+    return cases.finish()
+
+
+@pytest.mark.pycoll_only
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_send_recv_to_self(world_size, seed):
+    run_ranks(world_size, _self_p2p_rank, seed)
+
+
 # --------------------------------------------------------------------------
 # barrier, object collectives
 

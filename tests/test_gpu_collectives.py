@@ -406,6 +406,13 @@ def _send_recv(rank, world, seed):
     for r in dist.batch_isend_irecv(ops):
         r.wait()
     check_close(got, make_input(seed, key, peer, 300001, torch.float32, dev), torch.float32, "p2p-batch")
+    # To itself (two pipeline stages on one rank), in one batch with a peer exchange.
+    back = torch.empty(1031, device=dev)
+    ops = [dist.P2POp(dist.irecv, back, rank), dist.P2POp(dist.isend, mine[:1031], rank),
+           dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, got, peer)]
+    for r in dist.batch_isend_irecv(ops):
+        r.wait()
+    assert torch.equal(back, mine[:1031]), "p2p-self"
     torch.cuda.synchronize()
 
 
@@ -506,7 +513,8 @@ def _bad_input(rank, world, seed):
         raise AssertionError(f"{what}: no error raised")
 
     t = torch.ones(16, device=dev)
-    # A tensor on another rank's GPU.
+    # A tensor on another rank's GPU, once the group is bound to this rank's (by its first op).
+    dist.all_reduce(t.clone())
     expect_error(lambda: dist.all_reduce(torch.ones(16, device=other)), "wrong device")
     # all_gather output of the wrong size / dtype.
     expect_error(lambda: dist.all_gather_into_tensor(torch.empty(3 * 16, device=dev), t), "all_gather size")

@@ -125,7 +125,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::staged(c10d::OpType type, con
 
 bool ProcessGroupPycoll::on_engine(const at::Tensor& t) {
 #ifdef PYCOLL_WITH_CUDA
-  return t.is_cuda() && cuda_->usable(t.device());
+  if (!t.is_cuda()) return false;
+  // init_process_group(device_id=...) binds the group before its first op.
+  const auto bound = getBoundDeviceId();
+  TORCH_CHECK_VALUE(!bound || !bound->is_cuda() || *bound == t.device(), "pycoll: wrong device: this rank's group is ",
+                    "bound to ", bound ? bound->str() : std::string(), " (device_id), got a tensor on ", t.device().str());
+  return cuda_->usable(t.device());
 #else
   (void)t;
   return false;
@@ -907,10 +912,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::send(std::vector<at::Tensor>&
   static constexpr const char* kOp = "pycoll::send";
   check_one_tensor(kOp, tensors);
   check_rank(kOp, dst, size_, "destination rank");
-  TORCH_CHECK_VALUE(dst != rank_, kOp, ": rank ", rank_, " cannot send to itself");
   at::Tensor t = tensors[0];
   check_dense(kOp, t, "tensor");
   check_usable(kOp);
+  if (dst == rank_) return self_p2p_.send(t, tag, ++issued_);
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(t)) {
     return cuda_->launch(
@@ -944,10 +949,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recv(std::vector<at::Tensor>&
   static constexpr const char* kOp = "pycoll::recv";
   check_one_tensor(kOp, tensors);
   check_rank(kOp, src, size_, "source rank");
-  TORCH_CHECK_VALUE(src != rank_, kOp, ": rank ", rank_, " cannot receive from itself");
   at::Tensor t = tensors[0];
   check_dense(kOp, t, "tensor");
   check_usable(kOp);
+  if (src == rank_) return self_p2p_.recv(t, tag, ++issued_);
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(t)) {
     return cuda_->launch(

@@ -23,6 +23,7 @@
 
 #include "algorithms/cpu_engine.h"
 #include "backend/executor.h"
+#include "backend/self_p2p.h"
 #include "backend/work.h"
 
 namespace pycoll {
@@ -119,6 +120,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   std::unique_ptr<CudaOps> cuda_;
 #endif
   std::atomic<uint64_t> issued_{0};
+  SelfP2P self_p2p_{rank_};
   std::mutex broken_mu_;
   std::string broken_;  // set once the group can no longer run collectives
   std::atomic<bool> closed_{false};

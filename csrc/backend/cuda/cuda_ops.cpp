@@ -19,6 +19,11 @@ CudaOps::~CudaOps() = default;
 CudaEngine& CudaOps::engine(const at::Device& device) {
   std::lock_guard<std::mutex> g(mu_);
   const int idx = device.index();
+  // One GPU per rank, as with NCCL: the first CUDA collective binds the group
+  // to its device; a tensor elsewhere is a user error, not a second engine.
+  TORCH_CHECK_VALUE(engines_.empty() || engines_.begin()->first == idx, "pycoll: wrong device: this rank's group is ",
+                    "bound to cuda:", engines_.empty() ? -1 : engines_.begin()->first, " (its first CUDA collective), ",
+                    "got a tensor on cuda:", idx, "; use one GPU per rank (torch.cuda.set_device(local_rank))");
   auto it = engines_.find(idx);
   if (it == engines_.end()) {
     c10::cuda::CUDAGuard guard(device);
