@@ -143,10 +143,11 @@ def _setup(rank):
 
 
 def _assert_same_digests(results):
-    r0, r1 = results
-    assert len(r0) == len(r1)
-    diff = [a[0] for a, b in zip(r0, r1) if a != b]
-    assert not diff, f"ranks disagree bitwise on {len(diff)} cases, e.g. {diff[:5]}"
+    r0 = results[0]
+    for q, rq in enumerate(results[1:], 1):
+        assert len(r0) == len(rq)
+        diff = [a[0] for a, b in zip(r0, rq) if a != b]
+        assert not diff, f"ranks 0 and {q} disagree bitwise on {len(diff)} cases, e.g. {diff[:5]}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,15 +377,16 @@ def test_all_to_all(seed):
 
 def _send_recv(rank, world, seed):
     dev = _setup(rank)
-    peer = 1 - rank
+    # Round a ring (with 2 ranks: both directions between the pair at once).
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
     for dtype in (torch.float32, torch.uint8, torch.bfloat16):
         for numel in (1, 1031, (1 << 20) + 3, (16 << 20) + 1):
             # Both directions at once: each rank's send must not wait for its own receive.
             key = ("p2p", str(dtype), numel)
             mine = make_input(seed, key, rank, numel, dtype, dev)
-            theirs = make_input(seed, key, peer, numel, dtype, dev)
+            theirs = make_input(seed, key, prv, numel, dtype, dev)
             got = torch.zeros(numel, dtype=dtype, device=dev)
-            reqs = [dist.isend(mine, peer), dist.irecv(got, peer)]
+            reqs = [dist.isend(mine, nxt), dist.irecv(got, prv)]
             for r in reqs:
                 r.wait()
             check_close(got, theirs, dtype, str(key))
@@ -393,7 +395,7 @@ def _send_recv(rank, world, seed):
     if rank == 0:
         for m in msgs:
             dist.send(m, 1)
-    else:
+    elif rank == 1:
         for m in msgs:
             got = torch.empty_like(m)
             dist.recv(got, 0)
@@ -402,14 +404,14 @@ def _send_recv(rank, world, seed):
     key = ("p2p-batch",)
     mine = make_input(seed, key, rank, 300001, torch.float32, dev)
     got = torch.empty(300001, device=dev)
-    ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, got, peer)]
+    ops = [dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.irecv, got, prv)]
     for r in dist.batch_isend_irecv(ops):
         r.wait()
-    check_close(got, make_input(seed, key, peer, 300001, torch.float32, dev), torch.float32, "p2p-batch")
+    check_close(got, make_input(seed, key, prv, 300001, torch.float32, dev), torch.float32, "p2p-batch")
     # To itself (two pipeline stages on one rank), in one batch with a peer exchange.
     back = torch.empty(1031, device=dev)
     ops = [dist.P2POp(dist.irecv, back, rank), dist.P2POp(dist.isend, mine[:1031], rank),
-           dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, got, peer)]
+           dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.irecv, got, prv)]
     for r in dist.batch_isend_irecv(ops):
         r.wait()
     assert torch.equal(back, mine[:1031]), "p2p-self"
@@ -429,7 +431,7 @@ def _barrier(rank, world, seed):
     t = torch.full((1024,), float(rank + 1), device=dev)
     dist.all_reduce(t)
     dist.barrier()
-    assert torch.all(t == 3.0)
+    assert torch.all(t == world * (world + 1) / 2)
 
 
 def test_barrier(seed):
@@ -501,7 +503,7 @@ def test_cuda_graph_replay(seed):
 
 def _bad_input(rank, world, seed):
     dev = _setup(rank)
-    other = torch.device("cuda", 1 - rank)
+    other = torch.device("cuda", (rank + 1) % world)
     checks = []
 
     def expect_error(fn, what):
@@ -528,7 +530,7 @@ def _bad_input(rank, world, seed):
     # The group still works afterwards.
     x = torch.full((33,), float(rank + 1), device=dev)
     dist.all_reduce(x)
-    assert torch.all(x == 3.0)
+    assert torch.all(x == world * (world + 1) / 2)
     return checks
 
 

@@ -93,7 +93,16 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks) {
   return std::numeric_limits<double>::infinity();
 }
 
+// Measured on 4x H200 (benchmarks/results/2026-11-26-nvidia-h200-gpu4.json): with more than two
+// ranks the ring beats the direct algorithms for large messages (all_reduce 32-128 MiB by 6-14%,
+// reduce_scatter from 2 MiB per rank by 15-27%), which the alpha-beta model above, fitted on two
+// GPUs, does not predict: reading from every peer at once reaches less of the link than one
+// neighbour at a time. Until the model is calibrated on more GPUs, these measured crossovers rule.
+constexpr int64_t kManyRanksRingAllReduceBytes = int64_t(16) << 20;
+constexpr int64_t kManyRanksRingReduceScatterBytesPerRank = int64_t(2) << 20;
+
 Algo choose_all_reduce(int64_t bytes, int nranks) {
+  if (nranks > 2 && bytes >= kManyRanksRingAllReduceBytes) return Algo::Ring;
   Algo best = Algo::OneShot;
   double best_us = predict_us(OpCode::AllReduce, best, bytes, nranks);
   for (Algo a : {Algo::TwoShot, Algo::Ring}) {  // ties keep the earlier (lower latency) one
@@ -107,6 +116,7 @@ Algo choose_all_reduce(int64_t bytes, int nranks) {
 }
 
 Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks) {
+  if (nranks > 2 && bytes_per_rank >= kManyRanksRingReduceScatterBytesPerRank) return Algo::Ring;
   // Direct moves the same bytes as the ring in one hop instead of n-1 on an NVSwitch/NVLink
   // clique, so it wins at every size in this model.
   return predict_us(OpCode::ReduceScatter, Algo::Ring, bytes_per_rank, nranks) <
