@@ -3,7 +3,7 @@
 PYTHON ?= python3
 export PYTHON
 
-.PHONY: install bench test test-gpu clean
+.PHONY: install bench test test-gpu gpu-check clean
 
 install:
 	bash scripts/install.sh
@@ -16,6 +16,10 @@ test: install
 
 test-gpu: install
 	$(PYTHON) -m pytest -q -ra -m gpu
+
+# Everything the GPU issues measure, with time limits per step (scripts/gpu_check.sh).
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf build pycollectives/_C*.so *.egg-info
