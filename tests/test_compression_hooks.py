@@ -31,9 +31,11 @@ def sim_signsgd(inputs, residuals, sizes):
 
     Returns (result, new residuals)."""
     ps = [g + e for g, e in zip(inputs, residuals)]
-    # mean |p| per tensor, summed as the hook sums it (so that a sign decided by the last bit agrees too)
-    scales = [torch.cat([torch.full((k,), float(torch.linalg.vector_norm(seg, ord=1) / k)) for seg, k in
-                         zip(p.split(sizes), sizes)]) for p in ps]
+    # mean |p| per tensor, summed in float64 and rounded to float32 as the hook does (so that a sign
+    # decided by the last bit agrees too)
+    scales = [torch.cat([torch.full((k,), float((torch.linalg.vector_norm(seg, ord=1, dtype=torch.float64) / k)
+                                                .to(torch.float32))) for seg, k in zip(p.split(sizes), sizes)])
+              for p in ps]
     signs = [torch.where(p < 0, -1.0, 1.0) for p in ps]
     new_res = [p - s * sg for p, s, sg in zip(ps, scales, signs)]
     vote = torch.sign(torch.stack(signs).sum(0))

@@ -11,6 +11,7 @@ Three layers are checked:
     them; on CUDA marked ``gpu``).
 Single process; no ranks.
 """
+import itertools
 import math
 
 import pytest
@@ -285,3 +286,61 @@ def test_native_cuda_kernels_large():
     assert torch.allclose(K.batched_orthogonalize_(m.clone()).cpu(), K.ref_batched_orthogonalize_(m.cpu()),
                           atol=1e-4)
     assert math.isfinite(float(bucket.sum()))
+
+
+# ---------------------------------------------------------------------------
+# the signSGD hook's fused CPU kernels, against their plain compositions
+
+FUSED_LAYOUTS = [
+    [1], [31], [32], [33], [1000], [65537],
+    [5, 27, 0, 64, 1, 31, 33],            # boundaries inside words, an empty segment, a 1-element one
+    [32, 32, 0, 0, 64],                   # boundaries on words
+    [4096 * 32 + 7, 3, 40000, 129],       # long runs of whole words (the vector path) and tails
+]
+
+
+@pytest.mark.skipif(not K.signsgd_fast_path(torch.zeros(1)), reason="extension without the fused signSGD kernels")
+@pytest.mark.parametrize("sizes", FUSED_LAYOUTS, ids=lambda s: "-".join(map(str, s)))
+def test_fused_signsgd_kernels_match_compositions(sizes, seed):
+    n = sum(sizes)
+    ends = list(itertools.accumulate(sizes))
+    torch.manual_seed(seed)
+    e = torch.randn(n) * 0.1
+    e[::7] = 0.0
+    e[::11] = -0.0
+    g = torch.randn(n)
+    for with_g in (True, False):
+        mine, ref = e.clone(), e.clone()
+        words, l1 = K.signsgd_encode_(mine, g if with_g else None, ends)
+        rwords, rl1 = K.ref_signsgd_encode_(ref, g if with_g else None, ends)
+        assert torch.equal(mine, ref), "e += g"
+        assert torch.equal(words, rwords), "sign words"
+        assert l1.dtype == torch.float64 and l1.shape == (len(sizes),)
+        torch.testing.assert_close(l1, rl1, rtol=1e-6, atol=1e-9)
+    scales = (torch.rand(len(sizes)) + 0.5).to(torch.float32)
+    a, b = mine.clone(), mine.clone()
+    K.signsgd_sub_signs_(a, words, ends, scales)
+    K.ref_signsgd_sub_signs_(b, words, ends, scales)
+    assert torch.equal(a, b), "residual"
+    for world in (1, 2, 3, 4):
+        rows = torch.stack([K.ref_pack_signs(torch.randn(n)) for _ in range(world)])
+        got = K.majority_vote_segments(rows, n, ends, scales, out=torch.full((n,), 7.0))
+        want = K.ref_majority_vote_segments(rows, n, ends, scales, out=torch.full((n,), 9.0))
+        assert torch.equal(got, want), f"vote, world {world}"
+
+
+@pytest.mark.skipif(not K.signsgd_fast_path(torch.zeros(1)), reason="extension without the fused signSGD kernels")
+def test_fused_signsgd_kernels_reject_bad_input():
+    f = K._native_module
+    with pytest.raises(TypeError, match="float32"):
+        f.signsgd_encode_(torch.zeros(4, dtype=torch.float64), None, [4])
+    with pytest.raises(ValueError, match="last segment end"):
+        f.signsgd_encode_(torch.zeros(4), None, [3])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        f.signsgd_encode_(torch.zeros(4), None, [3, 2, 4])
+    with pytest.raises(ValueError, match="g has 5 elements"):
+        f.signsgd_encode_(torch.zeros(4), torch.zeros(5), [4])
+    with pytest.raises(ValueError, match="one per segment"):
+        f.signsgd_sub_signs_(torch.zeros(4), torch.zeros(1, dtype=torch.int32), [1, 4], torch.ones(1))
+    with pytest.raises(ValueError, match="out has"):
+        f.majority_vote_segments(torch.zeros(2, 1, dtype=torch.int32), 4, [4], torch.ones(1), torch.zeros(5))

@@ -9,6 +9,7 @@
 #include <torch/python.h>
 
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "kernels/compression_cpu.h"
@@ -176,6 +177,79 @@ void unflatten_from(const at::Tensor& bucket, const std::vector<at::Tensor>& ten
   pycoll::unflatten_from_cpu(bucket, tensors);
 }
 
+// The signSGD hook's CPU fast path: float32, contiguous, 1-D, CPU only (the
+// hook composes the general kernels on CUDA).
+void check_fast_path_tensor(const at::Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", arg, " must be a CPU tensor (CUDA uses the general kernels), got ",
+                    t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": ", arg, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.is_contiguous(), op, ": ", arg, " must be contiguous and 1-D, got shape ",
+                    t.sizes());
+}
+
+void check_ends(const std::vector<int64_t>& ends, int64_t numel, const char* op) {
+  TORCH_CHECK_VALUE(!ends.empty(), op, ": segment ends must not be empty");
+  TORCH_CHECK_VALUE(ends.back() == numel, op, ": the last segment end must be the element count ", numel, ", got ",
+                    ends.back());
+  int64_t prev = 0;
+  for (int64_t e : ends) {
+    TORCH_CHECK_VALUE(e >= prev, op, ": segment ends must be non-decreasing and >= 0, got ", e, " after ", prev);
+    prev = e;
+  }
+}
+
+void check_scales(const at::Tensor& scales, size_t k, const char* op) {
+  TORCH_CHECK_VALUE(scales.device().is_cpu(), op, ": scales must be a CPU tensor");
+  TORCH_CHECK_TYPE(scales.scalar_type() == at::kFloat, op, ": scales must be float32, got ", scales.scalar_type());
+  TORCH_CHECK_VALUE(scales.dim() == 1 && scales.numel() == static_cast<int64_t>(k), op, ": scales must be 1-D with ",
+                    k, " values (one per segment), got shape ", scales.sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor> signsgd_encode_(const at::Tensor& e, const std::optional<at::Tensor>& g,
+                                                   const std::vector<int64_t>& ends) {
+  constexpr const char* op = "pycoll::signsgd_encode_";
+  check_fast_path_tensor(e, op, "e");
+  if (g) {
+    check_fast_path_tensor(*g, op, "g");
+    TORCH_CHECK_VALUE(g->numel() == e.numel(), op, ": g has ", g->numel(), " elements, e ", e.numel());
+  }
+  check_ends(ends, e.numel(), op);
+  at::Tensor l1 = at::zeros({static_cast<int64_t>(ends.size())}, e.options().dtype(at::kDouble));
+  const py::gil_scoped_release nogil;
+  at::Tensor words = pycoll::signsgd_encode_cpu_(e, g ? *g : at::Tensor(), ends, l1);
+  return {words, l1};
+}
+
+void signsgd_sub_signs_(const at::Tensor& e, const at::Tensor& words, const std::vector<int64_t>& ends,
+                        const at::Tensor& scales) {
+  constexpr const char* op = "pycoll::signsgd_sub_signs_";
+  check_fast_path_tensor(e, op, "e");
+  check_words(words, op, "words");
+  TORCH_CHECK_VALUE(words.device().is_cpu() && words.dim() == 1 && words.numel() >= pycoll::sign_words(e.numel()),
+                    op, ": words must be a 1-D CPU tensor of at least ", pycoll::sign_words(e.numel()), " words");
+  check_ends(ends, e.numel(), op);
+  check_scales(scales, ends.size(), op);
+  const py::gil_scoped_release nogil;
+  pycoll::signsgd_sub_signs_cpu_(e, words, ends, scales);
+}
+
+at::Tensor majority_vote_segments(const at::Tensor& gathered, int64_t numel, const std::vector<int64_t>& ends,
+                                  const at::Tensor& scales, const at::Tensor& out) {
+  constexpr const char* op = "pycoll::majority_vote_segments";
+  check_words(gathered, op, "gathered");
+  TORCH_CHECK_VALUE(gathered.device().is_cpu() && gathered.dim() == 2 && gathered.size(0) >= 1, op,
+                    ": gathered must be a CPU tensor [world, words], got shape ", gathered.sizes());
+  TORCH_CHECK_VALUE(gathered.size(1) >= pycoll::sign_words(numel), op, ": gathered rows have ", gathered.size(1),
+                    " words, numel ", numel, " needs ", pycoll::sign_words(numel));
+  check_fast_path_tensor(out, op, "out");
+  TORCH_CHECK_VALUE(out.numel() == numel, op, ": out has ", out.numel(), " elements, numel is ", numel);
+  check_ends(ends, numel, op);
+  check_scales(scales, ends.size(), op);
+  const py::gil_scoped_release nogil;
+  pycoll::majority_vote_segments_cpu(gathered, numel, ends, scales, out);
+  return out;
+}
+
 }  // namespace
 
 void register_compression(pybind11::module& m) {
@@ -189,6 +263,12 @@ void register_compression(pybind11::module& m) {
   m.def("majority_vote", &majority_vote, arg("gathered"), arg("numel"), arg("scale") = 1.0,
         arg("out") = py::none(),
         "float32 [numel] (into `out` when given): scale * the majority sign of gathered [world, words] (0 on a tie)");
+  m.def("signsgd_encode_", &signsgd_encode_, arg("e"), arg("g"), arg("ends"),
+        "CPU float32: e += g (g may be None), then (sign words of e, float64 L1 norm of each segment of e)");
+  m.def("signsgd_sub_signs_", &signsgd_sub_signs_, arg("e"), arg("words"), arg("ends"), arg("scales"),
+        "CPU float32: e -= scales[segment] * sign, the signs read from the words");
+  m.def("majority_vote_segments", &majority_vote_segments, arg("gathered"), arg("numel"), arg("ends"), arg("scales"),
+        arg("out"), "CPU float32: majority_vote into out with a scale per segment");
   m.def("batched_orthogonalize_", &batched_orthogonalize_, arg("matrices"), arg("eps") = 1e-8,
         "Modified Gram-Schmidt on the columns of every [n, r] matrix of [batch, n, r], in place; returns it");
   m.def("flatten_into", &flatten_into, arg("tensors"), arg("bucket"),

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <cstring>
 
@@ -140,6 +141,77 @@ void gram_schmidt_one(T* base, int64_t n, int64_t r, int64_t sr, int64_t sc, dou
   }
 }
 
+// Calls whole(ja, jb, seg) for each run of whole words [ja, jb) inside one
+// segment, and edge(j) for each word that holds elements of two segments or
+// the last, partial word. ends: cumulative segment ends (ends.back() == numel).
+template <typename Whole, typename Edge>
+void for_each_run(int64_t w0, int64_t w1, int64_t numel, const std::vector<int64_t>& ends, Whole whole, Edge edge) {
+  size_t seg = std::upper_bound(ends.begin(), ends.end(), w0 * 32) - ends.begin();
+  int64_t j = w0;
+  while (j < w1) {
+    while (seg < ends.size() && ends[seg] <= j * 32) ++seg;
+    const int64_t stop = std::min<int64_t>(w1, std::min<int64_t>(ends[seg], numel) / 32);  // whole words in seg
+    if (stop > j) {
+      whole(j, stop, seg);
+      j = stop;
+    } else {
+      edge(j);
+      ++j;
+    }
+  }
+}
+
+// The segment of element i, searching forward from seg.
+inline size_t segment_of(int64_t i, const std::vector<int64_t>& ends, size_t seg) {
+  while (ends[seg] <= i) ++seg;
+  return seg;
+}
+
+#ifdef PYCOLL_HAVE_AVX2_PATH
+// e += g; sign words; sum |e| of the words (float per word, as in the
+// scalar path). 8 lanes: movemask of (e < 0) gives 8 sign bits at once.
+__attribute__((target("avx2"))) void encode_words_avx2(float* e, const float* g, int64_t nwords, uint32_t* out,
+                                                     double* l1) {
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  double acc = 0.0;
+  for (int64_t j = 0; j < nwords; ++j) {
+    uint32_t bits = 0;
+    __m256 sum = zero;
+    for (int k = 0; k < 4; ++k) {
+      float* p = e + j * 32 + 8 * k;
+      __m256 v = _mm256_loadu_ps(p);
+      if (g) {
+        v = _mm256_add_ps(v, _mm256_loadu_ps(g + j * 32 + 8 * k));
+        _mm256_storeu_ps(p, v);
+      }
+      bits |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ))) << (8 * k);
+      sum = _mm256_add_ps(sum, _mm256_and_ps(v, absmask));
+    }
+    out[j] = bits;
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, sum);
+    acc += static_cast<double>(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+  }
+  *l1 += acc;
+}
+
+// e -= (bit ? -s : s), i.e. e - s * sign, for whole words of one segment.
+__attribute__((target("avx2"))) void sub_signs_words_avx2(float* e, const uint32_t* w, int64_t nwords, float s) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 vpos = _mm256_set1_ps(s), vneg = _mm256_set1_ps(-s);
+  for (int64_t j = 0; j < nwords; ++j) {
+    const __m256i bits = _mm256_set1_epi32(static_cast<int>(w[j]));
+    for (int k = 0; k < 4; ++k) {
+      const __m256i b = _mm256_srlv_epi32(bits, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * k)));
+      const __m256 set = _mm256_castsi256_ps(_mm256_slli_epi32(b, 31));
+      float* p = e + j * 32 + 8 * k;
+      _mm256_storeu_ps(p, _mm256_sub_ps(_mm256_loadu_ps(p), _mm256_blendv_ps(vpos, vneg, set)));
+    }
+  }
+}
+#endif
+
 void run_plan(const std::vector<CopyChunk>& plan) {
   at::parallel_for(0, static_cast<int64_t>(plan.size()), kChunkGrain, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -238,6 +310,122 @@ void unflatten_from_cpu(const at::Tensor& bucket, const std::vector<at::Tensor>&
     off += n;
   }
   run_plan(plan);
+}
+
+
+at::Tensor signsgd_encode_cpu_(const at::Tensor& e, const at::Tensor& g, const std::vector<int64_t>& ends,
+                               const at::Tensor& l1) {
+  const int64_t numel = e.numel();
+  const int64_t nwords = sign_words(numel);
+  at::Tensor out = at::empty({nwords}, e.options().dtype(at::kInt));
+  float* pe = e.data_ptr<float>();
+  const float* pg = g.defined() ? g.const_data_ptr<float>() : nullptr;
+  uint32_t* pw = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  const size_t k = ends.size();
+  std::vector<double> partial(static_cast<size_t>(at::get_num_threads()) * k, 0.0);
+  at::parallel_for(0, nwords, kWordGrain, [&](int64_t w0, int64_t w1) {
+    double* acc = partial.data() + static_cast<size_t>(at::get_thread_num()) * k;
+    auto scalar_word = [&](int64_t j) {
+      const int64_t n = std::min<int64_t>(32, numel - j * 32);
+      uint32_t bits = 0;
+      size_t seg = segment_of(j * 32, ends, 0);
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t i = j * 32 + b;
+        float v = pe[i];
+        if (pg) {
+          v = v + pg[i];
+          pe[i] = v;
+        }
+        bits |= static_cast<uint32_t>(v < 0.0f) << b;
+        seg = segment_of(i, ends, seg);
+        acc[seg] += static_cast<double>(std::fabs(v));
+      }
+      pw[j] = bits;
+    };
+    for_each_run(w0, w1, numel, ends,
+                 [&](int64_t ja, int64_t jb, size_t seg) {
+#ifdef PYCOLL_HAVE_AVX2_PATH
+                   if (cpu_has_avx2()) {
+                     encode_words_avx2(pe + ja * 32, pg ? pg + ja * 32 : nullptr, jb - ja, pw + ja, &acc[seg]);
+                     return;
+                   }
+#endif
+                   for (int64_t j = ja; j < jb; ++j) scalar_word(j);
+                 },
+                 scalar_word);
+  });
+  double* l = l1.data_ptr<double>();
+  for (size_t s = 0; s < k; ++s) {
+    double sum = 0.0;
+    for (size_t t = 0; t < partial.size() / k; ++t) sum += partial[t * k + s];
+    l[s] = sum;
+  }
+  return out;
+}
+
+void signsgd_sub_signs_cpu_(const at::Tensor& e, const at::Tensor& words, const std::vector<int64_t>& ends,
+                            const at::Tensor& scales) {
+  const int64_t numel = e.numel();
+  float* pe = e.data_ptr<float>();
+  const at::Tensor wc = words.contiguous();
+  const uint32_t* pw = reinterpret_cast<const uint32_t*>(wc.const_data_ptr<int32_t>());
+  const at::Tensor sc = scales.contiguous();
+  const float* ps = sc.const_data_ptr<float>();
+  at::parallel_for(0, sign_words(numel), kWordGrain, [&](int64_t w0, int64_t w1) {
+    auto scalar_word = [&](int64_t j) {
+      const int64_t n = std::min<int64_t>(32, numel - j * 32);
+      size_t seg = segment_of(j * 32, ends, 0);
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t i = j * 32 + b;
+        seg = segment_of(i, ends, seg);
+        pe[i] = pe[i] - ((pw[j] & kBit[b]) ? -ps[seg] : ps[seg]);
+      }
+    };
+    for_each_run(w0, w1, numel, ends,
+                 [&](int64_t ja, int64_t jb, size_t seg) {
+#ifdef PYCOLL_HAVE_AVX2_PATH
+                   if (cpu_has_avx2()) {
+                     sub_signs_words_avx2(pe + ja * 32, pw + ja, jb - ja, ps[seg]);
+                     return;
+                   }
+#endif
+                   for (int64_t j = ja; j < jb; ++j) scalar_word(j);
+                 },
+                 scalar_word);
+  });
+}
+
+void majority_vote_segments_cpu(const at::Tensor& gathered, int64_t numel, const std::vector<int64_t>& ends,
+                                const at::Tensor& scales, const at::Tensor& out) {
+  const at::Tensor g = gathered.stride(1) == 1 ? gathered : gathered.contiguous();
+  const int64_t world = g.size(0);
+  const int64_t row = g.stride(0);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(g.const_data_ptr<int32_t>());
+  float* o = out.data_ptr<float>();
+  const at::Tensor sc = scales.contiguous();
+  const float* ps = sc.const_data_ptr<float>();
+  at::parallel_for(0, sign_words(numel), kWordGrain / 4, [&](int64_t w0, int64_t w1) {
+    auto edge = [&](int64_t j) {  // vote at scale 1, then each element times its segment's scale
+      const int64_t n = std::min<int64_t>(32, numel - j * 32);
+      vote_word(words + j, row, world, 1.0f, o + j * 32, n);
+      size_t seg = segment_of(j * 32, ends, 0);
+      for (int64_t b = 0; b < n; ++b) {
+        seg = segment_of(j * 32 + b, ends, seg);
+        o[j * 32 + b] *= ps[seg];
+      }
+    };
+    for_each_run(w0, w1, numel, ends,
+                 [&](int64_t ja, int64_t jb, size_t seg) {
+#ifdef PYCOLL_HAVE_AVX2_PATH
+                   if (cpu_has_avx2()) {
+                     vote_words_avx2(words + ja, row, world, jb - ja, ps[seg], o + ja * 32);
+                     return;
+                   }
+#endif
+                   for (int64_t j = ja; j < jb; ++j) vote_word(words + j, row, world, ps[seg], o + j * 32, 32);
+                 },
+                 edge);
+  });
 }
 
 }  // namespace pycoll

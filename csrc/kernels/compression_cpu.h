@@ -43,6 +43,21 @@ void unpack_signs_cpu(const at::Tensor& packed, int64_t numel, double scale, con
 // stride). Writes float32 {-scale, 0, +scale} into out (contiguous float32 [numel]).
 void majority_vote_cpu(const at::Tensor& gathered, int64_t numel, double scale, const at::Tensor& out);
 
+// The signSGD hook's CPU fast path (float32 only), in segments: ends are the
+// cumulative segment ends (ends.back() == numel), one scale per segment.
+// signsgd_encode_cpu_: e += g (when g is defined), then returns the sign words
+// of e and writes the L1 norm of each segment of e into l1 (float64 [k]): one
+// pass instead of add, pack and norm.
+at::Tensor signsgd_encode_cpu_(const at::Tensor& e, const at::Tensor& g, const std::vector<int64_t>& ends,
+                               const at::Tensor& l1);
+// e -= scale[segment] * sign, the sign read from the words (error feedback's
+// residual without unpacking the signs first). scales: float32 [k].
+void signsgd_sub_signs_cpu_(const at::Tensor& e, const at::Tensor& words, const std::vector<int64_t>& ends,
+                            const at::Tensor& scales);
+// majority_vote_cpu with a scale per segment (the vote and its scaling in one pass).
+void majority_vote_segments_cpu(const at::Tensor& gathered, int64_t numel, const std::vector<int64_t>& ends,
+                                const at::Tensor& scales, const at::Tensor& out);
+
 // m: floating [B, n, r] with r <= n, any strides; orthonormalises the columns
 // of each matrix in place.
 void batched_orthogonalize_cpu_(const at::Tensor& m, double eps);

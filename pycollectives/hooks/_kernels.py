@@ -34,6 +34,8 @@ __all__ = [
     "flatten_into", "unflatten_from", "sign_words",
     "ref_pack_signs", "ref_unpack_signs", "ref_majority_vote", "ref_batched_orthogonalize_",
     "ref_flatten_into", "ref_unflatten_from",
+    "signsgd_fast_path", "signsgd_encode_", "signsgd_sub_signs_", "majority_vote_segments",
+    "ref_signsgd_encode_", "ref_signsgd_sub_signs_", "ref_majority_vote_segments",
 ]
 
 _NAMES = ("pack_signs", "unpack_signs", "majority_vote", "batched_orthogonalize_", "flatten_into", "unflatten_from")
@@ -287,3 +289,74 @@ def unflatten_from(bucket: torch.Tensor, tensors: List[torch.Tensor]) -> None:
     _check_bucket_args(tensors, bucket, "pycoll::unflatten_from")
     fn = _native_for("unflatten_from", bucket)
     (fn if fn is not None else ref_unflatten_from)(bucket, list(tensors))
+
+
+# ---------------------------------------------------------------------------
+# the signSGD hook's CPU fast path: float32 buckets on the CPU, in segments (ends: cumulative
+# segment ends, ends[-1] == numel; one scale per segment). Each native function does in one pass
+# what its ref_ composition does in two or three; the ref_ versions are the references of the tests.
+
+_FAST = ("signsgd_encode_", "signsgd_sub_signs_", "majority_vote_segments")
+
+
+def signsgd_fast_path(t: torch.Tensor) -> bool:
+    """True when the fused native CPU kernels can take this bucket."""
+    return (t.is_cpu and t.dtype == torch.float32 and t.dim() == 1 and t.is_contiguous()
+            and all(_native(n) is not None for n in _FAST))
+
+
+def _segments(ends: Sequence[int]) -> List[int]:
+    out, prev = [], 0
+    for e in ends:
+        out.append(int(e) - prev)
+        prev = int(e)
+    return out
+
+
+def ref_signsgd_encode_(e: torch.Tensor, g: Optional[torch.Tensor], ends: Sequence[int]):
+    if g is not None:
+        e.add_(g)
+    words = pack_signs(e)
+    l1 = torch.stack([torch.linalg.vector_norm(seg, ord=1, dtype=torch.float64)
+                      for seg in e.split(_segments(ends))])
+    return words, l1
+
+
+def signsgd_encode_(e: torch.Tensor, g: Optional[torch.Tensor], ends: Sequence[int]):
+    """e += g (g may be None); returns (sign words of e, float64 L1 norm of each segment of e)."""
+    fn = _native("signsgd_encode_") if signsgd_fast_path(e) and (g is None or signsgd_fast_path(g)) else None
+    if fn is not None:
+        return fn(e, g, [int(x) for x in ends])
+    return ref_signsgd_encode_(e, g, ends)
+
+
+def ref_signsgd_sub_signs_(e: torch.Tensor, words: torch.Tensor, ends: Sequence[int], scales: torch.Tensor) -> None:
+    sgn = unpack_signs(words, e.numel(), 1.0)
+    for seg, sg, sc in zip(e.split(_segments(ends)), sgn.split(_segments(ends)), scales):
+        seg.addcmul_(sg, sc, value=-1.0)
+
+
+def signsgd_sub_signs_(e: torch.Tensor, words: torch.Tensor, ends: Sequence[int], scales: torch.Tensor) -> None:
+    """e -= scales[segment] * sign, the signs read from the words (error feedback's residual)."""
+    fn = _native("signsgd_sub_signs_") if signsgd_fast_path(e) else None
+    if fn is not None:
+        fn(e, words, [int(x) for x in ends], scales)
+    else:
+        ref_signsgd_sub_signs_(e, words, ends, scales)
+
+
+def ref_majority_vote_segments(gathered: torch.Tensor, numel: int, ends: Sequence[int], scales: torch.Tensor,
+                               out: torch.Tensor) -> torch.Tensor:
+    vote = majority_vote(gathered, numel, 1.0, out=out)
+    for seg, sc in zip(vote.split(_segments(ends)), scales):
+        seg.mul_(sc)
+    return vote
+
+
+def majority_vote_segments(gathered: torch.Tensor, numel: int, ends: Sequence[int], scales: torch.Tensor,
+                           out: torch.Tensor) -> torch.Tensor:
+    """majority_vote into out, each segment times its scale."""
+    fn = _native("majority_vote_segments") if signsgd_fast_path(out) else None
+    if fn is not None:
+        return fn(gathered, numel, [int(x) for x in ends], scales, out)
+    return ref_majority_vote_segments(gathered, numel, ends, scales, out)
