@@ -440,6 +440,16 @@ LARGE_REDUCE = {"ring": (torch.bfloat16, "AVG"), "tree": (torch.int32, "BXOR"),
                 "auto": (torch.float64, "MAX")}
 
 
+def check_one_all_reduce(cases, rank, ws, dtype, op, n):
+    """all_reduce of n elements against the reference, identical on every rank."""
+    xs = [gen(dtype, op, (n,), cases.seed(r)) for r in range(ws)]
+    t = xs[rank].clone()
+    dist.all_reduce(t, op=dist_op(op))
+    ref, bound = reduce_ref(xs, op, dtype)
+    cases.check("result", t, ref, bound)
+    cases.check_identical(t)
+
+
 def _all_reduce_rank(rank, ws, seed, algo):
     quiet()
     cases = Cases("all_reduce", rank, ws, seed, algo=algo)
@@ -1068,12 +1078,7 @@ def _eight_ranks_rank(rank, ws, seed):
                              (torch.int64, "BXOR", 65537), (torch.float32, "MAX", 0),
                              (torch.float32, "SUM", (1 << 20) + 3)]:
             with cases.case(op="all_reduce", algo=algo, dtype=dtype, reduce=op, n=n):
-                xs = [gen(dtype, op, (n,), cases.seed(r)) for r in range(ws)]
-                t = xs[rank].clone()
-                dist.all_reduce(t, op=dist_op(op))
-                ref, bound = reduce_ref(xs, op, dtype)
-                cases.check("result", t, ref, bound)
-                cases.check_identical(t)
+                check_one_all_reduce(cases, rank, ws, dtype, op, n)
         if algo in ("ring", "twoshot", "auto"):
             for n in (1, 4099):
                 with cases.case(op="all_gather / reduce_scatter", algo=algo, n=n):
@@ -1194,12 +1199,7 @@ def _algo_env_rank(rank, ws, seed, algo):
     for dtype, op, n in [(torch.float32, "SUM", 1031), (torch.bfloat16, "SUM", 65537),
                          (torch.int64, "PRODUCT", 7), (torch.float32, "MAX", MIB8 // 4)]:
         with cases.case(dtype=dtype, op=op, n=n):
-            xs = [gen(dtype, op, (n,), cases.seed(r)) for r in range(ws)]
-            t = xs[rank].clone()
-            dist.all_reduce(t, op=dist_op(op))
-            ref, bound = reduce_ref(xs, op, dtype)
-            cases.check("result", t, ref, bound)
-            cases.check_identical(t)
+            check_one_all_reduce(cases, rank, ws, dtype, op, n)
     # set_algo overrides the environment, and "auto" goes back to the cost model.
     other = "ring" if algo != "ring" else "tree"
     pycollectives.set_algo(other)

@@ -30,33 +30,22 @@ void SelfP2P::complete(const Pending& send, const Pending& recv) {
   }
 }
 
-c10::intrusive_ptr<c10d::Work> SelfP2P::send(const at::Tensor& t, int tag, uint64_t seq) {
-  Pending me{t, make_work(c10d::OpType::SEND, t, seq)};
+c10::intrusive_ptr<c10d::Work> SelfP2P::post(const at::Tensor& t, int tag, uint64_t seq, bool is_send) {
+  Pending me{t, make_work(is_send ? c10d::OpType::SEND : c10d::OpType::RECV, t, seq)};
   std::unique_lock<std::mutex> g(mu_);
-  auto& waiting = recvs_[tag];
-  if (waiting.empty()) {
-    sends_[tag].push_back(me);
+  auto& theirs = (is_send ? recvs_ : sends_)[tag];
+  if (theirs.empty()) {
+    (is_send ? sends_ : recvs_)[tag].push_back(me);
     return me.work;
   }
-  Pending other = waiting.front();
-  waiting.pop_front();
+  Pending other = theirs.front();
+  theirs.pop_front();
   g.unlock();
-  complete(me, other);
-  return me.work;
-}
-
-c10::intrusive_ptr<c10d::Work> SelfP2P::recv(const at::Tensor& t, int tag, uint64_t seq) {
-  Pending me{t, make_work(c10d::OpType::RECV, t, seq)};
-  std::unique_lock<std::mutex> g(mu_);
-  auto& waiting = sends_[tag];
-  if (waiting.empty()) {
-    recvs_[tag].push_back(me);
-    return me.work;
+  if (is_send) {
+    complete(me, other);
+  } else {
+    complete(other, me);
   }
-  Pending other = waiting.front();
-  waiting.pop_front();
-  g.unlock();
-  complete(other, me);
   return me.work;
 }
 

@@ -18,14 +18,16 @@ namespace pycoll {
 class SelfP2P {
  public:
   explicit SelfP2P(int rank) : rank_(rank) {}
-  c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int tag, uint64_t seq);
-  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int tag, uint64_t seq);
+  c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int tag, uint64_t seq) { return post(t, tag, seq, true); }
+  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int tag, uint64_t seq) { return post(t, tag, seq, false); }
 
  private:
   struct Pending {
     at::Tensor tensor;
     c10::intrusive_ptr<PycollWork> work;
   };
+  // Queues the op, or completes it with the oldest unmatched one of the other kind for this tag.
+  c10::intrusive_ptr<c10d::Work> post(const at::Tensor& t, int tag, uint64_t seq, bool is_send);
   c10::intrusive_ptr<PycollWork> make_work(c10d::OpType type, const at::Tensor& t, uint64_t seq) const;
   // Copies src into dst and completes both works (with the error, if sizes differ).
   static void complete(const Pending& send, const Pending& recv);
