@@ -43,20 +43,11 @@ REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from pycollectives.bench.report import cpu_model  # noqa: E402 (after the path set-up)
+
 
 # ------------------------------------------------------------------------------------------------
 # machine description
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown-cpu"
 
 
 def machine():

@@ -101,6 +101,8 @@ def finish_args(args: argparse.Namespace, gpt: bool = False) -> argparse.Namespa
                 setattr(args, k, v)
         if args.amp is None:
             args.amp = on_gpu
+        if getattr(args, "lr", None) is None:
+            args.lr = 3e-4 if on_gpu else 1e-3
         if args.dim % args.heads:
             sys.exit(f"--dim {args.dim} is not a multiple of --heads {args.heads}")
     if args.compare in ("none", args.backend):

@@ -99,8 +99,6 @@ def parse_args(argv=None):
     p.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD matrix rank")
     p.add_argument("--log-every", type=int, default=0, help="rank-0 loss every N steps (0: off)")
     args = finish_args(p.parse_args(argv), gpt=True)
-    if args.lr is None:
-        args.lr = 3e-4 if args.device == "cuda" else 1e-3
     return args
 
 

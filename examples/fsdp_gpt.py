@@ -76,8 +76,6 @@ def parse_args(argv=None):
     if args.mp is None:
         args.mp = "bf16" if args.device == "cuda" else "fp32"
     args.amp = False  # FSDP2's MixedPrecisionPolicy does the casting
-    if args.lr is None:
-        args.lr = 3e-4 if args.device == "cuda" else 1e-3
     return args
 
 

@@ -101,8 +101,6 @@ def parse_args(argv=None):
         # The pipeline's whole batch (micro-batches x --batch) equals the
         # global batch of ddp_gpt.py's defaults (ranks x --batch).
         args.batch = max(1, args.batch * args.nproc // args.microbatches)
-    if args.lr is None:
-        args.lr = 3e-4 if args.device == "cuda" else 1e-3
     return args
 
 
