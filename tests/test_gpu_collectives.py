@@ -11,6 +11,7 @@ import datetime
 import functools
 import hashlib
 import os
+import time
 
 import pytest
 import torch
@@ -470,6 +471,29 @@ def _streams(rank, world, seed):
         work.wait()
         torch.cuda.synchronize()
         assert torch.all(w == 7.0), f"{algo}: freed tensor reused while the collective used it"
+
+        # A synchronous collective runs on the caller's current stream (here a side stream):
+        # ordered after work queued there, and before work queued there after it.
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            v = torch.empty(1 << 20, device=dev)
+            torch.cuda._sleep(20_000_000)
+            v.fill_(float(rank + 1))
+            dist.all_reduce(v)
+            u = v * 2
+        side.synchronize()
+        assert torch.all(u == world * (world + 1)), f"{algo}: sync collective not ordered on the current stream"
+
+        # The Work of a synchronous op still completes its Future (made on demand) and reports
+        # completion.
+        opts = dist.AllreduceOptions()
+        opts.asyncOp = False
+        q = torch.full((1031,), float(rank + 1), device=dev)
+        work = dist.group.WORLD.allreduce([q], opts)
+        got = work.get_future().wait()[0]
+        assert torch.all(got == world * (world + 1) / 2), f"{algo}: sync op's Future holds a wrong value"
+        torch.cuda.synchronize()
+        assert work.is_completed(), f"{algo}: sync op not completed after synchronize"
     set_algo("auto")
 
 
@@ -542,6 +566,54 @@ def _bad_input(rank, world, seed):
 
 def test_bad_input_raises(seed):
     run_ranks(WORLD, _bad_input, seed, timeout=120, pg_timeout=PG_TIMEOUT)
+
+
+def _mismatch(rank, world, seed):
+    """Ranks that call a collective with different sizes or roots get an error naming both calls
+    (the check word every message carries), not garbage and not a timeout. Each case breaks its
+    group for good, so each gets a fresh one."""
+    dev = _setup(rank)
+    last = world - 1
+    cases = {
+        "all_reduce": lambda: dist.all_reduce(torch.ones(16 if rank < last else 48, device=dev), group=g),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(
+            torch.empty(8 if rank < last else 9, device=dev),
+            torch.ones(world * (8 if rank < last else 9), device=dev), group=g),
+        "all_gather": lambda: dist.all_gather_into_tensor(
+            torch.empty(world * (5 if rank < last else 6), device=dev),
+            torch.ones(5 if rank < last else 6, device=dev), group=g),
+        "broadcast": lambda: dist.broadcast(torch.ones(64, device=dev), src=0 if rank < last else 1, group=g),
+    }
+    messages = {}
+    for name, call in cases.items():
+        g = dist.new_group(list(range(world)), timeout=PG_TIMEOUT)
+        dist.all_reduce(torch.ones(4, device=dev), group=g)  # the group works
+        t0 = time.monotonic()
+        call()
+        torch.cuda.synchronize()
+        # The kernel reports on the device; the host raises at the group's next call. A rank
+        # that only sent (two ranks that both think they are the broadcast root) learns of it
+        # one call later, when its peer reads the stale message.
+        for _ in range(3):
+            try:
+                dist.all_reduce(torch.ones(4, device=dev), group=g)
+                torch.cuda.synchronize()
+            except RuntimeError as e:  # DistBackendError
+                messages[name] = str(e)
+                break
+        else:
+            raise AssertionError(f"{name}: mismatched call went unnoticed")
+        took = time.monotonic() - t0
+        assert took < PG_TIMEOUT.total_seconds() / 2, f"{name}: detected only after {took:.1f} s (a timeout?)"
+    return messages
+
+
+def test_mismatched_calls_raise(seed):
+    results = run_ranks(WORLD, _mismatch, seed, timeout=300, pg_timeout=PG_TIMEOUT)
+    for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+        texts = [r[name] for r in results]
+        assert any("called different collectives" in t for t in texts), f"{name}: {texts}"
+        assert all("unusable" in t for t in texts), f"{name}: {texts}"
 
 
 if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins

@@ -202,7 +202,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce(std::vector<at::Ten
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(t)) {
     check_usable(kOp);
-    return cuda_->launch(c10d::OpType::ALLREDUCE, kOp, ++issued_, {t}, {t},
+    return cuda_->launch(c10d::OpType::ALLREDUCE, kOp, ++issued_, {t}, {t}, opts.asyncOp,
                          [this, t, rk, factor](CudaEngine& e, cudaStream_t s) {
                            at::Tensor buf = dense(t);
                            auto [src, k] = prescaled(buf, rk, factor);
@@ -288,7 +288,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::broadcast(std::vector<at::Ten
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(t)) {
     check_usable(kOp);
-    return cuda_->launch(c10d::OpType::BROADCAST, kOp, ++issued_, {t}, {t},
+    return cuda_->launch(c10d::OpType::BROADCAST, kOp, ++issued_, {t}, {t}, opts.asyncOp,
                          [this, t, root](CudaEngine& e, cudaStream_t s) {
                            at::Tensor buf = dense(t);
                            OpTimer timer;
@@ -328,7 +328,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce(std::vector<at::Tensor
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(t)) {
     check_usable(kOp);
-    return cuda_->launch(c10d::OpType::REDUCE, kOp, ++issued_, {t}, {t},
+    return cuda_->launch(c10d::OpType::REDUCE, kOp, ++issued_, {t}, {t}, opts.asyncOp,
                          [this, t, rk, factor, root](CudaEngine& e, cudaStream_t s) {
                            at::Tensor buf = dense(t);
                            auto [src, k] = prescaled(buf, rk, factor);
@@ -407,7 +407,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_allgather_base(at::Tensor& o
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(in)) {
     check_usable(kOp);
-    return cuda_->launch(c10d::OpType::_ALLGATHER_BASE, kOp, ++issued_, {in, out}, {out},
+    return cuda_->launch(c10d::OpType::_ALLGATHER_BASE, kOp, ++issued_, {in, out}, {out}, opts.asyncOp,
                          [this, in, out](CudaEngine& e, cudaStream_t s) {
                            at::Tensor src = dense(in);
                            at::Tensor dst = dense(out);
@@ -695,7 +695,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_reduce_scatter_base(at::Tens
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(in)) {
     check_usable(kOp);
-    return cuda_->launch(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, ++issued_, {in, out}, {out},
+    return cuda_->launch(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, ++issued_, {in, out}, {out}, opts.asyncOp,
                          [this, in, out, rk, factor](CudaEngine& e, cudaStream_t s) {
                            at::Tensor src = dense(in);
                            ReduceKind k;
@@ -809,7 +809,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::alltoall_base(at::Tensor& out
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(in)) {
     check_usable(kOp);
-    return cuda_->launch(c10d::OpType::ALLTOALL_BASE, kOp, ++issued_, {in, out}, {out},
+    return cuda_->launch(c10d::OpType::ALLTOALL_BASE, kOp, ++issued_, {in, out}, {out}, opts.asyncOp,
                          [this, in, out, send_bytes = send_bytes, send_off = send_off, recv_bytes = recv_bytes,
                           recv_off = recv_off](CudaEngine& e, cudaStream_t s) {
                            at::Tensor src = dense(in);
@@ -919,7 +919,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::send(std::vector<at::Tensor>&
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(t)) {
     return cuda_->launch(
-        c10d::OpType::SEND, kOp, ++issued_, {t}, {t},
+        c10d::OpType::SEND, kOp, ++issued_, {t}, {t}, /*async_op=*/true,
         [this, t, dst](CudaEngine& e, cudaStream_t s) {
           e.send(dense(t), dst, s);
           record_op("send", nbytes(t), Algo::OneShot, OpTimer(), -1, size_);
@@ -956,7 +956,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recv(std::vector<at::Tensor>&
 #ifdef PYCOLL_WITH_CUDA
   if (on_engine(t)) {
     return cuda_->launch(
-        c10d::OpType::RECV, kOp, ++issued_, {t}, {t},
+        c10d::OpType::RECV, kOp, ++issued_, {t}, {t}, /*async_op=*/true,
         [t, src](CudaEngine& e, cudaStream_t s) {
           at::Tensor buf = dense(t);
           e.recv(buf, src, s);

@@ -7,11 +7,19 @@
 namespace pycoll {
 
 PycollWork::PycollWork(int rank, c10d::OpType type, std::string op_name, uint64_t seq, std::vector<at::Tensor> outputs,
-                       std::vector<c10::Device> devices)
-    : c10d::Work(rank, type), op_name_(std::move(op_name)), seq_(seq), outputs_(std::move(outputs)) {
+                       std::vector<c10::Device> devices, bool lazy_future)
+    : c10d::Work(rank, type),
+      op_name_(std::move(op_name)),
+      seq_(seq),
+      outputs_(std::move(outputs)),
+      devices_(std::move(devices)) {
+  if (!lazy_future) future_ = make_future();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> PycollWork::make_future() const {
   // The device list makes markCompleted record CUDA events and makes waiters
   // synchronise with them; without it, GPU callbacks would race.
-  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices_);
 }
 
 bool PycollWork::isCompleted() {
@@ -49,7 +57,14 @@ bool PycollWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> PycollWork::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> PycollWork::getFuture() {
+  std::lock_guard<std::mutex> g(future_mu_);
+  if (!future_) {
+    future_ = make_future();
+    if (settled_) complete(future_);  // no callback yet: nothing runs under the lock
+  }
+  return future_;
+}
 
 void PycollWork::mark_done(std::exception_ptr err) {
   {
@@ -61,15 +76,25 @@ void PycollWork::mark_done(std::exception_ptr err) {
 }
 
 void PycollWork::settle_future() {
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  {
+    std::lock_guard<std::mutex> g(future_mu_);
+    settled_ = true;
+    f = future_;
+  }
+  if (f) complete(f);  // outside the lock: completing runs the callbacks
+}
+
+void PycollWork::complete(const c10::intrusive_ptr<c10::ivalue::Future>& f) {
   std::exception_ptr err;
   {
     std::lock_guard<std::mutex> g(mutex_);
     err = exception_;
   }
   if (err) {
-    future_->setError(err);
+    f->setError(err);
   } else {
-    future_->markCompleted(c10::IValue(outputs_));
+    f->markCompleted(c10::IValue(outputs_));
   }
 }
 

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,11 @@ namespace pycoll {
 
 class PycollWork : public c10d::Work {
  public:
+  // With `lazy_future`, the Future is made only when getFuture() asks for it
+  // (most callers never do), completed on the caller's current stream; only
+  // for ops that ran on that stream (the CUDA path of a synchronous op).
   PycollWork(int rank, c10d::OpType type, std::string op_name, uint64_t seq, std::vector<at::Tensor> outputs,
-             std::vector<c10::Device> devices);
+             std::vector<c10::Device> devices, bool lazy_future = false);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -48,7 +52,13 @@ class PycollWork : public c10d::Work {
   std::string op_name_;
   uint64_t seq_;
   std::vector<at::Tensor> outputs_;
+  std::vector<c10::Device> devices_;
+  std::mutex future_mu_;
+  bool settled_ = false;  // settle_future() ran (what a lazy Future must show when made)
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+
+  c10::intrusive_ptr<c10::ivalue::Future> make_future() const;
+  void complete(const c10::intrusive_ptr<c10::ivalue::Future>& f);
 };
 
 }  // namespace pycoll

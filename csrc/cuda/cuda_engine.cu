@@ -13,6 +13,7 @@
 #include "cuda/launch.h"
 #include "cuda/select.h"
 #include "kernels/args.h"
+#include "transport/cuda_ipc/check_word.h"
 #include "transport/cuda_ipc/workspace.h"
 
 namespace pycoll {
@@ -164,6 +165,9 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //                           (default gpu::kDefaultMaxBlocks).
 //   PYCOLL_CUDA_SLOT_KIB    collective slot size in KiB, a multiple of 4 (default: by world size,
 //                           see transport/cuda_ipc/layout.h).
+//   PYCOLL_CUDA_CHUNK_KIB   largest chunk one step of a CTA moves, in KiB, a multiple of 4 (default
+//                           and cap: the slot size). Smaller chunks mean more, shorter pipeline
+//                           steps per CTA: less fill time, more flag hops.
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -185,6 +189,10 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   TORCH_CHECK(slot_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SLOT_KIB=", slot_kib, " must be a multiple of 4");
   ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
                                                  slot_kib * 1024);
+  const int64_t chunk_kib = env_int("PYCOLL_CUDA_CHUNK_KIB", 0, 0, 16384);
+  TORCH_CHECK(chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_CHUNK_KIB=", chunk_kib, " must be a multiple of 4");
+  const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
+  chunk_bytes_ = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, slot_bytes) : slot_bytes;
 }
 
 CudaEngine::~CudaEngine() = default;
@@ -222,6 +230,14 @@ kernels::ReduceArgs make_reduce_args(const cuda_ipc::DeviceHandle& h, OpCode op,
     a.tree_child[t][0] = a.tree_child[t][1] = -1;
   }
   return a;
+}
+
+// `count` and `root` as every rank must have passed them (check_word.h).
+void set_check(kernels::ReduceArgs& a, int64_t count, int root) {
+  a.check = cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), root, count);
+}
+void set_check(kernels::CopyArgs& a, int64_t bytes, int root) {
+  a.check = cuda_ipc::collective_check_word(a.op, 0, 0, root, bytes);
 }
 
 void launch_reduce_checked(const gpu::Geometry& g, cudaStream_t stream, kernels::ReduceArgs& a, const char* op) {
@@ -267,20 +283,21 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   }
   check_usable(kOp);
   kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in.data_ptr(), out.data_ptr(), kt);
-  const int64_t slot = ws_->layout().coll.slot_bytes;
+  const int64_t chunk_cap = chunk_bytes_;
   a.count = count;
+  set_check(a, count, 0);
   gpu::Geometry g;
   switch (chosen) {
     case Algo::OneShot:
       a.mode = kernels::ReduceMode::AllReduceOneShot;
-      g = gpu::plan_geometry(count, es, slot, max_blocks_);
+      g = gpu::plan_geometry(count, es, chunk_cap, max_blocks_);
       break;
     case Algo::TwoShot:
     case Algo::Ring:
       a.mode = chosen == Algo::TwoShot ? kernels::ReduceMode::AllReduceTwoShot : kernels::ReduceMode::AllReduceRing;
       a.seg = round_up(ceil_div(count, size_), 16 / es);  // segment starts stay 16-byte aligned
       a.out_stride = a.seg;
-      g = gpu::plan_geometry(a.seg, es, slot, max_blocks_);
+      g = gpu::plan_geometry(a.seg, es, chunk_cap, max_blocks_);
       break;
     case Algo::Tree: {
       a.mode = kernels::ReduceMode::AllReduceTree;
@@ -292,7 +309,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.tree_child[t][0] = child[t][0];
         a.tree_child[t][1] = child[t][1];
       }
-      g = gpu::plan_geometry(count, es, slot, max_blocks_);
+      g = gpu::plan_geometry(count, es, chunk_cap, max_blocks_);
       break;
     }
     case Algo::Auto:
@@ -327,7 +344,8 @@ Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKin
   a.count = m * size_;
   a.seg = m;
   a.out_stride = 0;
-  const gpu::Geometry g = gpu::plan_geometry(m, es, ws_->layout().coll.slot_bytes, max_blocks_);
+  set_check(a, m, 0);
+  const gpu::Geometry g = gpu::plan_geometry(m, es, chunk_bytes_, max_blocks_);
   launch_reduce_checked(g, stream, a, kOp);
   return chosen;
 }
@@ -356,7 +374,8 @@ Algo CudaEngine::all_gather(const at::Tensor& in, at::Tensor& out, Algo algo, cu
   a.in = in.data_ptr();
   a.out = out.data_ptr();
   a.bytes = bytes;
-  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, ws_->layout().coll.slot_bytes, max_blocks_);
+  set_check(a, bytes, 0);
+  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, chunk_bytes_, max_blocks_);
   a.chunk = g.chunk;
   a.nchunks = g.nchunks;
   launch_copy_checked(g.blocks, stream, a, kOp);
@@ -376,7 +395,8 @@ void CudaEngine::broadcast(at::Tensor& t, int root, cudaStream_t stream) {
   a.out = t.data_ptr();
   a.bytes = bytes;
   a.root = root;
-  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, ws_->layout().coll.slot_bytes, max_blocks_);
+  set_check(a, bytes, root);
+  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, chunk_bytes_, max_blocks_);
   a.chunk = g.chunk;
   a.nchunks = g.nchunks;
   launch_copy_checked(g.blocks, stream, a, kOp);
@@ -408,7 +428,8 @@ void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceK
   a.mode = kernels::ReduceMode::ReduceDirect;
   a.count = count;
   a.root = root;
-  const gpu::Geometry g = gpu::plan_geometry(count, es, ws_->layout().coll.slot_bytes, max_blocks_);
+  set_check(a, count, root);
+  const gpu::Geometry g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_);
   launch_reduce_checked(g, stream, a, kOp);
 }
 
@@ -448,6 +469,7 @@ void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::ve
   a.in = in.data_ptr();
   a.out = out.data_ptr();
   a.chunk = ws_->layout().coll.slot_bytes;
+  set_check(a, 0, 0);  // per-peer sizes differ legally; the receiver checks nothing else here
   for (size_t q = 0; q < n; ++q) {
     a.send_bytes[q] = send_bytes[q];
     a.send_off[q] = send_offsets[q];
@@ -506,7 +528,8 @@ void CudaEngine::barrier(cudaStream_t stream) {
   if (size_ == 1) return;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
-  const kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::Barrier, kernels::CopyMode::Barrier);
+  kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::Barrier, kernels::CopyMode::Barrier);
+  set_check(a, 0, 0);
   launch_copy_checked(1, stream, a, kOp);
 }
 

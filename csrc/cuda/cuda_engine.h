@@ -91,6 +91,7 @@ class CudaEngine {
   int size_;
   int device_;
   int max_blocks_;  // CTAs a collective may use (PYCOLL_CUDA_MAX_BLOCKS)
+  int64_t chunk_bytes_ = 0;  // largest chunk per CTA step (PYCOLL_CUDA_CHUNK_KIB, at most a slot)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };
 

@@ -59,6 +59,7 @@ struct ReduceArgs {
   // Tree: per tree t (0, 1): parent (-1 at the root) and up to two children (-1 if none).
   int32_t tree_parent[2];
   int32_t tree_child[2][2];
+  uint64_t check;  // what every rank must have called (transport/cuda_ipc/check_word.h)
 };
 
 // Byte-based modes. All-gather: `bytes` per rank, out = nranks * bytes. Broadcast: `bytes` of
@@ -79,6 +80,7 @@ struct CopyArgs {
   int64_t send_off[cuda_ipc::kMaxRanks];
   int64_t recv_bytes[cuda_ipc::kMaxRanks];
   int64_t recv_off[cuda_ipc::kMaxRanks];
+  uint64_t check;  // what every rank must have called (transport/cuda_ipc/check_word.h)
 };
 
 // Point-to-point on the p2p channel set. Chunk j (of `chunk` bytes) goes through CTA j % kP2PBlocks.

@@ -136,9 +136,9 @@ __device__ __forceinline__ void load_args(StepShared* sh, Args* smem_args, const
 
 class BlockChannels {
  public:
-  // `msg_bytes`: total length of the message a p2p channel carries (checked by the receiver).
-  __device__ BlockChannels(StepShared* sh, const ChannelSetLayout* set, int op, uint64_t msg_bytes)
-      : sh_(sh), set_(set), op_(op), msg_bytes_(msg_bytes) {
+  // `check`: the word every message carries and the receiver compares (check_word.h).
+  __device__ BlockChannels(StepShared* sh, const ChannelSetLayout* set, int op, uint64_t check)
+      : sh_(sh), set_(set), op_(op), check_(check) {
     const DeviceHandle* h = sh->h;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -174,12 +174,12 @@ class BlockChannels {
       const uint64_t* tail = reinterpret_cast<const uint64_t*>(h->base[me] + L.tail_offset(peer_, b));
       ok = wait_ge(h, tail, cnt_ + 1, WaitSite{op_, b, peer_, cuda_ipc::kWaitData});
       const int s = int(cnt_ % L.nslots);
-      if (ok && L.has_len) {
+      if (ok && L.has_check) {
         const uint64_t got =
-            *reinterpret_cast<const volatile uint64_t*>(h->base[me] + L.len_offset(peer_, b, s));
-        if (got != msg_bytes_) {
-          raise_error(h, cuda_ipc::kErrSizeMismatch, WaitSite{op_, b, peer_, cuda_ipc::kWaitData},
-                      msg_bytes_, got, 0);
+            *reinterpret_cast<const volatile uint64_t*>(h->base[me] + L.check_offset(peer_, b, s));
+        if (got != check_) {
+          raise_error(h, op_ == 0 ? cuda_ipc::kErrSizeMismatch : cuda_ipc::kErrOpMismatch,
+                      WaitSite{op_, b, peer_, cuda_ipc::kWaitData}, check_, got, 0);
           ok = false;
         }
       }
@@ -195,9 +195,9 @@ class BlockChannels {
     const int b = blockIdx.x;
     const ChannelSetLayout& L = *set_;
     if (role_ == 1 && has(out_mask, peer_)) {
-      if (L.has_len) {
-        *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + L.len_offset(me, b, int(cnt_ % L.nslots))) =
-            msg_bytes_;
+      if (L.has_check) {
+        *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + L.check_offset(me, b, int(cnt_ % L.nslots))) =
+            check_;
       }
       st_release_sys(reinterpret_cast<uint64_t*>(h->base[peer_] + L.tail_offset(me, b)), cnt_ + 1);
       ++cnt_;
@@ -238,7 +238,7 @@ class BlockChannels {
   StepShared* sh_;
   const ChannelSetLayout* set_;
   int op_;
-  uint64_t msg_bytes_;
+  uint64_t check_;
   int peer_;
   int role_;  // 0 none, 1 outbound manager of peer_, 2 inbound manager of peer_
   bool dirty_;

@@ -30,7 +30,7 @@ static __global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const Reduce
   StepShared* sh = &sh_storage;
   load_args(sh, &sa, args, args.dtype, args.rop);
   const ReduceArgs& a = sa;
-  BlockChannels ch(sh, &a.h.layout.coll, a.op, 0);
+  BlockChannels ch(sh, &a.h.layout.coll, a.op, a.check);
   bool ok = false;
   switch (a.mode) {
     case ReduceMode::AllReduceOneShot: ok = one_shot_all_reduce(a, ch, sh); break;
@@ -48,7 +48,7 @@ static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const CopyArgs
   __shared__ CopyArgs sa;
   __shared__ StepShared sh;
   load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
-  BlockChannels ch(&sh, &sa.h.layout.coll, sa.op, 0);
+  BlockChannels ch(&sh, &sa.h.layout.coll, sa.op, sa.check);
   bool ok = false;
   switch (sa.mode) {
     case CopyMode::AllGatherDirect: ok = all_gather_direct(sa, ch, &sh); break;

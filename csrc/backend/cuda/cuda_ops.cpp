@@ -1,14 +1,20 @@
 #include "backend/cuda/cuda_ops.h"
 
-#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "backend/work.h"
+#include "backend/cuda/event_pool.h"
 #include "common/check.h"
 #include "cuda/cuda_engine.h"
 
 namespace pycoll {
+
+#define PYCOLL_CHECK_CUDA(expr, op)                                                             \
+  do {                                                                                          \
+    const cudaError_t err_ = (expr);                                                            \
+    TORCH_CHECK(err_ == cudaSuccess, op, ": ", #expr, " failed: ", cudaGetErrorString(err_)); \
+  } while (0)
 
 CudaOps::CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank, int size,
                  std::chrono::milliseconds timeout)
@@ -49,9 +55,17 @@ c10::cuda::CUDAStream CudaOps::comm_stream(const at::Device& device, Lane lane) 
   return it->second;
 }
 
+EventPool& CudaOps::events(const at::Device& device) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto& pool = event_pools_[device.index()];
+  if (!pool) pool = std::make_unique<EventPool>(device.index());
+  return *pool;
+}
+
 c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op, uint64_t seq,
                                                const std::vector<at::Tensor>& tensors,
-                                               const std::vector<at::Tensor>& outputs, const Body& body, Lane lane) {
+                                               const std::vector<at::Tensor>& outputs, bool async_op,
+                                               const Body& body, Lane lane) {
   TORCH_INTERNAL_ASSERT(!tensors.empty());
   const at::Device device = tensors[0].device();
   c10::cuda::CUDAGuard guard(device);
@@ -61,10 +75,33 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
                                           "): ", eng.device_error_message()));
   }
   auto current = c10::cuda::getCurrentCUDAStream(device.index());
+  const std::vector<c10::Device> devices{device};
+
+  if (!async_op && lane == Lane::Collective) {
+    // A synchronous collective runs on the caller's stream, as ProcessGroupNCCL
+    // does for asyncOp=false: the caller waits for it anyway, so the comm
+    // stream would only add two events and a cross-stream hop (several us of
+    // a ~15 us small all_reduce). The tensors are used on the stream that
+    // uses them next, so the allocator needs no recordStream.
+    body(eng, current.stream());
+    auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices, /*lazy_future=*/true);
+    const cudaStream_t s = current.stream();
+    // Conservative: the stream is idle only once this op (and what followed) ran.
+    work->query = [s]() {
+      const cudaError_t err = cudaStreamQuery(s);
+      if (err == cudaErrorNotReady) (void)cudaGetLastError();
+      return err == cudaSuccess;
+    };
+    work->mark_done(nullptr);
+    work->settle_future();
+    return work;
+  }
+
   auto comm = comm_stream(device, lane);
-  at::cuda::CUDAEvent start;
-  start.record(current);
-  start.block(comm);
+  EventPool& pool = events(device);
+  EventPool::Event start = pool.get();
+  PYCOLL_CHECK_CUDA(cudaEventRecord(start.get(), current.stream()), op);
+  PYCOLL_CHECK_CUDA(cudaStreamWaitEvent(comm.stream(), start.get(), 0), op);
   for (const auto& t : tensors) {
     if (t.defined() && t.numel() > 0) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm);
   }
@@ -72,12 +109,24 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
     c10::cuda::CUDAStreamGuard sg(comm);  // temporaries made by body live on the comm stream
     body(eng, comm.stream());
   }
-  auto end = std::make_shared<at::cuda::CUDAEvent>();
-  end->record(comm);
+  EventPool::Event end = pool.get();
+  PYCOLL_CHECK_CUDA(cudaEventRecord(end.get(), comm.stream()), op);
 
-  auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, std::vector<c10::Device>{device});
-  work->on_wait = [end, device]() { end->block(c10::cuda::getCurrentCUDAStream(device.index())); };
-  work->query = [end]() { return end->query(); };
+  auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
+  work->on_wait = [end, device]() {
+    // Blocks the caller's stream, not the host (ProcessGroupNCCL's wait()).
+    const cudaError_t err = cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), end.get(), 0);
+    TORCH_CHECK(err == cudaSuccess, "pycoll: cudaStreamWaitEvent failed: ", cudaGetErrorString(err));
+  };
+  work->query = [end]() {
+    const cudaError_t err = cudaEventQuery(end.get());
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // a not-ready query is not an error to report later
+      return false;
+    }
+    TORCH_CHECK(err == cudaSuccess, "pycoll: cudaEventQuery failed: ", cudaGetErrorString(err));
+    return true;
+  };
   work->mark_done(nullptr);
   {
     c10::cuda::CUDAStreamGuard sg(comm);  // the Future's events go on the comm stream

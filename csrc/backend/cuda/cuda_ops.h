@@ -27,6 +27,7 @@
 namespace pycoll {
 
 class CudaEngine;
+class EventPool;
 
 class CudaOps {
  public:
@@ -43,15 +44,17 @@ class CudaOps {
   // each, so a send never waits behind a receive that depends on it.
   enum class Lane { Collective = 0, Send = 1, Recv = 2 };
   using Body = std::function<void(CudaEngine&, cudaStream_t)>;
-  // Orders the comm stream after the caller's stream, runs body there,
-  // records tensors, and returns the Work (see above). `outputs` is what the
-  // Future holds.
+  // Async (or point-to-point): orders the comm stream after the caller's
+  // stream, runs body there, records tensors, and returns the Work (see
+  // above). A synchronous collective (torch passes asyncOp=false) runs body
+  // on the caller's current stream instead. `outputs` is what the Future holds.
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* op, uint64_t seq,
                                         const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& outputs,
-                                        const Body& body, Lane lane = Lane::Collective);
+                                        bool async_op, const Body& body, Lane lane = Lane::Collective);
 
   CudaEngine& engine(const at::Device& device);
   c10::cuda::CUDAStream comm_stream(const at::Device& device, Lane lane);
+  EventPool& events(const at::Device& device);
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
@@ -62,6 +65,7 @@ class CudaOps {
   std::mutex mu_;
   std::map<int, std::unique_ptr<CudaEngine>> engines_;
   std::map<std::pair<int, int>, c10::cuda::CUDAStream> streams_;
+  std::map<int, std::unique_ptr<EventPool>> event_pools_;
 };
 
 }  // namespace pycoll

@@ -16,6 +16,7 @@ enum DeviceErrorCode : int32_t {
   kErrTimeout = 1,       // a bounded spin-wait expired: the peer never arrived
   kErrPeerAborted = 2,   // a peer reported an error first and told this rank to stop
   kErrSizeMismatch = 3,  // p2p: the sender's message length differs from the receive's
+  kErrOpMismatch = 4,    // a peer called a different collective, size, dtype, op or root (check_word.h)
 };
 
 // Which wait expired (HostErrorRecord::where).

@@ -3,6 +3,8 @@
 
 #include "transport/cuda_ipc/workspace.h"
 
+#include "transport/cuda_ipc/check_word.h"
+
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -245,6 +247,28 @@ int IpcWorkspace::error_code() const {
   return code;
 }
 
+namespace {
+
+// "all_reduce of 1031 elements of float32 (sum)", from a collective's check word.
+std::string describe(const CollectiveCheck& c) {
+  // kernels::ReduceOp's order (AVG runs as sum, bool ops as bitwise ones).
+  static const char* const kReduceNames[] = {"sum", "product", "min", "max", "band", "bor", "bxor"};
+  std::ostringstream os;
+  const auto op = static_cast<OpCode>(c.op);
+  os << op_name(op);
+  if (op == OpCode::AllGather || op == OpCode::Broadcast) {
+    os << " of " << c.count << " bytes";
+  } else if (op == OpCode::AllReduce || op == OpCode::ReduceScatter || op == OpCode::Reduce) {
+    os << " of " << c.count << (op == OpCode::ReduceScatter ? " elements per rank" : " elements") << " of "
+       << dtype_name(static_cast<DType>(c.dtype)) << " ("
+       << (c.reduce_op >= 0 && c.reduce_op < 7 ? kReduceNames[c.reduce_op] : "?") << ")";
+  }
+  if (op == OpCode::Broadcast || op == OpCode::Reduce) os << " with root " << c.root;
+  return os.str();
+}
+
+}  // namespace
+
 std::string IpcWorkspace::error_message() const {
   const int code = error_code();
   if (code == kErrNone) return std::string();
@@ -268,6 +292,13 @@ std::string IpcWorkspace::error_message() const {
       os << "recv from rank " << e->peer << " expected a message of " << e->expected << " bytes but the peer sent "
          << e->observed << " bytes.";
       break;
+    case kErrOpMismatch: {
+      const CollectiveCheck mine = decode_check_word(e->expected);
+      const CollectiveCheck theirs = decode_check_word(e->observed);
+      os << "ranks called different collectives: this rank called " << describe(mine) << " but rank " << e->peer
+         << " called " << describe(theirs) << ". Every rank must pass the same sizes, dtype, op and root.";
+      break;
+    }
     default:
       os << "unknown device error code " << code << ".";
       break;
