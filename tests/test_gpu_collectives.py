@@ -494,6 +494,28 @@ def _streams(rank, world, seed):
         assert torch.all(got == world * (world + 1) / 2), f"{algo}: sync op's Future holds a wrong value"
         torch.cuda.synchronize()
         assert work.is_completed(), f"{algo}: sync op not completed after synchronize"
+
+        # Collectives issued from two streams (FSDP2 all-gathers on one, reduce-scatters on
+        # another) still run in issue order on every rank: rank 0 delays stream a, so without
+        # ordering its all_gather on stream b would run before its all_reduce, unlike rank 1's.
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        xa = torch.full((4099,), float(rank + 1), device=dev)
+        xb = torch.full((1000,), float(rank + 1), device=dev)
+        gb = torch.empty(world * 1000, device=dev)
+        a.wait_stream(torch.cuda.current_stream())
+        b.wait_stream(torch.cuda.current_stream())
+        for _ in range(3):
+            with torch.cuda.stream(a):
+                if rank == 0:
+                    torch.cuda._sleep(20_000_000)
+                dist.all_reduce(xa)
+            with torch.cuda.stream(b):
+                dist.all_gather_into_tensor(gb, xb, async_op=(rank % 2 == 1))
+        torch.cuda.synchronize()
+        s_ranks = world * (world + 1) / 2
+        assert torch.all(xa == world * world * s_ranks), f"{algo}: two-stream all_reduce gave {xa[0].item()}"
+        want_gb = torch.arange(1, world + 1, device=dev, dtype=torch.float32).repeat_interleave(1000)
+        assert torch.equal(gb, want_gb), f"{algo}: two-stream all_gather wrong"
     set_algo("auto")
 
 

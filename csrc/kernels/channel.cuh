@@ -120,13 +120,19 @@ __device__ __forceinline__ int64_t block_chunk_count(int64_t nchunks, int b, int
   return nchunks > b ? (nchunks - b + B - 1) / B : 0;
 }
 
-// Thread 0 copies the kernel arguments into shared memory (so that noinline code can take their
-// address without a per-thread local copy); everyone waits for it.
+// The CTA copies the kernel arguments into shared memory (so that noinline code can take their
+// address without a per-thread local copy), one 8-byte word per thread: a single thread copying
+// the ~400-700 bytes one word after another cost a visible part of a small collective's latency.
+// `args` must be a __grid_constant__ kernel parameter (its address is then valid); everyone waits.
 template <class Args>
 __device__ __forceinline__ void load_args(StepShared* sh, Args* smem_args, const Args& args, DType dtype,
                                           ReduceOp op) {
+  static_assert(sizeof(Args) % sizeof(uint64_t) == 0 && alignof(Args) >= alignof(uint64_t),
+                "kernel arguments are copied in 8-byte words");
+  const uint64_t* src = reinterpret_cast<const uint64_t*>(&args);
+  uint64_t* dst = reinterpret_cast<uint64_t*>(smem_args);
+  for (int i = int(threadIdx.x); i < int(sizeof(Args) / sizeof(uint64_t)); i += int(blockDim.x)) dst[i] = src[i];
   if (threadIdx.x == 0) {
-    *smem_args = args;
     sh->h = &smem_args->h;
     sh->rdtype = dtype;
     sh->rop = op;

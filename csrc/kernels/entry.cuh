@@ -24,7 +24,7 @@
 namespace pycoll {
 namespace kernels {
 
-static __global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const ReduceArgs args) {
+static __global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const __grid_constant__ ReduceArgs args) {
   __shared__ ReduceArgs sa;
   __shared__ StepShared sh_storage;
   StepShared* sh = &sh_storage;
@@ -44,7 +44,7 @@ static __global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const Reduce
   if (ok) ch.finish();
 }
 
-static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const CopyArgs a) {
+static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const __grid_constant__ CopyArgs a) {
   __shared__ CopyArgs sa;
   __shared__ StepShared sh;
   load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
@@ -60,7 +60,7 @@ static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const CopyArgs
   if (ok) ch.finish();
 }
 
-static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const P2PArgs a) {
+static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const __grid_constant__ P2PArgs a) {
   __shared__ P2PArgs sa;
   __shared__ StepShared sh;
   load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);

@@ -62,6 +62,25 @@ EventPool& CudaOps::events(const at::Device& device) {
   return *pool;
 }
 
+void CudaOps::order_after_last_collective(cudaStream_t stream, const at::Device& device, const char* op) {
+  if (last_collective_stream_ != nullptr && last_collective_stream_ != stream) {
+    // Inside a CUDA graph capture a wait on an uncaptured stream is illegal; torch.cuda.graph
+    // synchronises the device before capture, and replays are the caller's to order (as NCCL).
+    cudaStreamCaptureStatus now = cudaStreamCaptureStatusNone, before = cudaStreamCaptureStatusNone;
+    PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(stream, &now), op);
+    PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(last_collective_stream_, &before), op);
+    if (now == cudaStreamCaptureStatusNone && before == cudaStreamCaptureStatusNone) {
+      // The wait takes the event's state at this call, so the event may go back to the pool now.
+      // Recorded now, it also covers what was queued on that stream after the last collective:
+      // more order than needed, never less, and only when the stream changes.
+      EventPool::Event e = events(device).get();
+      PYCOLL_CHECK_CUDA(cudaEventRecord(e.get(), last_collective_stream_), op);
+      PYCOLL_CHECK_CUDA(cudaStreamWaitEvent(stream, e.get(), 0), op);
+    }
+  }
+  last_collective_stream_ = stream;
+}
+
 c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op, uint64_t seq,
                                                const std::vector<at::Tensor>& tensors,
                                                const std::vector<at::Tensor>& outputs, bool async_op,
@@ -77,12 +96,19 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
   auto current = c10::cuda::getCurrentCUDAStream(device.index());
   const std::vector<c10::Device> devices{device};
 
+  // Collective kernels share the engine's channels, so they must run one after another in issue
+  // order, whatever stream each is issued on (FSDP2 issues all-gathers and reduce-scatters from
+  // two streams). Held until the kernel is queued.
+  std::unique_lock<std::mutex> issue;
+  if (lane == Lane::Collective) issue = std::unique_lock<std::mutex>(issue_mu_);
+
   if (!async_op && lane == Lane::Collective) {
     // A synchronous collective runs on the caller's stream, as ProcessGroupNCCL
     // does for asyncOp=false: the caller waits for it anyway, so the comm
     // stream would only add two events and a cross-stream hop (several us of
     // a ~15 us small all_reduce). The tensors are used on the stream that
     // uses them next, so the allocator needs no recordStream.
+    order_after_last_collective(current.stream(), device, op);
     body(eng, current.stream());
     auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices, /*lazy_future=*/true);
     const cudaStream_t s = current.stream();
@@ -102,6 +128,7 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
   EventPool::Event start = pool.get();
   PYCOLL_CHECK_CUDA(cudaEventRecord(start.get(), current.stream()), op);
   PYCOLL_CHECK_CUDA(cudaStreamWaitEvent(comm.stream(), start.get(), 0), op);
+  if (lane == Lane::Collective) order_after_last_collective(comm.stream(), device, op);
   for (const auto& t : tensors) {
     if (t.defined() && t.numel() > 0) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm);
   }

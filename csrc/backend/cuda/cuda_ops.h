@@ -66,6 +66,13 @@ class CudaOps {
   std::map<int, std::unique_ptr<CudaEngine>> engines_;
   std::map<std::pair<int, int>, c10::cuda::CUDAStream> streams_;
   std::map<int, std::unique_ptr<EventPool>> event_pools_;
+  // Collectives are issued one at a time; the stream of the last one (torch's streams come from
+  // pools that live as long as the process, so the handle stays valid).
+  std::mutex issue_mu_;
+  cudaStream_t last_collective_stream_ = nullptr;
+
+  // Makes `stream` wait for the last collective when that ran on another stream.
+  void order_after_last_collective(cudaStream_t stream, const at::Device& device, const char* op);
 };
 
 }  // namespace pycoll
