@@ -100,6 +100,10 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks) {
 // neighbour at a time. Until the model is calibrated on more GPUs, these measured crossovers rule.
 constexpr int64_t kManyRanksRingAllReduceBytes = int64_t(16) << 20;
 constexpr int64_t kManyRanksRingReduceScatterBytesPerRank = int64_t(2) << 20;
+// Same for all_gather, measured on 4x H200 with 256 KiB slots (2026-11-26-nvidia-h200-x4-slot256k-np4):
+// ring 93 / 309 / 1207 us against direct 98 / 346 / 1267 us at 8 / 32 / 128 MiB per rank; direct
+// still wins at 2 MiB per rank (35 against 40 us).
+constexpr int64_t kManyRanksRingAllGatherBytesPerRank = int64_t(8) << 20;
 
 Algo choose_all_reduce(int64_t bytes, int nranks) {
   if (nranks > 2 && bytes >= kManyRanksRingAllReduceBytes) return Algo::Ring;
@@ -126,6 +130,7 @@ Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks) {
 }
 
 Algo choose_all_gather(int64_t bytes_per_rank, int nranks) {
+  if (nranks > 2 && bytes_per_rank >= kManyRanksRingAllGatherBytesPerRank) return Algo::Ring;
   return predict_us(OpCode::AllGather, Algo::Ring, bytes_per_rank, nranks) <
                  predict_us(OpCode::AllGather, Algo::OneShot, bytes_per_rank, nranks)
              ? Algo::Ring

@@ -36,11 +36,15 @@ constexpr int kP2PBlocks = 4;       // CTAs of one send/recv
 constexpr int kP2PSlots = 4;        // FIFO depth of a p2p channel
 constexpr int64_t kP2PSlotBytes = 64 << 10;
 // Collective slot size: the data budget below is shared by the n-1 inbound peers; the slot is the
-// largest power of two that fits, clamped to [16 KiB, 256 KiB]: 2 ranks -> 256 KiB slots (64 MiB),
-// 3 -> 128 KiB, 4 -> 64 KiB, 5..8 -> 32 KiB. 64 CTAs with 256 KiB slots measured best for large
-// messages on 2x H200 (2026-11-26; 128 KiB slots were 5-10% slower at 64 MiB..1 GiB).
-// make_layout() takes an explicit slot size instead (PYCOLL_CUDA_SLOT_KIB, see cuda_engine.cu).
-constexpr int64_t kCollDataBudget = 64 << 20;
+// largest power of two that fits, clamped to [16 KiB, 256 KiB]: 2..4 ranks -> 256 KiB slots (64,
+// 128, 192 MiB of workspace per rank and group), 5..7 -> 128 KiB, 8 -> 64 KiB. Every pipeline step
+// of a CTA costs a few us of flags and fences, so large slots pay: 64 CTAs with 256 KiB slots
+// measured best for large messages on 2x H200 (128 KiB slots 5-10% slower at 64 MiB..1 GiB), and on
+// 4x H200 256 KiB slots instead of the earlier 64 KiB made ring all_reduce at 512 MiB 1.38x faster
+// (3182 -> 2312 us; NCCL 2410) and reduce_scatter/all_gather 512 MiB 1.43x/1.34x
+// (benchmarks/results/2026-11-26-nvidia-h200-x4-slot{64,128,256,512}k-np4.json; 512 KiB was no
+// better). make_layout() takes an explicit slot size instead (PYCOLL_CUDA_SLOT_KIB, see cuda_engine.cu).
+constexpr int64_t kCollDataBudget = int64_t(192) << 20;
 constexpr int64_t kMinCollSlotBytes = 16 << 10;
 constexpr int64_t kMaxCollSlotBytes = 256 << 10;
 // Flags written by different writers sit 128 bytes apart (no false sharing between writers).
