@@ -571,7 +571,7 @@ def _bad_input(rank, world, seed):
     dist.all_reduce(t.clone())
     expect_error(lambda: dist.all_reduce(torch.ones(16, device=other)), "wrong device")
     # all_gather output of the wrong size / dtype.
-    expect_error(lambda: dist.all_gather_into_tensor(torch.empty(3 * 16, device=dev), t), "all_gather size")
+    expect_error(lambda: dist.all_gather_into_tensor(torch.empty((world + 1) * 16, device=dev), t), "all_gather size")
     expect_error(lambda: dist.all_gather_into_tensor(torch.empty(2 * 16, device=dev, dtype=torch.float16), t),
                  "all_gather dtype")
     # reduce_scatter input of the wrong size.
