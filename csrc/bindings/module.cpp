@@ -8,6 +8,7 @@
 
 #include "algorithms/select.h"
 #include "bindings/compression_bindings.h"
+#include "cuda/select.h"
 #include "backend/op_stats.h"
 #include "backend/process_group.h"
 #include "backend/settings.h"
@@ -76,6 +77,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("select_algorithm", [](const std::string& op, size_t bytes, int world) {
     return std::string(pycoll::algo_name(pycoll::select_algorithm(parse_op(op), bytes, world)));
+  });
+  // The CUDA engine's `auto` choice (pure C++, so CPU-only builds answer it too). `bytes`: the
+  // tensor for all_reduce, one rank's share for all_gather and reduce_scatter.
+  m.def("cuda_algorithm", [](const std::string& op, int64_t bytes, int world) {
+    switch (parse_op(op)) {
+      case pycoll::OpCode::AllReduce: return std::string(pycoll::algo_name(pycoll::gpu::choose_all_reduce(bytes, world)));
+      case pycoll::OpCode::ReduceScatter:
+        return std::string(pycoll::algo_name(pycoll::gpu::choose_reduce_scatter(bytes, world)));
+      case pycoll::OpCode::AllGather: return std::string(pycoll::algo_name(pycoll::gpu::choose_all_gather(bytes, world)));
+      default: break;
+    }
+    throw py::value_error("cuda_algorithm: op must be all_reduce, all_gather or reduce_scatter, got " + op);
   });
   register_compression(m);
   (void)backend_base;
