@@ -106,8 +106,8 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
     // A synchronous collective runs on the caller's stream, as ProcessGroupNCCL
     // does for asyncOp=false: the caller waits for it anyway, so the comm
     // stream would only add two events and a cross-stream hop (several us of
-    // a ~15 us small all_reduce). The tensors are used on the stream that
-    // uses them next, so the allocator needs no recordStream.
+    // a ~15 us small all_reduce). The tensors are used only on the caller's
+    // stream, so the allocator needs no recordStream.
     order_after_last_collective(current.stream(), device, op);
     body(eng, current.stream());
     auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices, /*lazy_future=*/true);
