@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include "common/cuda_check.h"
 #include "cuda/launch.h"
 #include "cuda/select.h"
 #include "kernels/args.h"
@@ -26,11 +27,7 @@ using cuda_ipc::kP2PBlocks;
 using cuda_ipc::kP2PSlotBytes;
 using KOp = kernels::ReduceOp;
 
-#define PYCOLL_CUDA_OK(expr, op, what)                                                                 \
-  do {                                                                                                 \
-    const cudaError_t err_ = (expr);                                                                   \
-    TORCH_CHECK(err_ == cudaSuccess, "pycoll::", op, ": ", what, " failed: ", cudaGetErrorString(err_)); \
-  } while (0)
+#define PYCOLL_CUDA_OK(expr, op, what) PYCOLL_CUDA_CHECK(expr, "pycoll::", op, ": ", what)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -283,21 +280,20 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   }
   check_usable(kOp);
   kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in.data_ptr(), out.data_ptr(), kt);
-  const int64_t chunk_cap = chunk_bytes_;
   a.count = count;
   set_check(a, count, 0);
   gpu::Geometry g;
   switch (chosen) {
     case Algo::OneShot:
       a.mode = kernels::ReduceMode::AllReduceOneShot;
-      g = gpu::plan_geometry(count, es, chunk_cap, max_blocks_);
+      g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_);
       break;
     case Algo::TwoShot:
     case Algo::Ring:
       a.mode = chosen == Algo::TwoShot ? kernels::ReduceMode::AllReduceTwoShot : kernels::ReduceMode::AllReduceRing;
       a.seg = round_up(ceil_div(count, size_), 16 / es);  // segment starts stay 16-byte aligned
       a.out_stride = a.seg;
-      g = gpu::plan_geometry(a.seg, es, chunk_cap, max_blocks_);
+      g = gpu::plan_geometry(a.seg, es, chunk_bytes_, max_blocks_);
       break;
     case Algo::Tree: {
       a.mode = kernels::ReduceMode::AllReduceTree;
@@ -309,7 +305,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.tree_child[t][0] = child[t][0];
         a.tree_child[t][1] = child[t][1];
       }
-      g = gpu::plan_geometry(count, es, chunk_cap, max_blocks_);
+      g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_);
       break;
     }
     case Algo::Auto:

@@ -38,10 +38,10 @@ int ceil_log2(int n) {
 
 const CostConstants& cost_constants() { return kCost; }
 
-Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t slot_bytes, int max_blocks) {
+Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks) {
   Geometry g;
   const int64_t pack = std::max<int64_t>(1, 16 / elem_bytes);
-  const int64_t max_chunk = std::max<int64_t>(pack, slot_bytes / elem_bytes / pack * pack);
+  const int64_t max_chunk = std::max<int64_t>(pack, max_chunk_bytes / elem_bytes / pack * pack);
   if (elems <= 0) {
     g.blocks = 1;
     g.chunk = max_chunk;

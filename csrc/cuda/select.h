@@ -32,11 +32,11 @@ constexpr int64_t kSmallMessageBytes = 4 << 20;
 // on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).
 constexpr int kAllToAllBlocks = 16;
 
-// Cut `elems` elements of `elem_bytes` each. A chunk is at most `slot_bytes` (a slot, or the
-// PYCOLL_CUDA_CHUNK_KIB cap), is a multiple of
-// 16 bytes (so chunk boundaries keep 16-byte alignment), and is at least kMinChunkBytes unless
-// the whole message is smaller; at most `max_blocks` CTAs.
-Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t slot_bytes, int max_blocks);
+// Cut `elems` elements of `elem_bytes` each. A chunk is at most `max_chunk_bytes` (a slot, or the
+// PYCOLL_CUDA_CHUNK_KIB cap), is a multiple of 16 bytes (so chunk boundaries keep 16-byte
+// alignment), and is at least kMinChunkBytes unless the whole message is smaller; at most
+// `max_blocks` CTAs.
+Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks);
 
 // Predicted time in microseconds of one call (2..8 ranks on one NVLink/NVSwitch host).
 // `bytes`: all_reduce: the tensor; all_gather / reduce_scatter: one rank's share.

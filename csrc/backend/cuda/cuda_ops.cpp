@@ -6,15 +6,12 @@
 #include "backend/work.h"
 #include "backend/cuda/event_pool.h"
 #include "common/check.h"
+#include "common/cuda_check.h"
 #include "cuda/cuda_engine.h"
 
 namespace pycoll {
 
-#define PYCOLL_CHECK_CUDA(expr, op)                                                             \
-  do {                                                                                          \
-    const cudaError_t err_ = (expr);                                                            \
-    TORCH_CHECK(err_ == cudaSuccess, op, ": ", #expr, " failed: ", cudaGetErrorString(err_)); \
-  } while (0)
+#define PYCOLL_CHECK_CUDA(expr, op) PYCOLL_CUDA_CHECK(expr, op, ": ", #expr)
 
 CudaOps::CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank, int size,
                  std::chrono::milliseconds timeout)
@@ -142,8 +139,8 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
   auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
   work->on_wait = [end, device]() {
     // Blocks the caller's stream, not the host (ProcessGroupNCCL's wait()).
-    const cudaError_t err = cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), end.get(), 0);
-    TORCH_CHECK(err == cudaSuccess, "pycoll: cudaStreamWaitEvent failed: ", cudaGetErrorString(err));
+    PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), end.get(), 0),
+                      "pycoll: cudaStreamWaitEvent");
   };
   work->query = [end]() {
     const cudaError_t err = cudaEventQuery(end.get());
@@ -151,7 +148,7 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
       (void)cudaGetLastError();  // a not-ready query is not an error to report later
       return false;
     }
-    TORCH_CHECK(err == cudaSuccess, "pycoll: cudaEventQuery failed: ", cudaGetErrorString(err));
+    PYCOLL_CUDA_CHECK(err, "pycoll: cudaEventQuery");
     return true;
   };
   work->mark_done(nullptr);

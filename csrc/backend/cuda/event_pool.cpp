@@ -1,7 +1,7 @@
 #include "backend/cuda/event_pool.h"
 
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/util/Exception.h>
+#include "common/cuda_check.h"
 
 namespace pycoll {
 
@@ -37,8 +37,7 @@ EventPool::Event EventPool::get() {
   }
   if (e == nullptr) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(free_->device));
-    const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    TORCH_CHECK(err == cudaSuccess, "pycoll: cudaEventCreateWithFlags failed: ", cudaGetErrorString(err));
+    PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "pycoll: cudaEventCreateWithFlags");
   }
   std::shared_ptr<Free> free = free_;
   return Event(e, [free](cudaEvent_t ev) {

@@ -11,18 +11,14 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define PYCOLL_CW_HD __host__ __device__
-#else
-#define PYCOLL_CW_HD
-#endif
+#include "transport/cuda_ipc/layout.h"  // PYCOLL_HD
 
 namespace pycoll {
 namespace cuda_ipc {
 
 constexpr int kCheckCountBits = 44;
 
-PYCOLL_CW_HD inline uint64_t collective_check_word(int op, int dtype, int reduce_op, int root, int64_t count) {
+PYCOLL_HD uint64_t collective_check_word(int op, int dtype, int reduce_op, int root, int64_t count) {
   const uint64_t mask = (uint64_t(1) << kCheckCountBits) - 1;
   return (uint64_t(op & 0xff) << 56) | (uint64_t(dtype & 0xf) << 52) | (uint64_t(reduce_op & 0xf) << 48) |
          (uint64_t(root & 0xf) << kCheckCountBits) | (uint64_t(count) & mask);

@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include "common/cuda_check.h"
 #include "common/types.h"
 
 namespace pycoll {
@@ -24,11 +25,7 @@ namespace cuda_ipc {
 
 namespace {
 
-#define PYCOLL_IPC_CHECK(expr, what)                                                              \
-  do {                                                                                            \
-    const cudaError_t err_ = (expr);                                                              \
-    TORCH_CHECK(err_ == cudaSuccess, "pycoll::cuda_ipc: ", what, " failed: ", cudaGetErrorString(err_)); \
-  } while (0)
+#define PYCOLL_IPC_CHECK(expr, what) PYCOLL_CUDA_CHECK(expr, "pycoll::cuda_ipc: ", what)
 
 constexpr uint32_t kMagic = 0x70434950;  // "pCIP"
 constexpr uint32_t kVersion = 1;
