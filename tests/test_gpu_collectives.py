@@ -246,6 +246,79 @@ def test_all_reduce_odd_offsets_and_strides(seed):
     _assert_same_digests(run_ranks(WORLD, _all_reduce_layouts, seed, timeout=600, pg_timeout=PG_TIMEOUT))
 
 
+def _all_reduce_ll(rank, world, seed):
+    """The LL protocol (one-shot up to PYCOLL_CUDA_LL_MAX_KIB, here its 1 MiB maximum): messages
+    that end inside a 16 KiB CTA region or a line, odd offsets, every dtype; LL calls interleaved
+    with channel-protocol collectives (per-CTA epochs, the stale-message check must not fire);
+    CUDA graph replays (the epochs live on the device)."""
+    dev = _setup(rank)
+    out = []
+    set_algo("oneshot")
+    region = 16 << 10
+    byte_sizes = (8, 24, region - 8, region, region + 2, 3 * region + 9, 100003, (1 << 20) - 6, 1 << 20)
+    for dtype in DTYPES:
+        es = torch.tensor([], dtype=dtype).element_size()
+        for op in ops_for(dtype)[:4]:
+            for nbytes in byte_sizes:
+                numel = max(1, nbytes // es)
+                for offset in (0, 1):
+                    key = ("ar-ll", str(dtype), _name(op), numel, offset)
+                    xs = [make_input(seed, key, q, numel, dtype, dev, op) for q in range(world)]
+                    base = torch.zeros(numel + offset + 3, dtype=dtype, device=dev)
+                    t = base[offset:offset + numel]
+                    t.copy_(xs[rank])
+                    dist.all_reduce(t, op=op)
+                    check_close(t, reference(xs, op, dtype), dtype, str(key))
+                    assert not base[:offset].any() and not base[offset + numel:].any(), key
+                    out.append((str(key), digest(t)))
+    # Interleaved with the channel protocol: large one-shot, two-shot, broadcast, all_gather.
+    for i in range(4):
+        for numel in (5, 4099, 70001):
+            x = torch.full((numel,), float(rank + i), device=dev)
+            dist.all_reduce(x)
+            assert torch.all(x == sum(q + i for q in range(world))), (i, numel)
+        big = torch.full(((4 << 20) // 4 + 1,), float(rank), device=dev)
+        set_algo("twoshot" if i % 2 else "oneshot")
+        dist.all_reduce(big)
+        set_algo("oneshot")
+        assert torch.all(big == sum(range(world))), i
+        b = torch.full((1000 + i,), float(rank), device=dev)
+        dist.broadcast(b, src=i % world)
+        assert torch.all(b == float(i % world)), i
+        g = torch.empty(world * 3, device=dev)
+        dist.all_gather_into_tensor(g, torch.full((3,), float(rank), device=dev))
+        assert torch.equal(g, torch.arange(world, device=dev).float().repeat_interleave(3)), i
+    # Graph replays: several LL sizes and a channel-protocol call in one graph.
+    xs = [torch.zeros(n, device=dev) for n in (3, 4099, 200000)]
+    big = torch.zeros((4 << 20) // 4, device=dev)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for x in xs + [big]:
+            dist.all_reduce(x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in xs + [big]:
+            dist.all_reduce(x)
+    for i in range(4):
+        for x in xs + [big]:
+            x.fill_(float(rank * 10 + i))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = sum(q * 10 + i for q in range(world))
+        for x in xs + [big]:
+            assert torch.all(x == want), f"replay {i}: {x.numel()} elements gave {x[0].item()}, want {want}"
+    set_algo("auto")
+    torch.cuda.synchronize()
+    return out
+
+
+def test_all_reduce_ll_protocol(seed):
+    _assert_same_digests(run_ranks(WORLD, _all_reduce_ll, seed, timeout=600, pg_timeout=PG_TIMEOUT,
+                                   env={"PYCOLL_CUDA_LL_MAX_KIB": "1024"}))
+
+
 # ---------------------------------------------------------------------------------------------
 # reduce_scatter, all_gather
 

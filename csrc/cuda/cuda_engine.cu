@@ -158,8 +158,15 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 // Environment settings of the CUDA engine, read once per engine. They shape the workspace and the
 // launches, so they must be identical on every rank (a different slot size makes the constructor
 // throw on every rank; a different CTA cap would desynchronise the ranks' channels).
-//   PYCOLL_CUDA_MAX_BLOCKS  CTAs one collective uses at most, 1..cuda_ipc::kCollBlocks
-//                           (default gpu::kDefaultMaxBlocks).
+//   PYCOLL_CUDA_MAX_BLOCKS  CTAs one collective uses at most, 1..cuda_ipc::kMaxCollBlocks (default
+//                           gpu::kDefaultMaxBlocks; never more than the GPU's SMs, since every CTA
+//                           of a collective must be resident at once). Above kCollBlocks the
+//                           workspace gets that many channels per peer pair.
+//   PYCOLL_CUDA_SMALL_MAX_BLOCKS  the same cap for messages up to gpu::kSmallMessageBytes (default
+//                           gpu::kSmallMaxBlocks).
+//   PYCOLL_CUDA_LL_MAX_KIB  largest all_reduce, in KiB, that one-shot runs with the LL protocol
+//                           (kernels/ll_all_reduce.cuh), 0..cuda_ipc::kLLMaxBytes/1024; 0 turns LL
+//                           off (default gpu::kDefaultLLMaxBytes).
 //   PYCOLL_CUDA_SLOT_KIB    collective slot size in KiB, a multiple of 4 (default: by world size,
 //                           see transport/cuda_ipc/layout.h).
 //   PYCOLL_CUDA_CHUNK_KIB   largest chunk one step of a CTA moves, in KiB, a multiple of 4 (default
@@ -181,11 +188,18 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
                        std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), device_(device) {
   TORCH_CHECK(device >= 0, "pycoll::CudaEngine: device must be a CUDA device index, got ", device);
-  max_blocks_ = int(env_int("PYCOLL_CUDA_MAX_BLOCKS", gpu::kDefaultMaxBlocks, 1, kCollBlocks));
+  max_blocks_ = int(env_int("PYCOLL_CUDA_MAX_BLOCKS", gpu::kDefaultMaxBlocks, 1, cuda_ipc::kMaxCollBlocks));
+  int sms = 0;
+  PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "engine", "SM count");
+  // Every rank must plan the same launches: all GPUs of a group are assumed alike (as the
+  // workspace size check assumes), so the SM cap gives every rank the same number.
+  max_blocks_ = std::max(1, std::min(max_blocks_, sms));
+  small_max_blocks_ = int(env_int("PYCOLL_CUDA_SMALL_MAX_BLOCKS", gpu::kSmallMaxBlocks, 1, cuda_ipc::kMaxCollBlocks));
+  ll_max_bytes_ = env_int("PYCOLL_CUDA_LL_MAX_KIB", gpu::kDefaultLLMaxBytes / 1024, 0, cuda_ipc::kLLMaxBytes / 1024) * 1024;
   const int64_t slot_kib = env_int("PYCOLL_CUDA_SLOT_KIB", 0, 0, 16384);
   TORCH_CHECK(slot_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SLOT_KIB=", slot_kib, " must be a multiple of 4");
   ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
-                                                 slot_kib * 1024);
+                                                 slot_kib * 1024, std::max(kCollBlocks, max_blocks_));
   const int64_t chunk_kib = env_int("PYCOLL_CUDA_CHUNK_KIB", 0, 0, 16384);
   TORCH_CHECK(chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_CHUNK_KIB=", chunk_kib, " must be a multiple of 4");
   const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
@@ -240,13 +254,14 @@ void set_check(kernels::CopyArgs& a, int64_t bytes, int root) {
 void launch_reduce_checked(const gpu::Geometry& g, cudaStream_t stream, kernels::ReduceArgs& a, const char* op) {
   a.chunk = g.chunk;
   a.nchunks = g.nchunks;
-  TORCH_CHECK(g.blocks >= 1 && g.blocks <= kCollBlocks, "pycoll::", op, ": bad launch geometry (", g.blocks,
-              " CTAs)");
+  TORCH_CHECK(g.blocks >= 1 && g.blocks <= a.h.layout.coll.nblocks, "pycoll::", op, ": bad launch geometry (",
+              g.blocks, " CTAs)");
   PYCOLL_CUDA_OK(gpu::launch_reduce(g.blocks, stream, a), op, "kernel launch");
 }
 
 void launch_copy_checked(int grid, cudaStream_t stream, const kernels::CopyArgs& a, const char* op) {
-  TORCH_CHECK(grid >= 1 && grid <= kCollBlocks, "pycoll::", op, ": bad launch geometry (", grid, " CTAs)");
+  TORCH_CHECK(grid >= 1 && grid <= a.h.layout.coll.nblocks, "pycoll::", op, ": bad launch geometry (", grid,
+              " CTAs)");
   PYCOLL_CUDA_OK(gpu::launch_copy(grid, stream, a), op, "kernel launch");
 }
 
@@ -282,18 +297,24 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in.data_ptr(), out.data_ptr(), kt);
   a.count = count;
   set_check(a, count, 0);
+  if (chosen == Algo::OneShot && count * es <= ll_max_bytes_) {
+    // Small messages: the LL protocol, one CTA per 16 KiB region (kernels/ll_all_reduce.cuh).
+    const int grid = int(ceil_div(count * es, cuda_ipc::kLLBlockPayloadBytes));
+    PYCOLL_CUDA_OK(gpu::launch_ll_all_reduce(grid, stream, a), kOp, "kernel launch");
+    return chosen;
+  }
   gpu::Geometry g;
   switch (chosen) {
     case Algo::OneShot:
       a.mode = kernels::ReduceMode::AllReduceOneShot;
-      g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_);
+      g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_, small_max_blocks_);
       break;
     case Algo::TwoShot:
     case Algo::Ring:
       a.mode = chosen == Algo::TwoShot ? kernels::ReduceMode::AllReduceTwoShot : kernels::ReduceMode::AllReduceRing;
       a.seg = round_up(ceil_div(count, size_), 16 / es);  // segment starts stay 16-byte aligned
       a.out_stride = a.seg;
-      g = gpu::plan_geometry(a.seg, es, chunk_bytes_, max_blocks_);
+      g = gpu::plan_geometry(a.seg, es, chunk_bytes_, max_blocks_, small_max_blocks_);
       break;
     case Algo::Tree: {
       a.mode = kernels::ReduceMode::AllReduceTree;
@@ -305,7 +326,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.tree_child[t][0] = child[t][0];
         a.tree_child[t][1] = child[t][1];
       }
-      g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_);
+      g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_, small_max_blocks_);
       break;
     }
     case Algo::Auto:
@@ -341,7 +362,7 @@ Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKin
   a.seg = m;
   a.out_stride = 0;
   set_check(a, m, 0);
-  const gpu::Geometry g = gpu::plan_geometry(m, es, chunk_bytes_, max_blocks_);
+  const gpu::Geometry g = gpu::plan_geometry(m, es, chunk_bytes_, max_blocks_, small_max_blocks_);
   launch_reduce_checked(g, stream, a, kOp);
   return chosen;
 }
@@ -371,7 +392,7 @@ Algo CudaEngine::all_gather(const at::Tensor& in, at::Tensor& out, Algo algo, cu
   a.out = out.data_ptr();
   a.bytes = bytes;
   set_check(a, bytes, 0);
-  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, chunk_bytes_, max_blocks_);
+  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, chunk_bytes_, max_blocks_, small_max_blocks_);
   a.chunk = g.chunk;
   a.nchunks = g.nchunks;
   launch_copy_checked(g.blocks, stream, a, kOp);
@@ -392,7 +413,7 @@ void CudaEngine::broadcast(at::Tensor& t, int root, cudaStream_t stream) {
   a.bytes = bytes;
   a.root = root;
   set_check(a, bytes, root);
-  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, chunk_bytes_, max_blocks_);
+  const gpu::Geometry g = gpu::plan_geometry(bytes, 1, chunk_bytes_, max_blocks_, small_max_blocks_);
   a.chunk = g.chunk;
   a.nchunks = g.nchunks;
   launch_copy_checked(g.blocks, stream, a, kOp);
@@ -425,7 +446,7 @@ void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceK
   a.count = count;
   a.root = root;
   set_check(a, count, root);
-  const gpu::Geometry g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_);
+  const gpu::Geometry g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_, small_max_blocks_);
   launch_reduce_checked(g, stream, a, kOp);
 }
 

@@ -91,6 +91,8 @@ class CudaEngine {
   int size_;
   int device_;
   int max_blocks_;  // CTAs a collective may use (PYCOLL_CUDA_MAX_BLOCKS)
+  int small_max_blocks_;  // ... for messages up to gpu::kSmallMessageBytes (PYCOLL_CUDA_SMALL_MAX_BLOCKS)
+  int64_t ll_max_bytes_ = 0;  // largest all_reduce run with the LL protocol (PYCOLL_CUDA_LL_MAX_KIB)
   int64_t chunk_bytes_ = 0;  // largest chunk per CTA step (PYCOLL_CUDA_CHUNK_KIB, at most a slot)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };

@@ -13,6 +13,8 @@ namespace gpu {
 cudaError_t launch_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args);
 cudaError_t launch_copy(int grid, cudaStream_t stream, const kernels::CopyArgs& args);
 cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& args);
+// The LL one-shot all-reduce (kernels/ll_all_reduce.cuh): `grid` = the message's 16 KiB regions.
+cudaError_t launch_ll_all_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args);
 
 }  // namespace gpu
 }  // namespace pycoll

@@ -38,7 +38,8 @@ int ceil_log2(int n) {
 
 const CostConstants& cost_constants() { return kCost; }
 
-Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks) {
+Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks,
+                       int small_max_blocks) {
   Geometry g;
   const int64_t pack = std::max<int64_t>(1, 16 / elem_bytes);
   const int64_t max_chunk = std::max<int64_t>(pack, max_chunk_bytes / elem_bytes / pack * pack);
@@ -49,7 +50,7 @@ Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_byte
     return g;
   }
   const int64_t bytes = elems * elem_bytes;
-  if (bytes <= kSmallMessageBytes) max_blocks = std::min(max_blocks, kSmallMaxBlocks);
+  if (bytes <= kSmallMessageBytes) max_blocks = std::min(max_blocks, small_max_blocks);
   int64_t blocks = std::min<int64_t>(max_blocks, ceil_div(bytes, kCost.min_chunk_bytes));
   blocks = std::max<int64_t>(1, blocks);
   int64_t chunk = round_up(ceil_div(elems, blocks), pack);

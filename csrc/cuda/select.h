@@ -21,12 +21,19 @@ struct Geometry {
 // CTAs a collective uses at most (the workspace has channels for cuda_ipc::kCollBlocks);
 // PYCOLL_CUDA_MAX_BLOCKS overrides it per engine. Measured on 2x H200 NVLink, 2026-11-26 (engine
 // called directly, float32 sum): 64 CTAs instead of 32 cut all_reduce time by 15-27% from 16 MiB
-// to 1 GiB and all_gather/reduce_scatter by 17-28% at 64-256 MiB. Messages up to
-// kSmallMessageBytes keep at most kSmallMaxBlocks CTAs (the geometry those sizes were measured
-// with; a few us of latency, not bandwidth, dominate there).
+// to 1 GiB and all_gather/reduce_scatter by 17-28% at 64-256 MiB. 128 CTAs (the workspace then
+// doubles) were no better at 1-64 MiB on 2x H200 (benchmarks/results/2026-11-26-nvidia-h200-mid-*).
+// Messages up to kSmallMessageBytes may be capped lower (PYCOLL_CUDA_SMALL_MAX_BLOCKS): 32 was the
+// default until the same sweep found 64 faster for one-shot all_reduce at 1-4 MiB (4 MiB: 25.4
+// against 27.1 us) and no slower elsewhere.
 constexpr int kDefaultMaxBlocks = 64;
-constexpr int kSmallMaxBlocks = 32;
+constexpr int kSmallMaxBlocks = 64;
 constexpr int64_t kSmallMessageBytes = 4 << 20;
+
+// One-shot all_reduce of at most this many bytes runs with the LL protocol (flags inside the data,
+// kernels/ll_all_reduce.cuh); PYCOLL_CUDA_LL_MAX_KIB overrides it (up to cuda_ipc::kLLMaxBytes).
+// PROVISIONAL until measured against the channel protocol on the device.
+constexpr int64_t kDefaultLLMaxBytes = int64_t(256) << 10;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
 // on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).
@@ -35,8 +42,9 @@ constexpr int kAllToAllBlocks = 16;
 // Cut `elems` elements of `elem_bytes` each. A chunk is at most `max_chunk_bytes` (a slot, or the
 // PYCOLL_CUDA_CHUNK_KIB cap), is a multiple of 16 bytes (so chunk boundaries keep 16-byte
 // alignment), and is at least kMinChunkBytes unless the whole message is smaller; at most
-// `max_blocks` CTAs.
-Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks);
+// `max_blocks` CTAs, and at most `small_max_blocks` for messages up to kSmallMessageBytes.
+Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks,
+                       int small_max_blocks = kSmallMaxBlocks);
 
 // Predicted time in microseconds of one call (2..8 ranks on one NVLink/NVSwitch host).
 // `bytes`: all_reduce: the tensor; all_gather / reduce_scatter: one rank's share.

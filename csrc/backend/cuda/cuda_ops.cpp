@@ -20,8 +20,11 @@ CudaOps::CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, 
 CudaOps::~CudaOps() = default;
 
 CudaEngine& CudaOps::engine(const at::Device& device) {
-  std::lock_guard<std::mutex> g(mu_);
   const int idx = device.index();
+  if (CudaEngine* e = bound_engine_.load(std::memory_order_acquire)) {
+    if (bound_device_.load(std::memory_order_relaxed) == idx) return *e;
+  }
+  std::lock_guard<std::mutex> g(mu_);
   // One GPU per rank, as with NCCL: the first CUDA collective binds the group
   // to its device; a tensor elsewhere is a user error, not a second engine.
   TORCH_CHECK_VALUE(engines_.empty() || engines_.begin()->first == idx, "pycoll: wrong device: this rank's group is ",
@@ -36,6 +39,8 @@ CudaEngine& CudaOps::engine(const at::Device& device) {
     const std::string key = "pycoll/" + group_name_ + "/cuda_engine" + std::to_string(engines_.size()) + "/";
     auto eng = std::make_unique<CudaEngine>(store_, key, rank_, size_, idx, timeout_);
     it = engines_.emplace(idx, std::move(eng)).first;
+    bound_device_.store(idx, std::memory_order_relaxed);
+    bound_engine_.store(it->second.get(), std::memory_order_release);
   }
   return *it->second;
 }

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -64,6 +65,9 @@ class CudaOps {
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::map<int, std::unique_ptr<CudaEngine>> engines_;
+  // The one engine a rank has (engines_ never holds two): read without the lock on every call.
+  std::atomic<CudaEngine*> bound_engine_{nullptr};
+  std::atomic<int> bound_device_{-1};
   std::map<std::pair<int, int>, c10::cuda::CUDAStream> streams_;
   std::map<int, std::unique_ptr<EventPool>> event_pools_;
   // Collectives are issued one at a time; the stream of the last one (torch's streams come from

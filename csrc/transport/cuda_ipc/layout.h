@@ -15,6 +15,11 @@
 //
 // Two channel sets exist: `coll` for collectives (issued in one stream order on every rank) and
 // `p2p` for send/recv (may run concurrently with collectives, on other streams).
+//
+// The LL region (low latency, kernels/ll_all_reduce.cuh) is separate from the channels: small
+// all-reduces write 16-byte lines that carry 8 payload bytes and two copies of a 32-bit flag, so
+// the receiver needs no separate flag, no fence and no credit. Per sender and CTA it has two
+// buffers (parity of the CTA's LL epoch), which is enough: see ll_all_reduce.cuh for why.
 #pragma once
 
 #include <cstddef>
@@ -30,7 +35,8 @@ namespace pycoll {
 namespace cuda_ipc {
 
 constexpr int kMaxRanks = 8;        // world sizes 1..8 (one host)
-constexpr int kCollBlocks = 64;     // CTAs (= channels per peer pair) a collective may use
+constexpr int kCollBlocks = 64;     // CTAs (= channels per peer pair) a collective may use, by default
+constexpr int kMaxCollBlocks = 128; // ... and at most (PYCOLL_CUDA_MAX_BLOCKS; the workspace grows with it)
 constexpr int kCollSlots = 4;       // FIFO depth of a collective channel
 constexpr int kP2PBlocks = 4;       // CTAs of one send/recv
 constexpr int kP2PSlots = 4;        // FIFO depth of a p2p channel
@@ -86,6 +92,27 @@ struct ChannelSetLayout {
   }
 };
 
+// LL region: CTA b of every LL kernel owns region b of each (parity, sender) buffer, whatever the
+// message size (a line's flag is CTA b's epoch, so a line must never change owner).
+constexpr int kLLBlocks = 64;                         // CTAs of an LL kernel at most
+constexpr int64_t kLLBlockPayloadBytes = 16 << 10;    // payload one CTA carries (8 bytes per line)
+constexpr int64_t kLLMaxBytes = kLLBlocks * kLLBlockPayloadBytes;  // largest LL message: 1 MiB
+constexpr int64_t kLLLineBytes = 16;
+
+struct LLLayout {
+  int32_t nblocks = 0;
+  int32_t block_lines = 0;  // lines per CTA region: 1 header (the check word) + payload lines
+  int64_t off_epoch = 0;    // local: [block] u64, LL kernels CTA b has run on this rank
+  int64_t off_data = 0;     // in dst: [parity 2][sender index 0..n-2][block][block_lines] lines
+
+  PYCOLL_HD int64_t epoch_offset(int b) const { return off_epoch + int64_t(b) * 8; }
+  // Line `line` (0 = header) of CTA b's region written by `src` into dst's workspace.
+  PYCOLL_HD int64_t line_offset(int nranks, int src, int dst, int parity, int b, int64_t line) const {
+    const int pidx = (src - dst - 1 + 2 * nranks) % nranks;
+    return off_data + (((int64_t(parity) * (nranks - 1) + pidx) * nblocks + b) * block_lines + line) * kLLLineBytes;
+  }
+};
+
 struct Layout {
   int32_t nranks = 0;
   int32_t pad = 0;
@@ -93,21 +120,23 @@ struct Layout {
   int64_t off_claim = 0;  // u32, local: the first error of this rank claims it and reports
   ChannelSetLayout coll;
   ChannelSetLayout p2p;
+  LLLayout ll;
   int64_t total_bytes = 0;
 };
 
 inline int64_t round_up_i64(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-inline int64_t coll_slot_bytes_for(int nranks) {
+inline int64_t coll_slot_bytes_for(int nranks, int coll_blocks = kCollBlocks) {
   if (nranks < 2) return kMinCollSlotBytes;
-  const int64_t per_slot = kCollDataBudget / (int64_t(nranks - 1) * kCollBlocks * kCollSlots);
+  const int64_t per_slot = kCollDataBudget / (int64_t(nranks - 1) * coll_blocks * kCollSlots);
   int64_t s = kMinCollSlotBytes;
   while (s * 2 <= per_slot && s * 2 <= kMaxCollSlotBytes) s *= 2;
   return s;
 }
 
-// `coll_slot_bytes` 0 picks coll_slot_bytes_for(nranks); otherwise a multiple of 4 KiB.
-inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0) {
+// `coll_slot_bytes` 0 picks coll_slot_bytes_for(nranks, coll_blocks); otherwise a multiple of 4 KiB.
+// `coll_blocks`: channels per peer pair of the coll set, kCollBlocks..kMaxCollBlocks.
+inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_blocks = kCollBlocks) {
   Layout L;
   L.nranks = nranks;
   int64_t off = 0;
@@ -130,11 +159,16 @@ inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0) {
   };
   L.off_abort = take(kFlagStride, kFlagStride);
   L.off_claim = take(kFlagStride, kFlagStride);
-  flags(L.coll, kCollBlocks, kCollSlots, coll_slot_bytes > 0 ? coll_slot_bytes : coll_slot_bytes_for(nranks), true);
+  flags(L.coll, coll_blocks, kCollSlots,
+        coll_slot_bytes > 0 ? coll_slot_bytes : coll_slot_bytes_for(nranks, coll_blocks), true);
   flags(L.p2p, kP2PBlocks, kP2PSlots, kP2PSlotBytes, true);
   const int64_t npeers = nranks > 1 ? nranks - 1 : 0;
-  L.coll.off_data = take(npeers * kCollBlocks * kCollSlots * L.coll.slot_bytes, 4096);
+  L.coll.off_data = take(npeers * coll_blocks * kCollSlots * L.coll.slot_bytes, 4096);
   L.p2p.off_data = take(npeers * kP2PBlocks * kP2PSlots * kP2PSlotBytes, 4096);
+  L.ll.nblocks = kLLBlocks;
+  L.ll.block_lines = int32_t(1 + kLLBlockPayloadBytes / 8);
+  L.ll.off_epoch = take(int64_t(kLLBlocks) * 8, kFlagStride);
+  L.ll.off_data = take(2 * npeers * kLLBlocks * L.ll.block_lines * kLLLineBytes, 4096);
   L.total_bytes = round_up_i64(off, 2 << 20);
   return L;
 }

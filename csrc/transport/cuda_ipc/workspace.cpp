@@ -28,7 +28,7 @@ namespace {
 #define PYCOLL_IPC_CHECK(expr, what) PYCOLL_CUDA_CHECK(expr, "pycoll::cuda_ipc: ", what)
 
 constexpr uint32_t kMagic = 0x70434950;  // "pCIP"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the LL region
 
 // What a rank publishes about itself. Raw bytes through the Store: every rank runs this binary.
 struct PeerInfo {
@@ -67,7 +67,8 @@ std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t
 }  // namespace
 
 IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank,
-                           int size, int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes)
+                           int size, int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes,
+                           int coll_blocks)
     : rank_(rank), size_(size), device_(device) {
   TORCH_CHECK(size >= 1 && size <= kMaxRanks, "pycoll::cuda_ipc: world size ", size, " is outside 1..",
               kMaxRanks, " (the CUDA engine serves one host)");
@@ -75,7 +76,7 @@ IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::str
   TORCH_CHECK(store, "pycoll::cuda_ipc: store is null");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   try {
-    init(std::move(store), key_prefix, timeout, coll_slot_bytes);
+    init(std::move(store), key_prefix, timeout, coll_slot_bytes, coll_blocks);
   } catch (...) {
     release_mappings();
     if (host_err_ != nullptr) (void)cudaFreeHost(host_err_);
@@ -85,7 +86,7 @@ IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::str
 }
 
 void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix,
-                        std::chrono::milliseconds timeout, int64_t coll_slot_bytes) {
+                        std::chrono::milliseconds timeout, int64_t coll_slot_bytes, int coll_blocks) {
   const int rank = rank_;
   const int size = size_;
   const int device = device_;
@@ -100,7 +101,9 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
 
   TORCH_CHECK(coll_slot_bytes == 0 || (coll_slot_bytes >= 4096 && coll_slot_bytes % 4096 == 0),
               "pycoll::cuda_ipc: slot size ", coll_slot_bytes, " is not a positive multiple of 4 KiB");
-  layout_ = make_layout(size, coll_slot_bytes);
+  TORCH_CHECK(coll_blocks >= kCollBlocks && coll_blocks <= kMaxCollBlocks, "pycoll::cuda_ipc: ", coll_blocks,
+              " channels per peer pair is outside ", kCollBlocks, "..", kMaxCollBlocks);
+  layout_ = make_layout(size, coll_slot_bytes, coll_blocks);
   handle_.rank = rank;
   handle_.nranks = size;
   handle_.layout = layout_;
@@ -158,7 +161,7 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
     TORCH_CHECK(p.total_bytes == mine.total_bytes && p.coll_slot_bytes == mine.coll_slot_bytes,
                 "pycoll::cuda_ipc: rank ", q, " uses a workspace of ", p.total_bytes, " bytes with ",
                 p.coll_slot_bytes, "-byte slots, this rank ", mine.total_bytes, " and ", mine.coll_slot_bytes,
-                " (set PYCOLL_CUDA_SLOT_KIB alike on every rank)");
+                " (set PYCOLL_CUDA_SLOT_KIB and PYCOLL_CUDA_MAX_BLOCKS alike on every rank)");
     if (std::strncmp(p.host, mine.host, sizeof(p.host)) != 0 ||
         std::strncmp(p.boot_id, mine.boot_id, sizeof(p.boot_id)) != 0) {
       why = "rank " + std::to_string(q) + " is on another host (" + std::string(p.host) + ")";

@@ -22,10 +22,12 @@ namespace cuda_ipc {
 
 class IpcWorkspace {
  public:
-  // `coll_slot_bytes` 0: the layout's default for `size` ranks. Every rank must pass the same
+  // `coll_slot_bytes` 0: the layout's default for `size` ranks and `coll_blocks` channels per peer
+  // pair (make_layout). Every rank must pass the same
   // value (the constructor throws on every rank otherwise).
   IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
-               int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0);
+               int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0,
+               int coll_blocks = kCollBlocks);
   ~IpcWorkspace();
   IpcWorkspace(const IpcWorkspace&) = delete;
   IpcWorkspace& operator=(const IpcWorkspace&) = delete;
@@ -46,7 +48,7 @@ class IpcWorkspace {
 
  private:
   void init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, std::chrono::milliseconds timeout,
-            int64_t coll_slot_bytes);
+            int64_t coll_slot_bytes, int coll_blocks);
   void release_mappings() noexcept;
 
   int rank_;
