@@ -32,8 +32,10 @@ constexpr int64_t kSmallMessageBytes = 4 << 20;
 
 // One-shot all_reduce of at most this many bytes runs with the LL protocol (flags inside the data,
 // kernels/ll_all_reduce.cuh); PYCOLL_CUDA_LL_MAX_KIB overrides it (up to cuda_ipc::kLLMaxBytes).
-// PROVISIONAL until measured against the channel protocol on the device.
-constexpr int64_t kDefaultLLMaxBytes = int64_t(256) << 10;
+// Measured on 2x H200, CUDA graph replay (the kernel alone), LL against the channel protocol:
+// 4.2-4.7 against 9.4-10.1 us up to 4 KiB, 6.6 against 11.6 us at 256 KiB, 8.3 against 12.2 at
+// 512 KiB, 11.2 against 13.6 at 1 MiB (benchmarks/results/2026-11-26-nvidia-h200-ll{1024,0}-graph-np2.json).
+constexpr int64_t kDefaultLLMaxBytes = int64_t(1) << 20;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
 // on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).

@@ -180,7 +180,7 @@ class BlockChannels {
       const uint64_t* tail = reinterpret_cast<const uint64_t*>(h->base[me] + L.tail_offset(peer_, b));
       ok = wait_ge(h, tail, cnt_ + 1, WaitSite{op_, b, peer_, cuda_ipc::kWaitData});
       const int s = int(cnt_ % L.nslots);
-      if (ok && L.has_check) {
+      if (ok) {
         const uint64_t got =
             *reinterpret_cast<const volatile uint64_t*>(h->base[me] + L.check_offset(peer_, b, s));
         if (got != check_) {
@@ -201,10 +201,7 @@ class BlockChannels {
     const int b = blockIdx.x;
     const ChannelSetLayout& L = *set_;
     if (role_ == 1 && has(out_mask, peer_)) {
-      if (L.has_check) {
-        *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + L.check_offset(me, b, int(cnt_ % L.nslots))) =
-            check_;
-      }
+      *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + L.check_offset(me, b, int(cnt_ % L.nslots))) = check_;
       st_release_sys(reinterpret_cast<uint64_t*>(h->base[peer_] + L.tail_offset(me, b)), cnt_ + 1);
       ++cnt_;
       dirty_ = true;

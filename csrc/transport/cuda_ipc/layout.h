@@ -60,11 +60,9 @@ struct ChannelSetLayout {
   int32_t nblocks = 0;
   int32_t nslots = 0;
   int64_t slot_bytes = 0;
-  int32_t has_check = 0; // 1: every slot carries a check word (check_word.h)
-  int32_t pad = 0;
   int64_t off_tail = 0;  // in dst: [src rank][block] u64, written by src
   int64_t off_head = 0;  // in src: [dst rank][block] u64, written by dst
-  int64_t off_check = 0; // in dst: [src rank][block][slot] u64 (only when has_check)
+  int64_t off_check = 0; // in dst: [src rank][block][slot] u64: the slot's check word (check_word.h)
   int64_t off_sent = 0;  // local: [block][peer] u64
   int64_t off_recvd = 0; // local: [block][peer] u64
   int64_t off_data = 0;  // in dst: [peer index 0..n-2][block][slot][slot_bytes]
@@ -146,22 +144,21 @@ inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_bloc
     off += bytes;
     return at;
   };
-  auto flags = [&](ChannelSetLayout& c, int nblocks, int nslots, int64_t slot_bytes, bool has_check) {
+  auto flags = [&](ChannelSetLayout& c, int nblocks, int nslots, int64_t slot_bytes) {
     c.nblocks = nblocks;
     c.nslots = nslots;
     c.slot_bytes = slot_bytes;
-    c.has_check = has_check ? 1 : 0;
     c.off_tail = take(int64_t(kMaxRanks) * nblocks * kFlagStride, kFlagStride);
     c.off_head = take(int64_t(kMaxRanks) * nblocks * kFlagStride, kFlagStride);
-    c.off_check = has_check ? take(int64_t(kMaxRanks) * nblocks * nslots * 8, kFlagStride) : 0;
+    c.off_check = take(int64_t(kMaxRanks) * nblocks * nslots * 8, kFlagStride);
     c.off_sent = take(int64_t(nblocks) * kMaxRanks * 8, kFlagStride);
     c.off_recvd = take(int64_t(nblocks) * kMaxRanks * 8, kFlagStride);
   };
   L.off_abort = take(kFlagStride, kFlagStride);
   L.off_claim = take(kFlagStride, kFlagStride);
   flags(L.coll, coll_blocks, kCollSlots,
-        coll_slot_bytes > 0 ? coll_slot_bytes : coll_slot_bytes_for(nranks, coll_blocks), true);
-  flags(L.p2p, kP2PBlocks, kP2PSlots, kP2PSlotBytes, true);
+        coll_slot_bytes > 0 ? coll_slot_bytes : coll_slot_bytes_for(nranks, coll_blocks));
+  flags(L.p2p, kP2PBlocks, kP2PSlots, kP2PSlotBytes);
   const int64_t npeers = nranks > 1 ? nranks - 1 : 0;
   L.coll.off_data = take(npeers * coll_blocks * kCollSlots * L.coll.slot_bytes, 4096);
   L.p2p.off_data = take(npeers * kP2PBlocks * kP2PSlots * kP2PSlotBytes, 4096);
