@@ -140,6 +140,7 @@ def test_cli_end_to_end_json_and_plot(tmp_path):
     _check_types(meta, META_SPEC, "metadata")
     assert meta["nproc"] == 2 and meta["device"] == "cpu" and "-e 64K" in meta["command"]
     assert doc["labels"] == LABELS and doc["baseline"] == BASELINE
+    assert doc["config"]["prewarm_s"] == 1.0  # the default warm-up before the first size is recorded
 
     sizes = [8 << k for k in range(14)]                      # 8 B .. 64 KiB
     ops = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]

@@ -173,12 +173,12 @@ class BlockChannels {
       const uint64_t need = cnt_ + 1;
       if (need > uint64_t(L.nslots)) {
         const uint64_t* head = reinterpret_cast<const uint64_t*>(h->base[me] + L.head_offset(peer_, b));
-        ok = wait_ge(h, head, need - L.nslots, WaitSite{op_, b, peer_, cuda_ipc::kWaitCredit});
+        ok = wait_ge(h, head, need - L.nslots, WaitSite{op_, b, peer_, cuda_ipc::kWaitCredit}, check_);
       }
       sh_->oslot[peer_] = h->base[peer_] + L.slot_offset(h->nranks, me, peer_, b, int(cnt_ % L.nslots));
     } else if (role_ == 2 && has(in_mask, peer_)) {
       const uint64_t* tail = reinterpret_cast<const uint64_t*>(h->base[me] + L.tail_offset(peer_, b));
-      ok = wait_ge(h, tail, cnt_ + 1, WaitSite{op_, b, peer_, cuda_ipc::kWaitData});
+      ok = wait_ge(h, tail, cnt_ + 1, WaitSite{op_, b, peer_, cuda_ipc::kWaitData}, check_);
       const int s = int(cnt_ % L.nslots);
       if (ok) {
         const uint64_t got =

@@ -49,19 +49,6 @@ __device__ __forceinline__ void ll_store(void* line, uint64_t v, uint32_t flag) 
                : "memory");
 }
 
-// One 16-byte volatile load of a line (never served from L1): payload halves and their flags.
-struct LLRaw {
-  uint32_t d0, f0, d1, f1;
-};
-__device__ __forceinline__ LLRaw ll_load(const void* line) {
-  LLRaw r;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.d0), "=r"(r.f0), "=r"(r.d1), "=r"(r.f1)
-               : "l"(line)
-               : "memory");
-  return r;
-}
-
 // Called every 128 polls of a wait that started at `start`: false (and the error reported) once
 // this rank is aborted or the engine's timeout expired.
 static __device__ __noinline__ bool ll_keep_waiting(const DeviceHandle* h, uint64_t start, WaitSite site,
@@ -203,7 +190,7 @@ __global__ void __launch_bounds__(kLLThreads, 1) ll_all_reduce_kernel(const __gr
   }
   if (__syncthreads_and(ok) == 0) return;
   const uint64_t epoch = epoch_sh;
-  const uint32_t flag = uint32_t((epoch - 1) % 0xffffffffull) + 1u;  // 1..2^32-1, never 0
+  const uint32_t flag = ll_flag(epoch);
   const int parity = int(epoch & 1);
 
   // This thread's words: w = first + i * kLLThreads + threadIdx.x, i < nmine. Loads are issued

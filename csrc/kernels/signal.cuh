@@ -97,11 +97,49 @@ static __device__ __noinline__ void raise_error(const DeviceHandle* h, int32_t c
   __threadfence_system();
 }
 
-static __device__ __noinline__ bool wait_ge_slow(const DeviceHandle* h, const uint64_t* flag,
-                                          uint64_t target, WaitSite site) {
+// ---- LL lines (kernels/ll_all_reduce.cuh) ---------------------------------------------------
+
+// One 16-byte volatile load of an LL line (never served from L1): payload halves and their flags.
+struct LLRaw {
+  uint32_t d0, f0, d1, f1;
+};
+__device__ __forceinline__ LLRaw ll_load(const void* line) {
+  LLRaw r;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.d0), "=r"(r.f0), "=r"(r.d1), "=r"(r.f1)
+               : "l"(line)
+               : "memory");
+  return r;
+}
+
+// The flag of LL epoch `epoch` (>= 1): 1..2^32-1, never 0 (the workspace's initial value).
+__device__ __forceinline__ uint32_t ll_flag(uint64_t epoch) { return uint32_t((epoch - 1) % 0xffffffffull) + 1u; }
+
+// True when `peer` has started the LL all_reduce that would follow this rank's LL calls so far (its
+// CTA 0 header for this rank's next epoch is here); *check gets that call's check word. A rank
+// stuck in a channel wait on `peer` uses it: a peer that has moved on to a later call has sent
+// everything of this one, so the wait can only end by a mismatch.
+__device__ __forceinline__ bool peer_in_next_ll_call(const DeviceHandle* h, int peer, uint64_t* check) {
+  const cuda_ipc::LLLayout& L = h->layout.ll;
+  const char* mine = h->base[h->rank];
+  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(mine + L.epoch_offset(0)) + 1;
+  const uint32_t flag = ll_flag(epoch);
+  const LLRaw r = ll_load(mine + L.line_offset(h->nranks, peer, h->rank, int(epoch & 1), 0, 0));
+  *check = uint64_t(r.d0) | (uint64_t(r.d1) << 32);
+  return r.f0 == flag && r.f1 == flag;
+}
+
+// A collective's channel wait gives a peer that is already in its next LL call this long to make
+// the awaited flag visible before the ranks are declared mismatched.
+constexpr uint64_t kLLMismatchGraceNs = 1000000;
+
+// `check`: this rank's check word (collectives; 0 for send/recv, which skip the LL probe).
+static __device__ __noinline__ bool wait_ge_slow(const DeviceHandle* h, const uint64_t* flag, uint64_t target,
+                                                 WaitSite site, uint64_t check) {
   const uint32_t* abort_word =
       reinterpret_cast<const uint32_t*>(h->base[h->rank] + h->layout.off_abort);
   const uint64_t start = globaltimer_ns();
+  uint64_t peer_moved_on_at = 0;
   for (uint32_t spin = 1;; ++spin) {
     const uint64_t v = ld_acquire_sys(flag);
     if (v >= target) return true;
@@ -113,6 +151,14 @@ static __device__ __noinline__ bool wait_ge_slow(const DeviceHandle* h, const ui
         raise_error(h, cuda_ipc::kErrPeerAborted, site, target, v, now - start);
         return false;
       }
+      uint64_t theirs = 0;
+      if (site.op != 0 && peer_in_next_ll_call(h, site.peer, &theirs)) {
+        if (peer_moved_on_at == 0) peer_moved_on_at = now;
+        if (now - peer_moved_on_at > kLLMismatchGraceNs) {
+          raise_error(h, cuda_ipc::kErrOpMismatch, site, check, theirs, now - start);
+          return false;
+        }
+      }
       if (now - start > h->timeout_ns) {
         raise_error(h, cuda_ipc::kErrTimeout, site, target, v, now - start);
         return false;
@@ -122,12 +168,13 @@ static __device__ __noinline__ bool wait_ge_slow(const DeviceHandle* h, const ui
 }
 
 // Bounded spin-wait until *flag >= target, with acquire semantics on success. Returns false (and
-// the error is already reported) when the engine's timeout expires or when this rank has been
-// aborted. Called by one thread per flag.
-__device__ __forceinline__ bool wait_ge(const DeviceHandle* h, const uint64_t* flag,
-                                        uint64_t target, const WaitSite& site) {
+// the error is already reported) when the engine's timeout expires, when this rank has been
+// aborted, or (collectives) when the awaited peer has moved on to an LL all_reduce. Called by one
+// thread per flag.
+__device__ __forceinline__ bool wait_ge(const DeviceHandle* h, const uint64_t* flag, uint64_t target,
+                                        const WaitSite& site, uint64_t check) {
   if (ld_acquire_sys(flag) >= target) return true;
-  return wait_ge_slow(h, flag, target, site);
+  return wait_ge_slow(h, flag, target, site, check);
 }
 
 }  // namespace kernels

@@ -111,6 +111,10 @@ def build_parser():
     g = p.add_argument_group("timing")
     g.add_argument("-w", "--warmup", type=_nonneg_int, default=None,
                    help="warmup calls per row (default: 5 below 1 MiB, 2 below 16 MiB, 1 above)")
+    g.add_argument("--prewarm", type=float, default=1.0,
+                   help="seconds of small all_reduces on every row's group before the first size, so that "
+                        "clocks have ramped up and lazy set-up is done when the smallest sizes are timed "
+                        "(default: 1; 0 skips it)")
     g.add_argument("-n", "--iters", type=_positive_int, default=None,
                    help="timed calls per row (default: adaptive, --budget seconds per row, 3 to 5000 calls)")
     g.add_argument("--budget", type=_positive_float, default=0.05,
@@ -262,7 +266,8 @@ def parse_config(argv, parser=None):
         print(f"pycoll-bench: --nproc {a.nproc} ignored: launched with WORLD_SIZE={world}", file=sys.stderr)
     cfg = BenchConfig(
         device=device, nproc=world, backends=backends, algos=algos, ops=ops, sizes=sizes, dtypes=dtypes,
-        reduce_op=a.reduce_op, root=a.root, warmup=a.warmup, iters=a.iters, budget_s=a.budget,
+        reduce_op=a.reduce_op, root=a.root, warmup=a.warmup, prewarm_s=max(0.0, a.prewarm), iters=a.iters,
+        budget_s=a.budget,
         inplace=a.inplace, check=a.check, graph=a.graph, out_dir=a.out, name=a.name,
         save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out,
         timeout_s=a.timeout, progress=not a.no_progress, command=_command(argv), argv=list(argv),

@@ -15,6 +15,7 @@ class BenchConfig:
     reduce_op: str = "sum"
     root: int = 0
     warmup: Optional[int] = None     # None: 5 calls below 1 MiB, 2 below 16 MiB, 1 above
+    prewarm_s: float = 1.0           # seconds of small all_reduces on every row's group first
     iters: Optional[int] = None      # None: adaptive, from ``budget``
     budget_s: float = 0.05           # adaptive: seconds of timed calls per (size, op, row)
     min_iters: int = 3

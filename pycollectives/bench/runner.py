@@ -1,6 +1,10 @@
 """What every rank runs: process groups, then for each (dtype, size, op) the rows in
 alternation on the same buffers, each timed nccl-tests style.
 
+Before the first size, every row's group runs small all_reduces for ``prewarm_s`` seconds (the
+first second of a run was measured slower for every backend, pycoll and NCCL alike: clocks ramp
+up), in alternation, so that the smallest sizes, timed first, are not biased.
+
 Timing of one row (backend or pycoll algorithm) at one size:
   1. one call with the known inputs; with --check its result is compared with the reference
      (errors and check results are agreed over the control group, so every rank takes the
@@ -286,6 +290,24 @@ class RankRunner:
         return rows
 
     # -- the sweep -------------------------------------------------------------------------
+    def prewarm(self):
+        """Small all_reduces on every row's group, in alternation, for cfg.prewarm_s seconds
+        (rounds of 50 calls per row; every rank runs the same number: the slowest rank's clock
+        decides, agreed over the control group)."""
+        if self.cfg.prewarm_s <= 0:
+            return
+        t = torch.zeros(2, device=self.device)
+        t0 = time.perf_counter()
+        while True:
+            for v in self.variants:
+                if v.algo is not None:
+                    self.set_algo(v.algo)
+                for _ in range(50):
+                    dist.all_reduce(t, group=v.group)
+            _sync(self.cuda)
+            if self.ctrl.max(time.perf_counter() - t0) >= self.cfg.prewarm_s:
+                return
+
     def run(self):
         cfg = self.cfg
         jobs, skipped = [], []
@@ -304,6 +326,7 @@ class RankRunner:
         results = []
         t0 = time.monotonic()
         try:
+            self.prewarm()
             for dtype_name, dtype, elem, nbytes, op in jobs:
                 coll = COLLECTIVES[op]
                 count = nbytes // elem
