@@ -8,6 +8,7 @@
 
 #include "algorithms/select.h"
 #include "bindings/compression_bindings.h"
+#include "bindings/layout_bindings.h"
 #include "cuda/select.h"
 #include "backend/op_stats.h"
 #include "backend/process_group.h"
@@ -91,5 +92,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     throw py::value_error("cuda_algorithm: op must be all_reduce, all_gather or reduce_scatter, got " + op);
   });
   register_compression(m);
+  pycoll::register_layout(m);
   (void)backend_base;
 }
