@@ -49,24 +49,6 @@ __device__ __forceinline__ void ll_store(void* line, uint64_t v, uint32_t flag) 
                : "memory");
 }
 
-// Called every 128 polls of a wait that started at `start`: false (and the error reported) once
-// this rank is aborted or the engine's timeout expired.
-static __device__ __noinline__ bool ll_keep_waiting(const DeviceHandle* h, uint64_t start, WaitSite site,
-                                                    uint32_t flag, uint32_t seen) {
-  const uint32_t ab = ld_relaxed_sys(reinterpret_cast<const uint32_t*>(h->base[h->rank] + h->layout.off_abort));
-  const uint64_t now = globaltimer_ns();
-  if (ab != 0u) {
-    site.peer = int32_t(ab & 0xffu) - 1;
-    raise_error(h, cuda_ipc::kErrPeerAborted, site, flag, seen, now - start);
-    return false;
-  }
-  if (now - start > h->timeout_ns) {
-    raise_error(h, cuda_ipc::kErrTimeout, site, flag, seen, now - start);
-    return false;
-  }
-  return true;
-}
-
 // Bounded wait until each of the N lines at base + line[i] * 16 whose here[i] is false carries
 // `flag`; payloads in v[i]. All missing lines are polled together, so their latencies overlap.
 // False after an error (reported).
@@ -95,7 +77,7 @@ __device__ __forceinline__ bool ll_wait_lines(const DeviceHandle* h, const char*
     }
     if (all) return true;
     if (spin == 0) start = globaltimer_ns();
-    if ((spin & 127u) == 127u && !ll_keep_waiting(h, start, site, flag, seen)) return false;
+    if ((spin & 127u) == 127u && !keep_waiting(h, start, site, flag, seen)) return false;
   }
 }
 

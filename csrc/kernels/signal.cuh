@@ -133,35 +133,43 @@ __device__ __forceinline__ bool peer_in_next_ll_call(const DeviceHandle* h, int 
 // the awaited flag visible before the ranks are declared mismatched.
 constexpr uint64_t kLLMismatchGraceNs = 1000000;
 
+// Called every 128 polls of a bounded wait that started at `start`: false (and the error
+// reported, with `expected` and `observed` for the record) once this rank has been aborted or the
+// engine's timeout has expired. Every spin-wait of the kernels ends through here.
+static __device__ __noinline__ bool keep_waiting(const DeviceHandle* h, uint64_t start, WaitSite site,
+                                                 uint64_t expected, uint64_t observed) {
+  const uint32_t ab = ld_relaxed_sys(reinterpret_cast<const uint32_t*>(h->base[h->rank] + h->layout.off_abort));
+  const uint64_t now = globaltimer_ns();
+  if (ab != 0u) {
+    site.peer = int32_t(ab & 0xffu) - 1;
+    raise_error(h, cuda_ipc::kErrPeerAborted, site, expected, observed, now - start);
+    return false;
+  }
+  if (now - start > h->timeout_ns) {
+    raise_error(h, cuda_ipc::kErrTimeout, site, expected, observed, now - start);
+    return false;
+  }
+  return true;
+}
+
 // `check`: this rank's check word (collectives; 0 for send/recv, which skip the LL probe).
 static __device__ __noinline__ bool wait_ge_slow(const DeviceHandle* h, const uint64_t* flag, uint64_t target,
                                                  WaitSite site, uint64_t check) {
-  const uint32_t* abort_word =
-      reinterpret_cast<const uint32_t*>(h->base[h->rank] + h->layout.off_abort);
   const uint64_t start = globaltimer_ns();
   uint64_t peer_moved_on_at = 0;
   for (uint32_t spin = 1;; ++spin) {
     const uint64_t v = ld_acquire_sys(flag);
     if (v >= target) return true;
     if ((spin & 127u) == 0u) {
-      const uint32_t ab = ld_relaxed_sys(abort_word);
-      const uint64_t now = globaltimer_ns();
-      if (ab != 0u) {
-        site.peer = int32_t(ab & 0xffu) - 1;
-        raise_error(h, cuda_ipc::kErrPeerAborted, site, target, v, now - start);
-        return false;
-      }
+      if (!keep_waiting(h, start, site, target, v)) return false;
       uint64_t theirs = 0;
       if (site.op != 0 && peer_in_next_ll_call(h, site.peer, &theirs)) {
+        const uint64_t now = globaltimer_ns();
         if (peer_moved_on_at == 0) peer_moved_on_at = now;
         if (now - peer_moved_on_at > kLLMismatchGraceNs) {
           raise_error(h, cuda_ipc::kErrOpMismatch, site, check, theirs, now - start);
           return false;
         }
-      }
-      if (now - start > h->timeout_ns) {
-        raise_error(h, cuda_ipc::kErrTimeout, site, target, v, now - start);
-        return false;
       }
     }
   }
