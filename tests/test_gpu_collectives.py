@@ -319,6 +319,83 @@ def test_all_reduce_ll_protocol(seed):
                                    env={"PYCOLL_CUDA_LL_MAX_KIB": "1024"}))
 
 
+def _all_reduce_split(rank, world, seed):
+    """The split one-shot (pushing and reducing CTAs apart, kernels/one_shot.cuh), forced for every
+    one-shot call of the channel protocol (PYCOLL_CUDA_SPLIT_MIN_KIB=0, LL off) with 16 KiB chunks,
+    so that a channel carries many chunks: every dtype, in place (the reducer must not overwrite
+    input its own pusher has not sent yet), odd offsets, sizes from 1 element to
+    64 MiB; interleaved with two-shot, broadcast and all_gather on the same channels (the split
+    kernel uses each channel's two directions from two CTAs); CUDA graph replays."""
+    dev = _setup(rank)
+    out = []
+    set_algo("oneshot")
+    for dtype in DTYPES:
+        for op in ops_for(dtype)[:4]:
+            for numel in (1, 7, 1031, 300007, (1 << 20) + 3):  # in place, as dist.all_reduce always is
+                for offset in (0, 1):
+                    key = ("ar-split", str(dtype), _name(op), numel, offset)
+                    xs = [make_input(seed, key, q, numel, dtype, dev, op) for q in range(world)]
+                    base = torch.zeros(numel + offset + 3, dtype=dtype, device=dev)
+                    t = base[offset:offset + numel]
+                    t.copy_(xs[rank])
+                    dist.all_reduce(t, op=op)
+                    assert not base[:offset].any() and not base[offset + numel:].any(), key
+                    check_close(t, reference(xs, op, dtype), dtype, str(key))
+                    out.append((str(key), digest(t)))
+    for dtype in (torch.float32, torch.bfloat16):
+        numel = (64 << 20) // torch.tensor([], dtype=dtype).element_size() + 5
+        key = ("ar-split-large", str(dtype), numel)
+        xs = [make_input(seed, key, q, numel, dtype, dev) for q in range(world)]
+        t = xs[rank].clone()
+        dist.all_reduce(t)
+        check_close(t, reference(xs, R.SUM, dtype), dtype, str(key))
+        out.append((str(key), digest(t)))
+        del xs, t
+        torch.cuda.empty_cache()
+    for i in range(4):
+        big = torch.full(((4 << 20) // 4 + 1,), float(rank + i), device=dev)
+        set_algo("twoshot" if i % 2 else "oneshot")
+        dist.all_reduce(big)
+        assert torch.all(big == sum(q + i for q in range(world))), i
+        set_algo("oneshot")
+        x = torch.full((70001,), float(rank), device=dev)
+        dist.all_reduce(x)
+        assert torch.all(x == sum(range(world))), i
+        b = torch.full((100000 + i,), float(rank), device=dev)
+        dist.broadcast(b, src=i % world)
+        assert torch.all(b == float(i % world)), i
+        g = torch.empty(world * 5000, device=dev)
+        dist.all_gather_into_tensor(g, torch.full((5000,), float(rank), device=dev))
+        assert torch.equal(g, torch.arange(world, device=dev).float().repeat_interleave(5000)), i
+    xs = [torch.zeros(n, device=dev) for n in (3, 200000, (8 << 20) // 4)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for x in xs:
+            dist.all_reduce(x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in xs:
+            dist.all_reduce(x)
+    for i in range(4):
+        for x in xs:
+            x.fill_(float(rank * 10 + i))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = sum(q * 10 + i for q in range(world))
+        for x in xs:
+            assert torch.all(x == want), f"replay {i}: {x.numel()} elements gave {x[0].item()}, want {want}"
+    set_algo("auto")
+    torch.cuda.synchronize()
+    return out
+
+
+def test_all_reduce_split_one_shot(seed):
+    env = {"PYCOLL_CUDA_SPLIT_MIN_KIB": "0", "PYCOLL_CUDA_SPLIT_CHUNK_KIB": "16", "PYCOLL_CUDA_LL_MAX_KIB": "0"}
+    _assert_same_digests(run_ranks(WORLD, _all_reduce_split, seed, timeout=600, pg_timeout=PG_TIMEOUT, env=env))
+
+
 # ---------------------------------------------------------------------------------------------
 # reduce_scatter, all_gather
 

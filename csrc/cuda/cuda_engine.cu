@@ -172,6 +172,11 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //   PYCOLL_CUDA_CHUNK_KIB   largest chunk one step of a CTA moves, in KiB, a multiple of 4 (default
 //                           and cap: the slot size). Smaller chunks mean more, shorter pipeline
 //                           steps per CTA: less fill time, more flag hops.
+//   PYCOLL_CUDA_SPLIT_MIN_KIB  one-shot all_reduce of at least this many KiB runs split: pushing and
+//                           reducing CTAs apart (kernels/one_shot.cuh; default gpu::kDefaultSplitMinBytes;
+//                           0 always, beyond the largest message never). Needs 2 CTAs per channel.
+//   PYCOLL_CUDA_SPLIT_CHUNK_KIB  chunk of the split one-shot, in KiB, a multiple of 4, at most a slot
+//                           (default gpu::kDefaultSplitChunkBytes).
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -194,6 +199,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   // Every rank must plan the same launches: all GPUs of a group are assumed alike (as the
   // workspace size check assumes), so the SM cap gives every rank the same number.
   max_blocks_ = std::max(1, std::min(max_blocks_, sms));
+  sms_ = sms;
   small_max_blocks_ = int(env_int("PYCOLL_CUDA_SMALL_MAX_BLOCKS", gpu::kSmallMaxBlocks, 1, cuda_ipc::kMaxCollBlocks));
   ll_max_bytes_ = env_int("PYCOLL_CUDA_LL_MAX_KIB", gpu::kDefaultLLMaxBytes / 1024, 0, cuda_ipc::kLLMaxBytes / 1024) * 1024;
   const int64_t slot_kib = env_int("PYCOLL_CUDA_SLOT_KIB", 0, 0, 16384);
@@ -204,6 +210,11 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   TORCH_CHECK(chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_CHUNK_KIB=", chunk_kib, " must be a multiple of 4");
   const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
   chunk_bytes_ = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, slot_bytes) : slot_bytes;
+  split_min_bytes_ = env_int("PYCOLL_CUDA_SPLIT_MIN_KIB", gpu::kDefaultSplitMinBytes / 1024, 0, int64_t(1) << 40) * 1024;
+  const int64_t split_chunk_kib = env_int("PYCOLL_CUDA_SPLIT_CHUNK_KIB", gpu::kDefaultSplitChunkBytes / 1024, 4, 16384);
+  TORCH_CHECK(split_chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SPLIT_CHUNK_KIB=", split_chunk_kib,
+              " must be a multiple of 4");
+  split_chunk_bytes_ = std::min<int64_t>(split_chunk_kib * 1024, slot_bytes);
 }
 
 CudaEngine::~CudaEngine() = default;
@@ -305,10 +316,23 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   }
   gpu::Geometry g;
   switch (chosen) {
-    case Algo::OneShot:
+    case Algo::OneShot: {
+      const int split_channels = std::min(max_blocks_, sms_ / 2);
+      if (count * es >= split_min_bytes_ && split_channels >= 1) {
+        // Pushing CTAs 0..C-1 and reducing CTAs C..2C-1 on channels 0..C-1 (kernels/one_shot.cuh).
+        a.mode = kernels::ReduceMode::AllReduceOneShotSplit;
+        g = gpu::plan_geometry(count, es, split_chunk_bytes_, split_channels, split_channels);
+        a.chunk = g.chunk;
+        a.nchunks = g.nchunks;
+        TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::all_reduce: bad split ",
+                    "launch geometry (", g.blocks, " channels)");
+        PYCOLL_CUDA_OK(gpu::launch_reduce(2 * g.blocks, stream, a), kOp, "kernel launch");
+        return chosen;
+      }
       a.mode = kernels::ReduceMode::AllReduceOneShot;
       g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_, small_max_blocks_);
       break;
+    }
     case Algo::TwoShot:
     case Algo::Ring:
       a.mode = chosen == Algo::TwoShot ? kernels::ReduceMode::AllReduceTwoShot : kernels::ReduceMode::AllReduceRing;

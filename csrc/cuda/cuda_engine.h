@@ -94,6 +94,11 @@ class CudaEngine {
   int small_max_blocks_;  // ... for messages up to gpu::kSmallMessageBytes (PYCOLL_CUDA_SMALL_MAX_BLOCKS)
   int64_t ll_max_bytes_ = 0;  // largest all_reduce run with the LL protocol (PYCOLL_CUDA_LL_MAX_KIB)
   int64_t chunk_bytes_ = 0;  // largest chunk per CTA step (PYCOLL_CUDA_CHUNK_KIB, at most a slot)
+  int sms_ = 0;              // the GPU's SM count: every CTA of a collective must be resident
+  // One-shot all_reduce from this many bytes runs split (pushing and reducing CTAs, one_shot.cuh)
+  // with chunks of split_chunk_bytes_ (PYCOLL_CUDA_SPLIT_MIN_KIB, PYCOLL_CUDA_SPLIT_CHUNK_KIB).
+  int64_t split_min_bytes_ = 0;
+  int64_t split_chunk_bytes_ = 0;
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };
 

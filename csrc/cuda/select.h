@@ -37,6 +37,11 @@ constexpr int64_t kSmallMessageBytes = 4 << 20;
 // 512 KiB, 11.2 against 13.6 at 1 MiB (benchmarks/results/2026-11-26-nvidia-h200-ll{1024,0}-graph-np2.json).
 constexpr int64_t kDefaultLLMaxBytes = int64_t(1) << 20;
 
+// Split one-shot all_reduce (pushing and reducing CTAs apart, kernels/one_shot.cuh): used from
+// this size on, with chunks of kDefaultSplitChunkBytes. PROVISIONAL until measured.
+constexpr int64_t kDefaultSplitMinBytes = int64_t(4) << 20;
+constexpr int64_t kDefaultSplitChunkBytes = int64_t(64) << 10;
+
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
 // on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).
 constexpr int kAllToAllBlocks = 16;

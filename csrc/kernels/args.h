@@ -23,6 +23,7 @@ enum class ReduceMode : int32_t {
   ReduceScatterDirect = 4,
   ReduceScatterRing = 5,
   ReduceDirect = 6,
+  AllReduceOneShotSplit = 7,  // grid = 2 x channels: pushers, then reducers (one_shot.cuh)
 };
 
 // Copy kernels (no dtype).

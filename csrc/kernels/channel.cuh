@@ -142,32 +142,39 @@ __device__ __forceinline__ void load_args(StepShared* sh, Args* smem_args, const
 
 class BlockChannels {
  public:
-  // `check`: the word every message carries and the receiver compares (check_word.h).
-  __device__ BlockChannels(StepShared* sh, const ChannelSetLayout* set, int op, uint64_t check)
-      : sh_(sh), set_(set), op_(op), check_(check) {
+  // Which directions of its channel a CTA serves: both (every kernel but the split one-shot) or
+  // one (the split one-shot gives the outbound and the inbound side of a channel to two CTAs).
+  static constexpr uint32_t kOutbound = 1u;
+  static constexpr uint32_t kInbound = 2u;
+
+  // `check`: the word every message carries and the receiver compares (check_word.h). `chan`: the
+  // channel index this CTA drives (-1: its blockIdx.x); `roles`: kOutbound and/or kInbound.
+  __device__ BlockChannels(StepShared* sh, const ChannelSetLayout* set, int op, uint64_t check, int chan = -1,
+                           uint32_t roles = kOutbound | kInbound)
+      : sh_(sh), set_(set), op_(op), check_(check), chan_(chan < 0 ? int(blockIdx.x) : chan) {
     const DeviceHandle* h = sh->h;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     peer_ = lane;
     role_ = 0;
-    if (lane < h->nranks && lane != h->rank && blockIdx.x < unsigned(set->nblocks)) {
-      if (warp == 0) role_ = 1;
-      if (warp == 1) role_ = 2;
+    if (lane < h->nranks && lane != h->rank && chan_ < set->nblocks) {
+      if (warp == 0 && (roles & kOutbound)) role_ = 1;
+      if (warp == 1 && (roles & kInbound)) role_ = 2;
     }
     dirty_ = false;
     cnt_ = 0;
     if (role_ == 1) {
-      cnt_ = *reinterpret_cast<const uint64_t*>(h->base[h->rank] + set->sent_offset(blockIdx.x, peer_));
+      cnt_ = *reinterpret_cast<const uint64_t*>(h->base[h->rank] + set->sent_offset(chan_, peer_));
     } else if (role_ == 2) {
-      cnt_ = *reinterpret_cast<const uint64_t*>(h->base[h->rank] + set->recvd_offset(blockIdx.x, peer_));
+      cnt_ = *reinterpret_cast<const uint64_t*>(h->base[h->rank] + set->recvd_offset(chan_, peer_));
     }
   }
 
-  __device__ bool acquire(uint32_t out_mask, uint32_t in_mask) {
-    bool ok = true;
+  // `ok`: the caller's own wait of this step (false fails the step on every thread).
+  __device__ bool acquire(uint32_t out_mask, uint32_t in_mask, bool ok = true) {
     const DeviceHandle* h = sh_->h;
     const int me = h->rank;
-    const int b = blockIdx.x;
+    const int b = chan_;
     const ChannelSetLayout& L = *set_;
     if (role_ == 1 && has(out_mask, peer_)) {
       const uint64_t need = cnt_ + 1;
@@ -198,7 +205,7 @@ class BlockChannels {
     __syncthreads();
     const DeviceHandle* h = sh_->h;
     const int me = h->rank;
-    const int b = blockIdx.x;
+    const int b = chan_;
     const ChannelSetLayout& L = *set_;
     if (role_ == 1 && has(out_mask, peer_)) {
       *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + L.check_offset(me, b, int(cnt_ % L.nslots))) = check_;
@@ -231,9 +238,9 @@ class BlockChannels {
     const DeviceHandle* h = sh_->h;
     char* mine = h->base[h->rank];
     if (role_ == 1) {
-      *reinterpret_cast<uint64_t*>(mine + set_->sent_offset(blockIdx.x, peer_)) = cnt_;
+      *reinterpret_cast<uint64_t*>(mine + set_->sent_offset(chan_, peer_)) = cnt_;
     } else if (role_ == 2) {
-      *reinterpret_cast<uint64_t*>(mine + set_->recvd_offset(blockIdx.x, peer_)) = cnt_;
+      *reinterpret_cast<uint64_t*>(mine + set_->recvd_offset(chan_, peer_)) = cnt_;
     }
   }
 
@@ -242,6 +249,7 @@ class BlockChannels {
   const ChannelSetLayout* set_;
   int op_;
   uint64_t check_;
+  int chan_;
   int peer_;
   int role_;  // 0 none, 1 outbound manager of peer_, 2 inbound manager of peer_
   bool dirty_;

@@ -30,10 +30,18 @@ static __global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const __grid
   StepShared* sh = &sh_storage;
   load_args(sh, &sa, args, args.dtype, args.rop);
   const ReduceArgs& a = sa;
-  BlockChannels ch(sh, &a.h.layout.coll, a.op, a.check);
+  int chan = -1;  // every mode but the split one-shot: channel = blockIdx.x, both directions
+  uint32_t roles = BlockChannels::kOutbound | BlockChannels::kInbound;
+  if (a.mode == ReduceMode::AllReduceOneShotSplit) {
+    const int C = int(gridDim.x) / 2;
+    chan = int(blockIdx.x) % C;
+    roles = int(blockIdx.x) < C ? BlockChannels::kOutbound : BlockChannels::kInbound;
+  }
+  BlockChannels ch(sh, &a.h.layout.coll, a.op, a.check, chan, roles);
   bool ok = false;
   switch (a.mode) {
     case ReduceMode::AllReduceOneShot: ok = one_shot_all_reduce(a, ch, sh); break;
+    case ReduceMode::AllReduceOneShotSplit: ok = one_shot_split_all_reduce(a, ch, sh); break;
     case ReduceMode::AllReduceTwoShot: ok = two_shot_all_reduce(a, ch, sh); break;
     case ReduceMode::AllReduceRing: ok = ring_all_reduce(a, ch, sh); break;
     case ReduceMode::AllReduceTree: ok = tree_all_reduce(a, ch, sh); break;

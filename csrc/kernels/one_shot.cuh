@@ -10,6 +10,22 @@
 //   wait, one fence): the next chunk is in flight while this one is reduced. A step waits only for
 //   messages the peers sent in earlier steps, so the ranks cannot wait on each other in a cycle.
 //   One flag hop of latency; bytes sent per rank: (n-1) * count * elem_size.
+//
+// Split one-shot: the same chunks and messages, but the two halves of a step run on different CTAs
+// so that neither waits for the other. With C channels the grid has 2C CTAs: CTA b < C is the
+// pusher of channel b (outbound only: push(k) for k = 0..K-1, limited by slot credits alone) and
+// CTA C + b its reducer (inbound only: wait for chunk k from every peer, reduce, store). In the
+// fused kernel a step's reduce and push run one after the other and every step waits a flag hop,
+// so the link idles while the CTAs reduce or wait; split, the pushers keep the link busy and the
+// reduction overlaps it. A message is cut into smaller chunks than a slot so that the last
+// reduction wave (after the last chunk landed) is short.
+//   In-place calls (out == in) need one extra order: the reducer may overwrite chunk k of `in` only
+//   after this rank's pusher has read it. The pusher counts the chunks it has pushed in the
+//   workspace (SplitLayout: pushed, st.release.gpu after each push), the reducer counts those it
+//   reduced (reduced, stored at the end); both CTAs of a channel handle the same chunks in every
+//   call, so the counts are equal at kernel start and the reducer waits for pushed >= its start
+//   count + k + 1 before it stores chunk k.
+//   Every CTA of the grid must be resident at once (reducers wait for pushers): 2C <= SMs.
 #pragma once
 
 #include "kernels/args.h"
@@ -60,6 +76,60 @@ static __device__ bool one_shot_all_reduce(const ReduceArgs& a, BlockChannels& c
     }
     ch.execute(out_mask, peers);
   }
+  return true;
+}
+
+static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
+  const DeviceHandle* h = sh->h;
+  const int n = h->nranks;
+  const int me = h->rank;
+  const uint32_t peers = peer_mask(n, me);
+  const int C = gridDim.x / 2;
+  const bool pusher = int(blockIdx.x) < C;
+  const int b = int(blockIdx.x) % C;
+  const int64_t K = block_chunk_count(a.nchunks, b, C);
+  const int64_t es = a.elem_size;
+  const char* in = static_cast<const char*>(a.in);
+  char* out = static_cast<char*>(a.out);
+  auto first = [&](int64_t k) { return (int64_t(b) + k * C) * a.chunk; };
+  auto length = [&](int64_t k) {
+    const int64_t f = first(k);
+    return a.count - f < a.chunk ? a.count - f : a.chunk;
+  };
+  char* mine = h->base[me];
+  uint64_t* pushed = reinterpret_cast<uint64_t*>(mine + h->layout.split.pushed_offset(b));
+  uint64_t* reduced = reinterpret_cast<uint64_t*>(mine + h->layout.split.reduced_offset(b));
+
+  if (pusher) {
+    const uint64_t base = *reinterpret_cast<volatile uint64_t*>(pushed);  // only this CTA writes it
+    for (int64_t k = 0; k < K; ++k) {
+      if (!ch.acquire(peers, 0)) return false;
+      if (threadIdx.x == 0) {
+        sh->clear();
+        CopyJob& j = sh->add_copy(in + first(k) * es, length(k) * es);
+        for (int p = 0; p < n; ++p)
+          if (has(peers, p)) push_dst(j, sh->oslot[p]);
+      }
+      ch.execute_copy(peers, 0);  // ends with __syncthreads: every thread's reads of chunk k are done
+      if (threadIdx.x == 0) st_release_gpu(pushed, base + uint64_t(k) + 1);
+    }
+    return true;
+  }
+  const uint64_t base = *reinterpret_cast<volatile uint64_t*>(reduced);  // only this CTA writes it
+  for (int64_t k = 0; k < K; ++k) {
+    bool ok = true;
+    if (threadIdx.x == 64)  // warp 2: warps 0 and 1 wait for the channels meanwhile
+      ok = wait_local_ge(h, pushed, base + uint64_t(k) + 1, WaitSite{a.op, b, me, cuda_ipc::kWaitLocal});
+    if (!ch.acquire(0, peers, ok)) return false;
+    if (threadIdx.x == 0) {
+      sh->clear();
+      ReduceJob& j = sh->set_reduce(length(k), a.div);
+      for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(in + first(k) * es) : sh->islot[q]);
+      push_dst(j, out + first(k) * es);
+    }
+    ch.execute(0, peers);
+  }
+  if (threadIdx.x == 0) *reduced = base + uint64_t(K);
   return true;
 }
 

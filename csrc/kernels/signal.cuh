@@ -48,6 +48,16 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   return v;
 }
 
+// The same pair at GPU scope, for flags between CTAs of one GPU (the split one-shot's progress).
+__device__ __forceinline__ void st_release_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Relaxed (no ordering) system-scope accesses: used for the sticky abort word only.
 __device__ __forceinline__ uint32_t ld_relaxed_sys(const uint32_t* p) {
   uint32_t v;
@@ -183,6 +193,19 @@ __device__ __forceinline__ bool wait_ge(const DeviceHandle* h, const uint64_t* f
                                         const WaitSite& site, uint64_t check) {
   if (ld_acquire_sys(flag) >= target) return true;
   return wait_ge_slow(h, flag, target, site, check);
+}
+
+// Bounded spin-wait until *flag >= target for a flag another CTA of this GPU writes (acquire at
+// GPU scope). Same exits as wait_ge, without the LL probe (no peer is involved).
+static __device__ __noinline__ bool wait_local_ge(const DeviceHandle* h, const uint64_t* flag, uint64_t target,
+                                                  WaitSite site) {
+  if (ld_acquire_gpu(flag) >= target) return true;
+  const uint64_t start = globaltimer_ns();
+  for (uint32_t spin = 1;; ++spin) {
+    const uint64_t v = ld_acquire_gpu(flag);
+    if (v >= target) return true;
+    if ((spin & 127u) == 0u && !keep_waiting(h, start, site, target, v)) return false;
+  }
 }
 
 }  // namespace kernels

@@ -23,6 +23,7 @@ enum DeviceErrorCode : int32_t {
 enum WaitKind : int32_t {
   kWaitCredit = 1,  // waiting for the receiver to free a slot (head)
   kWaitData = 2,    // waiting for the sender to fill a slot (tail)
+  kWaitLocal = 3,   // split one-shot: waiting for this rank's pushing CTA to read its input
 };
 
 // First error seen by any kernel of this rank, written by the device into host-mapped memory.

@@ -111,6 +111,17 @@ struct LLLayout {
   }
 };
 
+// Progress of the split one-shot all_reduce (kernels/one_shot.cuh), local to each rank: for
+// channel b, how many chunks its pushing CTA has sent and its reducing CTA has reduced, since the
+// engine was created. Equal at every kernel start (both CTAs of a channel handle the same chunks),
+// so the reducer knows how far the pusher of this call has got without a per-call reset.
+struct SplitLayout {
+  int64_t off = 0;  // local: [channel 0..kMaxCollBlocks) {pushed u64, reduced u64}
+
+  PYCOLL_HD int64_t pushed_offset(int b) const { return off + int64_t(b) * 16; }
+  PYCOLL_HD int64_t reduced_offset(int b) const { return off + int64_t(b) * 16 + 8; }
+};
+
 struct Layout {
   int32_t nranks = 0;
   int32_t pad = 0;
@@ -119,6 +130,7 @@ struct Layout {
   ChannelSetLayout coll;
   ChannelSetLayout p2p;
   LLLayout ll;
+  SplitLayout split;
   int64_t total_bytes = 0;
 };
 
@@ -165,6 +177,7 @@ inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_bloc
   L.ll.nblocks = kLLBlocks;
   L.ll.block_lines = int32_t(1 + kLLBlockPayloadBytes / 8);
   L.ll.off_epoch = take(int64_t(kLLBlocks) * 8, kFlagStride);
+  L.split.off = take(int64_t(kMaxCollBlocks) * 16, kFlagStride);
   L.ll.off_data = take(2 * npeers * kLLBlocks * L.ll.block_lines * kLLLineBytes, 4096);
   L.total_bytes = round_up_i64(off, 2 << 20);
   return L;

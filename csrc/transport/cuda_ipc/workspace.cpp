@@ -28,7 +28,7 @@ namespace {
 #define PYCOLL_IPC_CHECK(expr, what) PYCOLL_CUDA_CHECK(expr, "pycoll::cuda_ipc: ", what)
 
 constexpr uint32_t kMagic = 0x70434950;  // "pCIP"
-constexpr uint32_t kVersion = 2;  // 2: the LL region
+constexpr uint32_t kVersion = 3;  // 2: the LL region; 3: split one-shot progress words
 
 // What a rank publishes about itself. Raw bytes through the Store: every rank runs this binary.
 struct PeerInfo {
@@ -280,7 +280,10 @@ std::string IpcWorkspace::error_message() const {
   switch (code) {
     case kErrTimeout:
       os << what << " (CTA " << e->block << ") timed out after " << (e->waited_ns / 1000000ull) << " ms waiting for rank "
-         << e->peer << (e->where == kWaitCredit ? " to free a workspace slot" : " to deliver data")
+         << e->peer
+         << (e->where == kWaitCredit  ? " to free a workspace slot"
+             : e->where == kWaitLocal ? " (its own pushing CTA) to read the input"
+                                      : " to deliver data")
          << " (flag " << e->observed << ", expected >= " << e->expected
          << "). That rank crashed, hangs, or issued a different sequence of operations.";
       break;
