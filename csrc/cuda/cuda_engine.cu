@@ -321,9 +321,10 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
       if (count * es >= split_min_bytes_ && split_channels >= 1) {
         // Pushing CTAs 0..C-1 and reducing CTAs C..2C-1 on channels 0..C-1 (kernels/one_shot.cuh).
         a.mode = kernels::ReduceMode::AllReduceOneShotSplit;
-        g = gpu::plan_geometry(count, es, split_chunk_bytes_, split_channels, split_channels);
+        g = gpu::plan_split(count, es, split_chunk_bytes_, split_channels);
+        a.seg = g.seg;
         a.chunk = g.chunk;
-        a.nchunks = g.nchunks;
+        a.nchunks = 0;  // per channel, from seg and chunk (kernels/one_shot.cuh: SplitChunks)
         TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::all_reduce: bad split ",
                     "launch geometry (", g.blocks, " channels)");
         PYCOLL_CUDA_OK(gpu::launch_reduce(2 * g.blocks, stream, a), kOp, "kernel launch");

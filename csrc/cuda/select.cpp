@@ -61,6 +61,22 @@ Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_byte
   return g;
 }
 
+Geometry plan_split(int64_t elems, int64_t elem_bytes, int64_t chunk_bytes, int max_channels) {
+  Geometry g;
+  const int64_t pack = std::max<int64_t>(1, 16 / elem_bytes);
+  g.chunk = std::max<int64_t>(2 * pack, chunk_bytes / elem_bytes / (2 * pack) * (2 * pack));
+  if (elems <= 0) {
+    g.blocks = 1;
+    g.seg = 0;
+    return g;
+  }
+  const int64_t by_size = std::max<int64_t>(1, ceil_div(elems * elem_bytes, kCost.min_chunk_bytes));
+  const int64_t channels = std::max<int64_t>(1, std::min<int64_t>(max_channels, by_size));
+  g.seg = round_up(ceil_div(elems, channels), pack);
+  g.blocks = int(ceil_div(elems, g.seg));
+  return g;
+}
+
 double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks) {
   const double n = nranks;
   const double N = double(bytes);

@@ -16,6 +16,7 @@ struct Geometry {
   int blocks = 1;
   int64_t chunk = 0;
   int64_t nchunks = 0;
+  int64_t seg = 0;  // plan_split only: elements of each channel's contiguous range
 };
 
 // CTAs a collective uses at most (the workspace has channels for cuda_ipc::kCollBlocks);
@@ -40,7 +41,7 @@ constexpr int64_t kDefaultLLMaxBytes = int64_t(1) << 20;
 // Split one-shot all_reduce (pushing and reducing CTAs apart, kernels/one_shot.cuh): used from
 // this size on, with chunks of kDefaultSplitChunkBytes. PROVISIONAL until measured.
 constexpr int64_t kDefaultSplitMinBytes = int64_t(4) << 20;
-constexpr int64_t kDefaultSplitChunkBytes = int64_t(64) << 10;
+constexpr int64_t kDefaultSplitChunkBytes = int64_t(128) << 10;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
 // on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).
@@ -52,6 +53,13 @@ constexpr int kAllToAllBlocks = 16;
 // `max_blocks` CTAs, and at most `small_max_blocks` for messages up to kSmallMessageBytes.
 Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks,
                        int small_max_blocks = kSmallMaxBlocks);
+
+// Cut `elems` elements for the split one-shot all_reduce (kernels/one_shot.cuh): `blocks` channels
+// (at most `max_channels`, none with less than kMinChunkBytes), each a contiguous range of `seg`
+// elements (a multiple of 16 bytes; the last range may be short), cut into chunks of `chunk`
+// elements (at most `chunk_bytes`, a multiple of 32 bytes so that half a chunk keeps 16-byte
+// alignment).
+Geometry plan_split(int64_t elems, int64_t elem_bytes, int64_t chunk_bytes, int max_channels);
 
 // Predicted time in microseconds of one call (2..8 ranks on one NVLink/NVSwitch host).
 // `bytes`: all_reduce: the tensor; all_gather / reduce_scatter: one rank's share.

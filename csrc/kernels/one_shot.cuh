@@ -11,14 +11,20 @@
 //   messages the peers sent in earlier steps, so the ranks cannot wait on each other in a cycle.
 //   One flag hop of latency; bytes sent per rank: (n-1) * count * elem_size.
 //
-// Split one-shot: the same chunks and messages, but the two halves of a step run on different CTAs
-// so that neither waits for the other. With C channels the grid has 2C CTAs: CTA b < C is the
-// pusher of channel b (outbound only: push(k) for k = 0..K-1, limited by slot credits alone) and
-// CTA C + b its reducer (inbound only: wait for chunk k from every peer, reduce, store). In the
-// fused kernel a step's reduce and push run one after the other and every step waits a flag hop,
-// so the link idles while the CTAs reduce or wait; split, the pushers keep the link busy and the
-// reduction overlaps it. A message is cut into smaller chunks than a slot so that the last
-// reduction wave (after the last chunk landed) is short.
+// Split one-shot: the same messages, but the two halves of a step run on different CTAs so that
+// neither waits for the other. With C channels the grid has 2C CTAs: CTA b < C is the pusher of
+// channel b (outbound only: push(k) for every chunk k of the channel, limited by slot credits
+// alone) and CTA C + b its reducer (inbound only: wait for chunk k from every peer, reduce, store).
+// In the fused kernel a step's reduce and push run one after the other and every step waits a flag
+// hop, so the link idles while the CTAs reduce or wait; split, the pushers keep the link busy and
+// the reduction overlaps it.
+//   Chunks: channel b owns the contiguous range [b*seg, (b+1)*seg) of the message (a.seg elements,
+//   the last channel's range may be short or empty), cut into chunks of a.chunk elements, except
+//   that an odd channel's first chunk is half as long. A pusher pays a fence (its data acknowledged
+//   by the peer) per chunk; channels that all cut at the same offsets fence at the same moment and
+//   the link idles meanwhile, so odd channels cut half a chunk off: their fences fall in the middle
+//   of the even channels' chunks. Their last chunk is then short too, which halves the reduction
+//   that is left after the last data has landed.
 //   In-place calls (out == in) need one extra order: the reducer may overwrite chunk k of `in` only
 //   after this rank's pusher has read it. The pusher counts the chunks it has pushed in the
 //   workspace (SplitLayout: pushed, st.release.gpu after each push), the reducer counts those it
@@ -79,6 +85,27 @@ static __device__ bool one_shot_all_reduce(const ReduceArgs& a, BlockChannels& c
   return true;
 }
 
+// Chunk k of a split one-shot channel: its first element inside the channel's range and its
+// length (elements). `half`: the channel cuts its first chunk at chunk/2 (odd channels).
+struct SplitChunks {
+  int64_t len;    // elements of the channel's range
+  int64_t chunk;  // elements of a full chunk (even, so that chunk/2 keeps the 16-byte packing)
+  bool half;
+  __device__ __forceinline__ int64_t first(int64_t k) const {
+    return k == 0 ? 0 : (half ? chunk / 2 : chunk) + (k - 1) * chunk;
+  }
+  __device__ __forceinline__ int64_t count() const {
+    const int64_t head = half ? chunk / 2 : chunk;
+    if (len <= 0) return 0;
+    return len <= head ? 1 : 1 + (len - head + chunk - 1) / chunk;
+  }
+  __device__ __forceinline__ int64_t length(int64_t k) const {
+    const int64_t f = first(k);
+    const int64_t e = first(k + 1) < len ? first(k + 1) : len;
+    return e - f;
+  }
+};
+
 static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
   const DeviceHandle* h = sh->h;
   const int n = h->nranks;
@@ -87,15 +114,16 @@ static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChann
   const int C = gridDim.x / 2;
   const bool pusher = int(blockIdx.x) < C;
   const int b = int(blockIdx.x) % C;
-  const int64_t K = block_chunk_count(a.nchunks, b, C);
   const int64_t es = a.elem_size;
-  const char* in = static_cast<const char*>(a.in);
-  char* out = static_cast<char*>(a.out);
-  auto first = [&](int64_t k) { return (int64_t(b) + k * C) * a.chunk; };
-  auto length = [&](int64_t k) {
-    const int64_t f = first(k);
-    return a.count - f < a.chunk ? a.count - f : a.chunk;
-  };
+  const int64_t lo = int64_t(b) * a.seg;  // the channel's range in elements
+  int64_t len = a.count - lo;
+  len = len < 0 ? 0 : (len > a.seg ? a.seg : len);
+  const SplitChunks sc{len, a.chunk, (b & 1) != 0};
+  const int64_t K = sc.count();
+  const char* in = static_cast<const char*>(a.in) + lo * es;
+  char* out = static_cast<char*>(a.out) + lo * es;
+  auto first = [&](int64_t k) { return sc.first(k); };
+  auto length = [&](int64_t k) { return sc.length(k); };
   char* mine = h->base[me];
   uint64_t* pushed = reinterpret_cast<uint64_t*>(mine + h->layout.split.pushed_offset(b));
   uint64_t* reduced = reinterpret_cast<uint64_t*>(mine + h->layout.split.reduced_offset(b));
