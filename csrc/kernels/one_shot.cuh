@@ -106,6 +106,92 @@ struct SplitChunks {
   }
 };
 
+// Named CTA barriers of the split pusher (0 is __syncthreads). Both count every thread of the CTA.
+constexpr int kBarReady = 1;  // the poster warp has a free slot for chunk k on every peer: data warps go
+constexpr int kBarDone = 2;   // the data warps have stored chunk k: the poster may publish it
+__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(kThreads) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(kThreads) : "memory");
+}
+
+// The pusher of a split one-shot channel. Warp 0 is the poster (lane p serves peer p): it waits
+// for slot credits and publishes each chunk (check word, then tail with st.release.sys, which
+// waits until the peer has acknowledged the data). Warps 1..15 move the data. The poster hands the
+// data warps chunk k+1 before it publishes chunk k, so the fence of one chunk overlaps the stores
+// of the next instead of stalling the whole CTA once per chunk; the tail counter still advances
+// in order (one lane per peer posts them one after another).
+static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, const SplitChunks& sc,
+                                  const char* in, uint64_t* pushed) {
+  __shared__ uint64_t sent0[kMaxRanks];
+  __shared__ int failed;
+  const DeviceHandle* h = sh->h;
+  const int n = h->nranks;
+  const int me = h->rank;
+  const ChannelSetLayout& L = h->layout.coll;
+  const int64_t K = sc.count();
+  const int64_t es = a.elem_size;
+  if (K == 0) return true;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const uint64_t done0 = *reinterpret_cast<volatile uint64_t*>(pushed);  // only this CTA writes it
+
+  if (warp == 0) {
+    const bool serves = lane < n && lane != me;
+    uint64_t sent = serves ? *reinterpret_cast<const uint64_t*>(h->base[me] + L.sent_offset(b, lane)) : 0;
+    if (serves) sent0[lane] = sent;
+    // Credit for chunk k on this lane's peer: at most nslots messages unread.
+    auto credit = [&](int64_t k) {
+      bool ok = true;
+      const uint64_t need = sent + uint64_t(k) + 1;
+      if (serves && need > uint64_t(L.nslots)) {
+        const uint64_t* head = reinterpret_cast<const uint64_t*>(h->base[me] + L.head_offset(lane, b));
+        ok = wait_ge(h, head, need - L.nslots, WaitSite{a.op, b, lane, cuda_ipc::kWaitCredit}, a.check);
+      }
+      return __all_sync(0xffffffffu, ok);
+    };
+    bool ok = credit(0);
+    if (lane == 0) failed = ok ? 0 : 1;
+    bar_arrive(kBarReady);
+    if (!ok) return false;
+    for (int64_t k = 0; k < K; ++k) {
+      bar_sync(kBarDone);  // chunk k stored (and its input read) by every data warp
+      if (lane == 0) st_release_gpu(pushed, done0 + uint64_t(k) + 1);
+      if (k + 1 < K) {
+        ok = credit(k + 1);
+        if (lane == 0 && !ok) failed = 1;
+        bar_arrive(kBarReady);
+      }
+      if (serves) {
+        const int slot = int((sent + uint64_t(k)) % uint64_t(L.nslots));
+        *reinterpret_cast<volatile uint64_t*>(h->base[lane] + L.check_offset(me, b, slot)) = a.check;
+        st_release_sys(reinterpret_cast<uint64_t*>(h->base[lane] + L.tail_offset(me, b)), sent + uint64_t(k) + 1);
+      }
+      if (!ok) return false;
+    }
+    if (serves) *reinterpret_cast<uint64_t*>(h->base[me] + L.sent_offset(b, lane)) = sent + uint64_t(K);
+    return true;
+  }
+
+  const int tid = int(threadIdx.x) - 32;
+  const int nt = kThreads - 32;
+  for (int64_t k = 0; k < K; ++k) {
+    bar_sync(kBarReady);
+    if (failed) return false;
+    CopyJob j;
+    j.src = in + sc.first(k) * es;
+    j.bytes = sc.length(k) * es;
+    j.nd = 0;
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      const int slot = int((sent0[p] + uint64_t(k)) % uint64_t(L.nslots));
+      j.dst[j.nd++] = h->base[p] + L.slot_offset(n, me, p, b, slot);
+    }
+    copy_run(&j, 1, tid, nt);
+    bar_arrive(kBarDone);
+  }
+  return true;
+}
+
 static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChannels& ch, StepShared* sh) {
   const DeviceHandle* h = sh->h;
   const int n = h->nranks;
@@ -128,21 +214,7 @@ static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChann
   uint64_t* pushed = reinterpret_cast<uint64_t*>(mine + h->layout.split.pushed_offset(b));
   uint64_t* reduced = reinterpret_cast<uint64_t*>(mine + h->layout.split.reduced_offset(b));
 
-  if (pusher) {
-    const uint64_t base = *reinterpret_cast<volatile uint64_t*>(pushed);  // only this CTA writes it
-    for (int64_t k = 0; k < K; ++k) {
-      if (!ch.acquire(peers, 0)) return false;
-      if (threadIdx.x == 0) {
-        sh->clear();
-        CopyJob& j = sh->add_copy(in + first(k) * es, length(k) * es);
-        for (int p = 0; p < n; ++p)
-          if (has(peers, p)) push_dst(j, sh->oslot[p]);
-      }
-      ch.execute_copy(peers, 0);  // ends with __syncthreads: every thread's reads of chunk k are done
-      if (threadIdx.x == 0) st_release_gpu(pushed, base + uint64_t(k) + 1);
-    }
-    return true;
-  }
+  if (pusher) return split_push(a, sh, b, sc, in, pushed);
   const uint64_t base = *reinterpret_cast<volatile uint64_t*>(reduced);  // only this CTA writes it
   for (int64_t k = 0; k < K; ++k) {
     bool ok = true;

@@ -58,15 +58,15 @@ struct Word<2> { using type = unsigned short; };
 template <>
 struct Word<1> { using type = unsigned char; };
 
+// `tid` of `nt` threads run the job (the whole CTA unless a kernel splits it into warp roles).
 template <int W>
-__device__ __forceinline__ void copy_words(const CopyJob& job) {
+__device__ __forceinline__ void copy_words(const CopyJob& job, int tid, int nt) {
   using V = typename Word<W>::type;
   constexpr int U = 8;  // independent loads in flight per thread
-  const int nt = blockDim.x;
   const int nd = job.nd;
   const int64_t nw = job.bytes / W;
   const V* src = reinterpret_cast<const V*>(job.src);
-  for (int64_t base = threadIdx.x; base < nw; base += int64_t(U) * nt) {
+  for (int64_t base = tid; base < nw; base += int64_t(U) * nt) {
     V v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -82,30 +82,34 @@ __device__ __forceinline__ void copy_words(const CopyJob& job) {
     }
   }
   // Tail: bytes after the last whole word.
-  for (int64_t i = nw * W + threadIdx.x; i < job.bytes; i += nt) {
+  for (int64_t i = nw * W + tid; i < job.bytes; i += nt) {
     const unsigned char c = __ldcg(reinterpret_cast<const unsigned char*>(job.src) + i);
     for (int d = 0; d < nd; ++d) reinterpret_cast<unsigned char*>(job.dst[d])[i] = c;
   }
 }
 
-static __device__ __noinline__ void copy_run(const CopyJob* jobs, int njobs) {
+static __device__ __noinline__ void copy_run(const CopyJob* jobs, int njobs, int tid, int nt) {
   for (int j = 0; j < njobs; ++j) {
     const CopyJob& job = jobs[j];
     if (job.bytes <= 0 || job.nd <= 0) continue;
     uintptr_t bits = reinterpret_cast<uintptr_t>(job.src);
     for (int d = 0; d < job.nd; ++d) bits |= reinterpret_cast<uintptr_t>(job.dst[d]);
     if ((bits & 15u) == 0) {
-      copy_words<16>(job);
+      copy_words<16>(job, tid, nt);
     } else if ((bits & 7u) == 0) {
-      copy_words<8>(job);
+      copy_words<8>(job, tid, nt);
     } else if ((bits & 3u) == 0) {
-      copy_words<4>(job);
+      copy_words<4>(job, tid, nt);
     } else if ((bits & 1u) == 0) {
-      copy_words<2>(job);
+      copy_words<2>(job, tid, nt);
     } else {
-      copy_words<1>(job);
+      copy_words<1>(job, tid, nt);
     }
   }
+}
+
+static __device__ __forceinline__ void copy_run(const CopyJob* jobs, int njobs) {
+  copy_run(jobs, njobs, int(threadIdx.x), int(blockDim.x));
 }
 
 template <DType D, class Op>
