@@ -95,6 +95,14 @@ void ProcessGroupPycoll::shutdown() {
   executor_->stop();  // runs what is queued, then joins
 }
 
+std::vector<int64_t> ProcessGroupPycoll::cuda_trace() {
+#ifdef PYCOLL_WITH_CUDA
+  return cuda_->trace();
+#else
+  return {};
+#endif
+}
+
 void ProcessGroupPycoll::abort() {
   closed_.store(true);
   cpu_->abort();

@@ -43,6 +43,9 @@ class ProcessGroupPycoll : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   void abort() override;
+  // The CUDA engine's last traced kernel timeline (PYCOLL_CUDA_TRACE=1, kernels/trace.cuh); empty
+  // in a CPU-only build or before the group's first CUDA collective.
+  std::vector<int64_t> cuda_trace();
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;

@@ -76,6 +76,9 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
     const int64_t re = L.split.reduced_offset(b);
     ranges["split"].push_back({re, re + 8});
   }
+  for (int c = 0; c < cuda_ipc::kTraceCtas; ++c) {
+    ranges["trace"].push_back({L.trace.event_offset(c, 0), L.trace.event_offset(c, cuda_ipc::kTraceEvents - 1) + 8});
+  }
   // Where make_layout placed each region (a region may use anything up to the next one).
   const std::vector<std::pair<std::string, int64_t>> starts = {
       {"abort", L.off_abort},          {"claim", L.off_claim},          {"coll.tail", L.coll.off_tail},
@@ -83,7 +86,7 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
       {"coll.recvd", L.coll.off_recvd}, {"p2p.tail", L.p2p.off_tail},   {"p2p.head", L.p2p.off_head},
       {"p2p.check", L.p2p.off_check},  {"p2p.sent", L.p2p.off_sent},    {"p2p.recvd", L.p2p.off_recvd},
       {"coll.data", L.coll.off_data},  {"p2p.data", L.p2p.off_data},    {"ll.epoch", L.ll.off_epoch},
-      {"ll.data", L.ll.off_data},      {"split", L.split.off}};
+      {"ll.data", L.ll.off_data},      {"split", L.split.off},          {"trace", L.trace.off}};
   py::dict d;
   d["total_bytes"] = L.total_bytes;
   d["coll_slot_bytes"] = L.coll.slot_bytes;

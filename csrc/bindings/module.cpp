@@ -13,6 +13,7 @@
 #include "backend/op_stats.h"
 #include "backend/process_group.h"
 #include "backend/settings.h"
+#include "transport/cuda_ipc/layout.h"
 
 namespace py = pybind11;
 
@@ -49,7 +50,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return c10::make_intrusive<pycoll::ProcessGroupPycoll>(store, rank, size, timeout, group_name);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def("cuda_trace", &pycoll::ProcessGroupPycoll::cuda_trace, py::call_guard<py::gil_scoped_release>(),
+           "Timeline of the last kernel traced with PYCOLL_CUDA_TRACE=1: rows of trace_events() "
+           "%globaltimer stamps (ns), one per CTA (kernels/trace.cuh).");
+  m.def("trace_events", []() { return pycoll::cuda_ipc::kTraceEvents; });
 
   m.def("built_with_cuda", &built_with_cuda, "True if the CUDA engine was compiled in");
   m.def("set_algo", [](const std::string& name) { pycoll::set_algo_override(pycoll::parse_algo(name)); },

@@ -175,6 +175,8 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //   PYCOLL_CUDA_SPLIT_MIN_KIB  one-shot all_reduce of at least this many KiB runs split: pushing and
 //                           reducing CTAs apart (kernels/one_shot.cuh; default gpu::kDefaultSplitMinBytes;
 //                           0 always, beyond the largest message never). Needs 2 CTAs per channel.
+//   PYCOLL_CUDA_TRACE       1: kernels that support it (the split one-shot) record their timeline
+//                           in the workspace (kernels/trace.cuh); read it with trace().
 //   PYCOLL_CUDA_SPLIT_CHUNK_KIB  chunk of the split one-shot, in KiB, a multiple of 4, at most a slot
 //                           (default gpu::kDefaultSplitChunkBytes).
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
@@ -215,6 +217,17 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   TORCH_CHECK(split_chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SPLIT_CHUNK_KIB=", split_chunk_kib,
               " must be a multiple of 4");
   split_chunk_bytes_ = std::min<int64_t>(split_chunk_kib * 1024, slot_bytes);
+  trace_ = env_int("PYCOLL_CUDA_TRACE", 0, 0, 1) != 0;
+}
+
+std::vector<int64_t> CudaEngine::trace() const {
+  std::vector<int64_t> rows(size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents, 0);
+  if (size_ < 2 || !ws_->reachable()) return rows;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  PYCOLL_CUDA_OK(cudaDeviceSynchronize(), "trace", "synchronize");
+  const char* src = ws_->handle().base[rank_] + ws_->layout().trace.off;
+  PYCOLL_CUDA_OK(cudaMemcpy(rows.data(), src, rows.size() * sizeof(int64_t), cudaMemcpyDeviceToHost), "trace", "copy");
+  return rows;
 }
 
 CudaEngine::~CudaEngine() = default;
@@ -325,6 +338,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.seg = g.seg;
         a.chunk = g.chunk;
         a.nchunks = 0;  // per channel, from seg and chunk (kernels/one_shot.cuh: SplitChunks)
+        a.trace = trace_ ? 1 : 0;
         TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::all_reduce: bad split ",
                     "launch geometry (", g.blocks, " channels)");
         PYCOLL_CUDA_OK(gpu::launch_reduce(2 * g.blocks, stream, a), kOp, "kernel launch");

@@ -83,6 +83,9 @@ class CudaEngine {
   int device() const { return device_; }
   // Bytes of device memory this rank's workspace holds (0 for one rank or unreachable peers).
   int64_t workspace_bytes() const;
+  // The timeline rows of the last traced kernel (PYCOLL_CUDA_TRACE=1, kernels/trace.cuh):
+  // cuda_ipc::kTraceCtas rows of cuda_ipc::kTraceEvents values. Synchronises the device.
+  std::vector<int64_t> trace() const;
 
  private:
   void check_usable(const char* op) const;
@@ -99,6 +102,7 @@ class CudaEngine {
   // with chunks of split_chunk_bytes_ (PYCOLL_CUDA_SPLIT_MIN_KIB, PYCOLL_CUDA_SPLIT_CHUNK_KIB).
   int64_t split_min_bytes_ = 0;
   int64_t split_chunk_bytes_ = 0;
+  bool trace_ = false;  // PYCOLL_CUDA_TRACE: kernels record their timeline
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };
 

@@ -56,7 +56,7 @@ struct ReduceArgs {
   int32_t elem_size;  // bytes per element of `dtype`
   DType dtype;        // element type (never Bool: the host maps it to UInt8)
   ReduceOp rop;       // reduce operation (bitwise ones only for UInt8, Int32, Int64)
-  int32_t pad;
+  int32_t trace;      // 1: record the kernel's timeline (PYCOLL_CUDA_TRACE, kernels/trace.cuh)
   // Tree: per tree t (0, 1): parent (-1 at the root) and up to two children (-1 if none).
   int32_t tree_parent[2];
   int32_t tree_child[2][2];

@@ -36,6 +36,7 @@
 
 #include "kernels/args.h"
 #include "kernels/channel.cuh"
+#include "kernels/trace.cuh"
 
 namespace pycoll {
 namespace kernels {
@@ -134,6 +135,8 @@ static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, co
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const uint64_t done0 = *reinterpret_cast<volatile uint64_t*>(pushed);  // only this CTA writes it
+  const bool tr = a.trace != 0;
+  const int cta = int(blockIdx.x);
 
   if (warp == 0) {
     const bool serves = lane < n && lane != me;
@@ -155,7 +158,10 @@ static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, co
     if (!ok) return false;
     for (int64_t k = 0; k < K; ++k) {
       bar_sync(kBarDone);  // chunk k stored (and its input read) by every data warp
-      if (lane == 0) st_release_gpu(pushed, done0 + uint64_t(k) + 1);
+      if (lane == 0) {
+        st_release_gpu(pushed, done0 + uint64_t(k) + 1);
+        trace_now(h, tr, cta, 2 + 2 * int(k));
+      }
       if (k + 1 < K) {
         ok = credit(k + 1);
         if (lane == 0 && !ok) failed = 1;
@@ -165,10 +171,12 @@ static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, co
         const int slot = int((sent + uint64_t(k)) % uint64_t(L.nslots));
         *reinterpret_cast<volatile uint64_t*>(h->base[lane] + L.check_offset(me, b, slot)) = a.check;
         st_release_sys(reinterpret_cast<uint64_t*>(h->base[lane] + L.tail_offset(me, b)), sent + uint64_t(k) + 1);
+        if (lane == (me == 0 ? 1 : 0)) trace_now(h, tr, cta, 3 + 2 * int(k));
       }
       if (!ok) return false;
     }
     if (serves) *reinterpret_cast<uint64_t*>(h->base[me] + L.sent_offset(b, lane)) = sent + uint64_t(K);
+    if (lane == 0) trace_now(h, tr, cta, 1);
     return true;
   }
 
@@ -214,6 +222,11 @@ static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChann
   uint64_t* pushed = reinterpret_cast<uint64_t*>(mine + h->layout.split.pushed_offset(b));
   uint64_t* reduced = reinterpret_cast<uint64_t*>(mine + h->layout.split.reduced_offset(b));
 
+  const bool tr = a.trace != 0;
+  if (threadIdx.x == 0) {
+    trace_now(h, tr, int(blockIdx.x), 0);
+    trace_mark(h, tr, int(blockIdx.x), cuda_ipc::kTraceEvents - 1, uint64_t(K));
+  }
   if (pusher) return split_push(a, sh, b, sc, in, pushed);
   const uint64_t base = *reinterpret_cast<volatile uint64_t*>(reduced);  // only this CTA writes it
   for (int64_t k = 0; k < K; ++k) {
@@ -222,14 +235,19 @@ static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChann
       ok = wait_local_ge(h, pushed, base + uint64_t(k) + 1, WaitSite{a.op, b, me, cuda_ipc::kWaitLocal});
     if (!ch.acquire(0, peers, ok)) return false;
     if (threadIdx.x == 0) {
+      trace_now(h, tr, int(blockIdx.x), 2 + 2 * int(k));
       sh->clear();
       ReduceJob& j = sh->set_reduce(length(k), a.div);
       for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(in + first(k) * es) : sh->islot[q]);
       push_dst(j, out + first(k) * es);
     }
     ch.execute(0, peers);
+    if (threadIdx.x == 0) trace_now(h, tr, int(blockIdx.x), 3 + 2 * int(k));
   }
-  if (threadIdx.x == 0) *reduced = base + uint64_t(K);
+  if (threadIdx.x == 0) {
+    *reduced = base + uint64_t(K);
+    trace_now(h, tr, int(blockIdx.x), 1);
+  }
   return true;
 }
 

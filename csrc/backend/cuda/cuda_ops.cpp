@@ -47,6 +47,11 @@ CudaEngine& CudaOps::engine(const at::Device& device) {
 
 bool CudaOps::usable(const at::Device& device) { return engine(device).peers_reachable(); }
 
+std::vector<int64_t> CudaOps::trace() {
+  CudaEngine* e = bound_engine_.load(std::memory_order_acquire);
+  return e != nullptr ? e->trace() : std::vector<int64_t>();
+}
+
 c10::cuda::CUDAStream CudaOps::comm_stream(const at::Device& device, Lane lane) {
   std::lock_guard<std::mutex> g(mu_);
   const auto key = std::make_pair(static_cast<int>(device.index()), static_cast<int>(lane));

@@ -40,6 +40,8 @@ class CudaOps {
   // peer access). Creating the engine is collective: the first CUDA op of the
   // group does it on every rank, in the same order.
   bool usable(const at::Device& device);
+  // The last traced kernel's timeline (CudaEngine::trace); empty before the first CUDA collective.
+  std::vector<int64_t> trace();
 
   // Collectives share one stream per device; sends and receives get one
   // each, so a send never waits behind a receive that depends on it.

@@ -122,6 +122,17 @@ struct SplitLayout {
   PYCOLL_HD int64_t reduced_offset(int b) const { return off + int64_t(b) * 16 + 8; }
 };
 
+// Timeline of a traced kernel (PYCOLL_CUDA_TRACE=1, kernels/trace.cuh): per CTA of a grid of up
+// to kTraceCtas, kTraceEvents %globaltimer stamps (event kTraceEvents-1 holds a count, not a time).
+// Local; overwritten by every traced kernel, read by the host (CudaEngine::trace).
+constexpr int kTraceCtas = 2 * kMaxCollBlocks;
+constexpr int kTraceEvents = 64;
+struct TraceLayout {
+  int64_t off = 0;
+
+  PYCOLL_HD int64_t event_offset(int cta, int e) const { return off + (int64_t(cta) * kTraceEvents + e) * 8; }
+};
+
 struct Layout {
   int32_t nranks = 0;
   int32_t pad = 0;
@@ -131,6 +142,7 @@ struct Layout {
   ChannelSetLayout p2p;
   LLLayout ll;
   SplitLayout split;
+  TraceLayout trace;
   int64_t total_bytes = 0;
 };
 
@@ -178,6 +190,7 @@ inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_bloc
   L.ll.block_lines = int32_t(1 + kLLBlockPayloadBytes / 8);
   L.ll.off_epoch = take(int64_t(kLLBlocks) * 8, kFlagStride);
   L.split.off = take(int64_t(kMaxCollBlocks) * 16, kFlagStride);
+  L.trace.off = take(int64_t(kTraceCtas) * kTraceEvents * 8, kFlagStride);
   L.ll.off_data = take(2 * npeers * kLLBlocks * L.ll.block_lines * kLLLineBytes, 4096);
   L.total_bytes = round_up_i64(off, 2 << 20);
   return L;
