@@ -179,6 +179,8 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //                           in the workspace (kernels/trace.cuh); read it with trace().
 //   PYCOLL_CUDA_SPLIT_CHUNK_KIB  chunk of the split one-shot, in KiB, a multiple of 4, at most a slot
 //                           (default gpu::kDefaultSplitChunkBytes).
+//   PYCOLL_CUDA_SPLIT_TAPER  1 (default): the split one-shot cuts each channel's last chunk at half a
+//                           chunk (less reduction left after the last data landed); 0: it does not.
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -218,6 +220,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
               " must be a multiple of 4");
   split_chunk_bytes_ = std::min<int64_t>(split_chunk_kib * 1024, slot_bytes);
   trace_ = env_int("PYCOLL_CUDA_TRACE", 0, 0, 1) != 0;
+  split_taper_ = env_int("PYCOLL_CUDA_SPLIT_TAPER", 1, 0, 1) != 0;
 }
 
 std::vector<int64_t> CudaEngine::trace() const {
@@ -338,7 +341,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.seg = g.seg;
         a.chunk = g.chunk;
         a.nchunks = 0;  // per channel, from seg and chunk (kernels/one_shot.cuh: SplitChunks)
-        a.trace = trace_ ? 1 : 0;
+        a.flags = (trace_ ? kernels::kArgTrace : 0) | (split_taper_ ? kernels::kArgTaper : 0);
         TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::all_reduce: bad split ",
                     "launch geometry (", g.blocks, " channels)");
         PYCOLL_CUDA_OK(gpu::launch_reduce(2 * g.blocks, stream, a), kOp, "kernel launch");

@@ -103,6 +103,7 @@ class CudaEngine {
   int64_t split_min_bytes_ = 0;
   int64_t split_chunk_bytes_ = 0;
   bool trace_ = false;  // PYCOLL_CUDA_TRACE: kernels record their timeline
+  bool split_taper_ = true;  // PYCOLL_CUDA_SPLIT_TAPER
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };
 

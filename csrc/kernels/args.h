@@ -35,6 +35,10 @@ enum class CopyMode : int32_t {
   Barrier = 4,
 };
 
+// ReduceArgs::flags.
+constexpr int32_t kArgTrace = 1;  // record the kernel's timeline (PYCOLL_CUDA_TRACE, kernels/trace.cuh)
+constexpr int32_t kArgTaper = 2;  // split one-shot: cut the last chunk of a channel at half a chunk
+
 // Elements are of the kernel's dtype. Segment-based modes (two-shot, ring, reduce-scatter) view
 // `in` as nranks segments: segment q starts at q * seg and holds clamp(count - q*seg, 0, seg)
 // elements; segment q's result goes to out + q * out_stride (out_stride 0: reduce-scatter, where
@@ -56,7 +60,7 @@ struct ReduceArgs {
   int32_t elem_size;  // bytes per element of `dtype`
   DType dtype;        // element type (never Bool: the host maps it to UInt8)
   ReduceOp rop;       // reduce operation (bitwise ones only for UInt8, Int32, Int64)
-  int32_t trace;      // 1: record the kernel's timeline (PYCOLL_CUDA_TRACE, kernels/trace.cuh)
+  int32_t flags;      // kArgTrace | kArgTaper
   // Tree: per tree t (0, 1): parent (-1 at the root) and up to two children (-1 if none).
   int32_t tree_parent[2];
   int32_t tree_child[2][2];

@@ -87,23 +87,42 @@ static __device__ bool one_shot_all_reduce(const ReduceArgs& a, BlockChannels& c
 }
 
 // Chunk k of a split one-shot channel: its first element inside the channel's range and its
-// length (elements). `half`: the channel cuts its first chunk at chunk/2 (odd channels).
+// length (elements). Positions: 0, head, head + chunk, head + 2*chunk, ... (head = chunk/2 on odd
+// channels, else chunk), and with `taper` a last chunk longer than chunk/2 is cut in two at
+// chunk/2: what is left to reduce after the last data has landed is then at most half a chunk.
 struct SplitChunks {
   int64_t len;    // elements of the channel's range
   int64_t chunk;  // elements of a full chunk (even, so that chunk/2 keeps the 16-byte packing)
   bool half;
-  __device__ __forceinline__ int64_t first(int64_t k) const {
-    return k == 0 ? 0 : (half ? chunk / 2 : chunk) + (k - 1) * chunk;
-  }
-  __device__ __forceinline__ int64_t count() const {
-    const int64_t head = half ? chunk / 2 : chunk;
+  bool taper;
+
+  __device__ __forceinline__ int64_t head() const { return half ? chunk / 2 : chunk; }
+  __device__ __forceinline__ int64_t pos(int64_t k) const { return k == 0 ? 0 : head() + (k - 1) * chunk; }
+  // Chunks before the taper cut.
+  __device__ __forceinline__ int64_t base_count() const {
     if (len <= 0) return 0;
-    return len <= head ? 1 : 1 + (len - head + chunk - 1) / chunk;
+    return len <= head() ? 1 : 1 + (len - head() + chunk - 1) / chunk;
+  }
+  __device__ __forceinline__ bool cut_last() const {
+    const int64_t k0 = base_count();
+    return taper && k0 > 0 && len - pos(k0 - 1) > chunk / 2;
+  }
+  __device__ __forceinline__ int64_t count() const { return base_count() + (cut_last() ? 1 : 0); }
+  __device__ __forceinline__ int64_t first(int64_t k) const {
+    const int64_t k0 = base_count();
+    return k < k0 ? pos(k) : pos(k0 - 1) + chunk / 2;  // k == k0 only with cut_last()
   }
   __device__ __forceinline__ int64_t length(int64_t k) const {
-    const int64_t f = first(k);
-    const int64_t e = first(k + 1) < len ? first(k + 1) : len;
-    return e - f;
+    const int64_t k0 = base_count();
+    int64_t next;
+    if (k + 1 < k0) {
+      next = pos(k + 1);
+    } else if (k + 1 == k0) {
+      next = cut_last() ? pos(k0 - 1) + chunk / 2 : len;
+    } else {
+      next = len;
+    }
+    return (next < len ? next : len) - first(k);
   }
 };
 
@@ -135,7 +154,7 @@ static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, co
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const uint64_t done0 = *reinterpret_cast<volatile uint64_t*>(pushed);  // only this CTA writes it
-  const bool tr = a.trace != 0;
+  const bool tr = (a.flags & kArgTrace) != 0;
   const int cta = int(blockIdx.x);
 
   if (warp == 0) {
@@ -212,7 +231,7 @@ static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChann
   const int64_t lo = int64_t(b) * a.seg;  // the channel's range in elements
   int64_t len = a.count - lo;
   len = len < 0 ? 0 : (len > a.seg ? a.seg : len);
-  const SplitChunks sc{len, a.chunk, (b & 1) != 0};
+  const SplitChunks sc{len, a.chunk, (b & 1) != 0, (a.flags & kArgTaper) != 0};
   const int64_t K = sc.count();
   const char* in = static_cast<const char*>(a.in) + lo * es;
   char* out = static_cast<char*>(a.out) + lo * es;
@@ -222,7 +241,7 @@ static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChann
   uint64_t* pushed = reinterpret_cast<uint64_t*>(mine + h->layout.split.pushed_offset(b));
   uint64_t* reduced = reinterpret_cast<uint64_t*>(mine + h->layout.split.reduced_offset(b));
 
-  const bool tr = a.trace != 0;
+  const bool tr = (a.flags & kArgTrace) != 0;
   if (threadIdx.x == 0) {
     trace_now(h, tr, int(blockIdx.x), 0);
     trace_mark(h, tr, int(blockIdx.x), cuda_ipc::kTraceEvents - 1, uint64_t(K));

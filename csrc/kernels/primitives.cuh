@@ -118,7 +118,9 @@ __device__ __noinline__ void reduce_run(const ReduceJob* job) {
   using T = typename Tr::T;
   using A = typename Tr::Acc;
   constexpr int E = kPack<T>;
-  constexpr int U = sizeof(T) == 1 ? 2 : 4;  // packs in flight per thread and source
+  // Packs in flight per thread and source. 8 for 4- and 8-byte types spilled registers (ptxas,
+  // 600-800 bytes of spill loads per call), so 4.
+  constexpr int U = sizeof(T) == 1 ? 2 : 4;
   const int nt = blockDim.x;
   const int ns = job->ns;
   const int nd = job->nd;
