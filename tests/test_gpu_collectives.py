@@ -320,15 +320,36 @@ def test_all_reduce_ll_protocol(seed):
 
 
 def _all_reduce_split(rank, world, seed):
-    """The split one-shot (pushing and reducing CTAs apart, kernels/one_shot.cuh), forced for every
-    one-shot call of the channel protocol (PYCOLL_CUDA_SPLIT_MIN_KIB=0, LL off) with 16 KiB chunks,
+    """The split one-shot (pushing and reducing CTAs apart, kernels/one_shot.cuh; two ranks only),
+    forced for every one-shot call of the channel protocol (PYCOLL_CUDA_SPLIT_MIN_KIB=0, LL off)
+    with 16 KiB chunks,
     so that a channel carries many chunks: every dtype, in place (the reducer must not overwrite
     input its own pusher has not sent yet), odd offsets, sizes from 1 element to
     64 MiB; interleaved with two-shot, broadcast and all_gather on the same channels (the split
-    kernel uses each channel's two directions from two CTAs); CUDA graph replays."""
+    kernel uses each channel's two directions from two CTAs); CUDA graph replays. With two ranks,
+    the kernel's timeline (PYCOLL_CUDA_TRACE) shows that the split kernel ran: 2C CTAs, pushers
+    and reducers with the same chunk counts, stamps in order."""
     dev = _setup(rank)
     out = []
     set_algo("oneshot")
+    if world == 2:
+        import pycollectives
+        E = pycollectives._C.trace_events()
+        x = torch.full(((3 << 20) // 4 + 5,), float(rank), device=dev)
+        dist.all_reduce(x)
+        assert torch.all(x == 1.0)
+        rows = dist.group.WORLD._get_backend(dev).cuda_trace()
+        ctas = [rows[c * E:(c + 1) * E] for c in range(len(rows) // E)]
+        live = [r for r in ctas if r[0] != 0]
+        C = len(live) // 2
+        assert C >= 1 and len(live) == 2 * C and all(r[0] != 0 for r in ctas[:2 * C]), len(live)
+        for b in range(C):
+            push, red = ctas[b], ctas[C + b]
+            assert push[E - 1] == red[E - 1] >= 1, (b, push[E - 1], red[E - 1])
+            for r in (push, red):
+                k = r[E - 1]
+                stamps = [r[0]] + [r[2 + i] for i in range(2 * k)] + [r[1]]
+                assert stamps == sorted(stamps) and stamps[-1] - stamps[0] < 10**9, (b, stamps)
     for dtype in DTYPES:
         for op in ops_for(dtype)[:4]:
             for numel in (1, 7, 1031, 300007, (1 << 20) + 3):  # in place, as dist.all_reduce always is
@@ -392,7 +413,8 @@ def _all_reduce_split(rank, world, seed):
 
 
 def test_all_reduce_split_one_shot(seed):
-    env = {"PYCOLL_CUDA_SPLIT_MIN_KIB": "0", "PYCOLL_CUDA_SPLIT_CHUNK_KIB": "16", "PYCOLL_CUDA_LL_MAX_KIB": "0"}
+    env = {"PYCOLL_CUDA_SPLIT_MIN_KIB": "0", "PYCOLL_CUDA_SPLIT_CHUNK_KIB": "16", "PYCOLL_CUDA_LL_MAX_KIB": "0",
+           "PYCOLL_CUDA_TRACE": "1"}
     _assert_same_digests(run_ranks(WORLD, _all_reduce_split, seed, timeout=600, pg_timeout=PG_TIMEOUT, env=env))
 
 

@@ -172,9 +172,9 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //   PYCOLL_CUDA_CHUNK_KIB   largest chunk one step of a CTA moves, in KiB, a multiple of 4 (default
 //                           and cap: the slot size). Smaller chunks mean more, shorter pipeline
 //                           steps per CTA: less fill time, more flag hops.
-//   PYCOLL_CUDA_SPLIT_MIN_KIB  one-shot all_reduce of at least this many KiB runs split: pushing and
-//                           reducing CTAs apart (kernels/one_shot.cuh; default gpu::kDefaultSplitMinBytes;
-//                           0 always, beyond the largest message never). Needs 2 CTAs per channel.
+//   PYCOLL_CUDA_SPLIT_MIN_KIB  two ranks: one-shot all_reduce of at least this many KiB runs split,
+//                           pushing and reducing CTAs apart (kernels/one_shot.cuh; default
+//                           gpu::kDefaultSplitMinBytes; 0 always, beyond the largest message never).
 //   PYCOLL_CUDA_TRACE       1: kernels that support it (the split one-shot) record their timeline
 //                           in the workspace (kernels/trace.cuh); read it with trace().
 //   PYCOLL_CUDA_SPLIT_CHUNK_KIB  chunk of the split one-shot, in KiB, a multiple of 4, at most a slot
@@ -333,8 +333,10 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   gpu::Geometry g;
   switch (chosen) {
     case Algo::OneShot: {
+      // Two ranks only: the split kernel was measured there (gpu::kDefaultSplitMinBytes); with more
+      // ranks one-shot moves (n-1)x the bytes and auto never picks it for large messages anyway.
       const int split_channels = std::min(max_blocks_, sms_ / 2);
-      if (count * es >= split_min_bytes_ && split_channels >= 1) {
+      if (size_ == 2 && count * es >= split_min_bytes_ && split_channels >= 1) {
         // Pushing CTAs 0..C-1 and reducing CTAs C..2C-1 on channels 0..C-1 (kernels/one_shot.cuh).
         a.mode = kernels::ReduceMode::AllReduceOneShotSplit;
         g = gpu::plan_split(count, es, split_chunk_bytes_, split_channels);

@@ -38,10 +38,21 @@ constexpr int64_t kSmallMessageBytes = 4 << 20;
 // 512 KiB, 11.2 against 13.6 at 1 MiB (benchmarks/results/2026-11-26-nvidia-h200-ll{1024,0}-graph-np2.json).
 constexpr int64_t kDefaultLLMaxBytes = int64_t(1) << 20;
 
-// Split one-shot all_reduce (pushing and reducing CTAs apart, kernels/one_shot.cuh): used from
-// this size on, with chunks of kDefaultSplitChunkBytes. PROVISIONAL until measured.
-constexpr int64_t kDefaultSplitMinBytes = int64_t(4) << 20;
+// Split one-shot all_reduce (pushing and reducing CTAs apart, kernels/one_shot.cuh), two ranks
+// only: a one-shot all_reduce of at least kDefaultSplitMinBytes runs split, with chunks of
+// kDefaultSplitChunkBytes (PYCOLL_CUDA_SPLIT_MIN_KIB / _CHUNK_KIB override). Measured on 2x H200,
+// eager dist.all_reduce, float32 (benchmarks/results/2026-11-26-nvidia-h200-s12c{3,4,6}-*-np2.json):
+// against the fused one-shot it is faster from 32 MiB (32 MiB 115-125 vs 126-128 us, 64 MiB
+// 209-220 vs 232-234 us, 128 MiB 397-412 vs 454-459 us) and no better at 4-16 MiB (4 MiB 27-31 vs
+// 26 us); 64 KiB chunks lost at every size, 128 and 256 KiB tied, the taper changed nothing
+// measurable.
+constexpr int64_t kDefaultSplitMinBytes = int64_t(32) << 20;
 constexpr int64_t kDefaultSplitChunkBytes = int64_t(128) << 10;
+// ... and `auto` picks it (OneShot) over two-shot for two ranks from this size: 128 MiB 397-412 vs
+// 403-416 us, 256 MiB 769 vs 789 us, 512 MiB 1515 vs 1563 us, 1 GiB 2989 vs 3149 us (359 against
+// 341 GB/s); between 16 and 64 MiB the two were within run-to-run noise of each other, so two-shot
+// (the model's choice) stays there.
+constexpr int64_t kTwoRankSplitAllReduceBytes = int64_t(128) << 20;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
 // on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).

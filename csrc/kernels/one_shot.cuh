@@ -195,6 +195,7 @@ static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, co
       if (!ok) return false;
     }
     if (serves) *reinterpret_cast<uint64_t*>(h->base[me] + L.sent_offset(b, lane)) = sent + uint64_t(K);
+    __syncwarp();  // the end stamp follows every lane's last publication
     if (lane == 0) trace_now(h, tr, cta, 1);
     return true;
   }
