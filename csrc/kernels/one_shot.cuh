@@ -20,11 +20,13 @@
 // the reduction overlaps it.
 //   Chunks: channel b owns the contiguous range [b*seg, (b+1)*seg) of the message (a.seg elements,
 //   the last channel's range may be short or empty), cut into chunks of a.chunk elements, except
-//   that an odd channel's first chunk is half as long. A pusher pays a fence (its data acknowledged
-//   by the peer) per chunk; channels that all cut at the same offsets fence at the same moment and
-//   the link idles meanwhile, so odd channels cut half a chunk off: their fences fall in the middle
-//   of the even channels' chunks. Their last chunk is then short too, which halves the reduction
-//   that is left after the last data has landed.
+//   that an odd channel's first chunk is half as long (channels that all cut at the same offsets
+//   would publish at the same moments), and with the taper a last chunk longer than half a chunk
+//   is cut in two (less reduction left after the last data landed). Neither changed the measured
+//   time (docs/algorithms.md); both are cheap and kept as the documented plan.
+//   The pusher's poster warp publishes chunk k while its data warps store chunk k+1 (split_push),
+//   so the fence a publication needs overlaps data movement.
+//   Two ranks only (the engine's choice); written for n, as the fused kernel.
 //   In-place calls (out == in) need one extra order: the reducer may overwrite chunk k of `in` only
 //   after this rank's pusher has read it. The pusher counts the chunks it has pushed in the
 //   workspace (SplitLayout: pushed, st.release.gpu after each push), the reducer counts those it
