@@ -246,6 +246,20 @@ def test_all_reduce_odd_offsets_and_strides(seed):
     _assert_same_digests(run_ranks(WORLD, _all_reduce_layouts, seed, timeout=600, pg_timeout=PG_TIMEOUT))
 
 
+def _reduce_at_offset(seed, key, rank, world, numel, offset, dtype, op, dev):
+    """all_reduce of a view at element `offset` inside a zeroed allocation with guard elements on
+    both sides: checks the result and that nothing outside the view was written; returns the
+    (key, digest) row the parent compares across ranks."""
+    xs = [make_input(seed, key, q, numel, dtype, dev, op) for q in range(world)]
+    base = torch.zeros(numel + offset + 3, dtype=dtype, device=dev)
+    t = base[offset:offset + numel]
+    t.copy_(xs[rank])
+    dist.all_reduce(t, op=op)
+    check_close(t, reference(xs, op, dtype), dtype, str(key))
+    assert not base[:offset].any() and not base[offset + numel:].any(), key
+    return (str(key), digest(t))
+
+
 def _all_reduce_ll(rank, world, seed):
     """The LL protocol (one-shot up to PYCOLL_CUDA_LL_MAX_KIB, here its 1 MiB maximum): messages
     that end inside a 16 KiB CTA region or a line, odd offsets, every dtype; LL calls interleaved
@@ -263,14 +277,7 @@ def _all_reduce_ll(rank, world, seed):
                 numel = max(1, nbytes // es)
                 for offset in (0, 1):
                     key = ("ar-ll", str(dtype), _name(op), numel, offset)
-                    xs = [make_input(seed, key, q, numel, dtype, dev, op) for q in range(world)]
-                    base = torch.zeros(numel + offset + 3, dtype=dtype, device=dev)
-                    t = base[offset:offset + numel]
-                    t.copy_(xs[rank])
-                    dist.all_reduce(t, op=op)
-                    check_close(t, reference(xs, op, dtype), dtype, str(key))
-                    assert not base[:offset].any() and not base[offset + numel:].any(), key
-                    out.append((str(key), digest(t)))
+                    out.append(_reduce_at_offset(seed, key, rank, world, numel, offset, dtype, op, dev))
     # Interleaved with the channel protocol: large one-shot, two-shot, broadcast, all_gather.
     for i in range(4):
         for numel in (5, 4099, 70001):
@@ -355,14 +362,7 @@ def _all_reduce_split(rank, world, seed):
             for numel in (1, 7, 1031, 300007, (1 << 20) + 3):  # in place, as dist.all_reduce always is
                 for offset in (0, 1):
                     key = ("ar-split", str(dtype), _name(op), numel, offset)
-                    xs = [make_input(seed, key, q, numel, dtype, dev, op) for q in range(world)]
-                    base = torch.zeros(numel + offset + 3, dtype=dtype, device=dev)
-                    t = base[offset:offset + numel]
-                    t.copy_(xs[rank])
-                    dist.all_reduce(t, op=op)
-                    assert not base[:offset].any() and not base[offset + numel:].any(), key
-                    check_close(t, reference(xs, op, dtype), dtype, str(key))
-                    out.append((str(key), digest(t)))
+                    out.append(_reduce_at_offset(seed, key, rank, world, numel, offset, dtype, op, dev))
     for dtype in (torch.float32, torch.bfloat16):
         numel = (64 << 20) // torch.tensor([], dtype=dtype).element_size() + 5
         key = ("ar-split-large", str(dtype), numel)
