@@ -260,6 +260,40 @@ def _reduce_at_offset(seed, key, rank, world, numel, offset, dtype, op, dev):
     return (str(key), digest(t))
 
 
+def _check_broadcast_and_all_gather(rank, world, dev, i, bcast_numel, gather_numel):
+    """A broadcast from rank i % world and an all_gather, checked: other collectives on the same
+    channels between the calls a test interleaves them with."""
+    b = torch.full((bcast_numel,), float(rank), device=dev)
+    dist.broadcast(b, src=i % world)
+    assert torch.all(b == float(i % world)), i
+    g = torch.empty(world * gather_numel, device=dev)
+    dist.all_gather_into_tensor(g, torch.full((gather_numel,), float(rank), device=dev))
+    assert torch.equal(g, torch.arange(world, device=dev).float().repeat_interleave(gather_numel)), i
+
+
+def _check_graph_replays(rank, world, xs):
+    """One all_reduce per tensor of `xs` captured in a CUDA graph (after a warm-up on a side
+    stream), replayed four times with fresh inputs: every element must be the sum over ranks."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for x in xs:
+            dist.all_reduce(x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in xs:
+            dist.all_reduce(x)
+    for i in range(4):
+        for x in xs:
+            x.fill_(float(rank * 10 + i))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = sum(q * 10 + i for q in range(world))
+        for x in xs:
+            assert torch.all(x == want), f"replay {i}: {x.numel()} elements gave {x[0].item()}, want {want}"
+
+
 def _all_reduce_ll(rank, world, seed):
     """The LL protocol (one-shot up to PYCOLL_CUDA_LL_MAX_KIB, here its 1 MiB maximum): messages
     that end inside a 16 KiB CTA region or a line, odd offsets, every dtype; LL calls interleaved
@@ -289,33 +323,11 @@ def _all_reduce_ll(rank, world, seed):
         dist.all_reduce(big)
         set_algo("oneshot")
         assert torch.all(big == sum(range(world))), i
-        b = torch.full((1000 + i,), float(rank), device=dev)
-        dist.broadcast(b, src=i % world)
-        assert torch.all(b == float(i % world)), i
-        g = torch.empty(world * 3, device=dev)
-        dist.all_gather_into_tensor(g, torch.full((3,), float(rank), device=dev))
-        assert torch.equal(g, torch.arange(world, device=dev).float().repeat_interleave(3)), i
+        _check_broadcast_and_all_gather(rank, world, dev, i, 1000 + i, 3)
     # Graph replays: several LL sizes and a channel-protocol call in one graph.
     xs = [torch.zeros(n, device=dev) for n in (3, 4099, 200000)]
     big = torch.zeros((4 << 20) // 4, device=dev)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for x in xs + [big]:
-            dist.all_reduce(x)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for x in xs + [big]:
-            dist.all_reduce(x)
-    for i in range(4):
-        for x in xs + [big]:
-            x.fill_(float(rank * 10 + i))
-        graph.replay()
-        torch.cuda.synchronize()
-        want = sum(q * 10 + i for q in range(world))
-        for x in xs + [big]:
-            assert torch.all(x == want), f"replay {i}: {x.numel()} elements gave {x[0].item()}, want {want}"
+    _check_graph_replays(rank, world, xs + [big])
     set_algo("auto")
     torch.cuda.synchronize()
     return out
@@ -382,31 +394,9 @@ def _all_reduce_split(rank, world, seed):
         x = torch.full((70001,), float(rank), device=dev)
         dist.all_reduce(x)
         assert torch.all(x == sum(range(world))), i
-        b = torch.full((100000 + i,), float(rank), device=dev)
-        dist.broadcast(b, src=i % world)
-        assert torch.all(b == float(i % world)), i
-        g = torch.empty(world * 5000, device=dev)
-        dist.all_gather_into_tensor(g, torch.full((5000,), float(rank), device=dev))
-        assert torch.equal(g, torch.arange(world, device=dev).float().repeat_interleave(5000)), i
+        _check_broadcast_and_all_gather(rank, world, dev, i, 100000 + i, 5000)
     xs = [torch.zeros(n, device=dev) for n in (3, 200000, (8 << 20) // 4)]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for x in xs:
-            dist.all_reduce(x)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for x in xs:
-            dist.all_reduce(x)
-    for i in range(4):
-        for x in xs:
-            x.fill_(float(rank * 10 + i))
-        graph.replay()
-        torch.cuda.synchronize()
-        want = sum(q * 10 + i for q in range(world))
-        for x in xs:
-            assert torch.all(x == want), f"replay {i}: {x.numel()} elements gave {x[0].item()}, want {want}"
+    _check_graph_replays(rank, world, xs)
     set_algo("auto")
     torch.cuda.synchronize()
     return out
