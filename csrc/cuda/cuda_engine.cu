@@ -179,6 +179,10 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //                           in the workspace (kernels/trace.cuh); read it with trace().
 //   PYCOLL_CUDA_SPLIT_CHUNK_KIB  chunk of the split one-shot, in KiB, a multiple of 4, at most a slot
 //                           (default gpu::kDefaultSplitChunkBytes).
+//   PYCOLL_CUDA_EARLY_LAUNCH  1 (default on sm_90 and later): collective kernels are launched with
+//                           programmatic stream serialization (kernels/grid_dependency.cuh), so
+//                           back-to-back collectives do not wait for a full kernel launch between
+//                           them; 0: plain launches. Local to a rank.
 //   PYCOLL_CUDA_SPLIT_TAPER  1 (default): the split one-shot cuts each channel's last chunk at half a
 //                           chunk (less reduction left after the last data landed); 0: it does not.
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
@@ -221,6 +225,10 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   split_chunk_bytes_ = std::min<int64_t>(split_chunk_kib * 1024, slot_bytes);
   trace_ = env_int("PYCOLL_CUDA_TRACE", 0, 0, 1) != 0;
   split_taper_ = env_int("PYCOLL_CUDA_SPLIT_TAPER", 1, 0, 1) != 0;
+  int major = 0;
+  PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "engine",
+                 "compute capability");
+  early_launch_ = env_int("PYCOLL_CUDA_EARLY_LAUNCH", major >= 9 ? 1 : 0, 0, 1) != 0 && major >= 9;
 }
 
 std::vector<int64_t> CudaEngine::trace() const {
@@ -278,18 +286,19 @@ void set_check(kernels::CopyArgs& a, int64_t bytes, int root) {
   a.check = cuda_ipc::collective_check_word(a.op, 0, 0, root, bytes);
 }
 
-void launch_reduce_checked(const gpu::Geometry& g, cudaStream_t stream, kernels::ReduceArgs& a, const char* op) {
+void launch_reduce_checked(const gpu::Geometry& g, cudaStream_t stream, kernels::ReduceArgs& a, bool early,
+                           const char* op) {
   a.chunk = g.chunk;
   a.nchunks = g.nchunks;
   TORCH_CHECK(g.blocks >= 1 && g.blocks <= a.h.layout.coll.nblocks, "pycoll::", op, ": bad launch geometry (",
               g.blocks, " CTAs)");
-  PYCOLL_CUDA_OK(gpu::launch_reduce(g.blocks, stream, a), op, "kernel launch");
+  PYCOLL_CUDA_OK(gpu::launch_reduce(g.blocks, stream, a, early), op, "kernel launch");
 }
 
-void launch_copy_checked(int grid, cudaStream_t stream, const kernels::CopyArgs& a, const char* op) {
+void launch_copy_checked(int grid, cudaStream_t stream, const kernels::CopyArgs& a, bool early, const char* op) {
   TORCH_CHECK(grid >= 1 && grid <= a.h.layout.coll.nblocks, "pycoll::", op, ": bad launch geometry (", grid,
               " CTAs)");
-  PYCOLL_CUDA_OK(gpu::launch_copy(grid, stream, a), op, "kernel launch");
+  PYCOLL_CUDA_OK(gpu::launch_copy(grid, stream, a, early), op, "kernel launch");
 }
 
 kernels::CopyArgs make_copy_args(const cuda_ipc::DeviceHandle& h, OpCode op, kernels::CopyMode mode) {
@@ -327,7 +336,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   if (chosen == Algo::OneShot && count * es <= ll_max_bytes_) {
     // Small messages: the LL protocol, one CTA per 16 KiB region (kernels/ll_all_reduce.cuh).
     const int grid = int(ceil_div(count * es, cuda_ipc::kLLBlockPayloadBytes));
-    PYCOLL_CUDA_OK(gpu::launch_ll_all_reduce(grid, stream, a), kOp, "kernel launch");
+    PYCOLL_CUDA_OK(gpu::launch_ll_all_reduce(grid, stream, a, early_launch_), kOp, "kernel launch");
     return chosen;
   }
   gpu::Geometry g;
@@ -346,7 +355,9 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.flags = (trace_ ? kernels::kArgTrace : 0) | (split_taper_ ? kernels::kArgTaper : 0);
         TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::all_reduce: bad split ",
                     "launch geometry (", g.blocks, " channels)");
-        PYCOLL_CUDA_OK(gpu::launch_reduce(2 * g.blocks, stream, a), kOp, "kernel launch");
+        // Never launched early: scheduled while the kernel before it drains, its 2C CTAs (all but a
+        // few SMs) took 2-3% longer at 64 MiB-256 MiB on 2x H200 (s13c1-early-*; trace 227 vs 220 us).
+        PYCOLL_CUDA_OK(gpu::launch_reduce(2 * g.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
         return chosen;
       }
       a.mode = kernels::ReduceMode::AllReduceOneShot;
@@ -376,7 +387,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
     case Algo::Auto:
       TORCH_CHECK(false, "pycoll::all_reduce: no algorithm chosen");
   }
-  launch_reduce_checked(g, stream, a, kOp);
+  launch_reduce_checked(g, stream, a, early_launch_, kOp);
   return chosen;
 }
 
@@ -407,7 +418,7 @@ Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKin
   a.out_stride = 0;
   set_check(a, m, 0);
   const gpu::Geometry g = gpu::plan_geometry(m, es, chunk_bytes_, max_blocks_, small_max_blocks_);
-  launch_reduce_checked(g, stream, a, kOp);
+  launch_reduce_checked(g, stream, a, early_launch_, kOp);
   return chosen;
 }
 
@@ -439,7 +450,7 @@ Algo CudaEngine::all_gather(const at::Tensor& in, at::Tensor& out, Algo algo, cu
   const gpu::Geometry g = gpu::plan_geometry(bytes, 1, chunk_bytes_, max_blocks_, small_max_blocks_);
   a.chunk = g.chunk;
   a.nchunks = g.nchunks;
-  launch_copy_checked(g.blocks, stream, a, kOp);
+  launch_copy_checked(g.blocks, stream, a, early_launch_, kOp);
   return chosen;
 }
 
@@ -460,7 +471,7 @@ void CudaEngine::broadcast(at::Tensor& t, int root, cudaStream_t stream) {
   const gpu::Geometry g = gpu::plan_geometry(bytes, 1, chunk_bytes_, max_blocks_, small_max_blocks_);
   a.chunk = g.chunk;
   a.nchunks = g.nchunks;
-  launch_copy_checked(g.blocks, stream, a, kOp);
+  launch_copy_checked(g.blocks, stream, a, early_launch_, kOp);
 }
 
 void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceKind op, cudaStream_t stream) {
@@ -491,7 +502,7 @@ void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceK
   a.root = root;
   set_check(a, count, root);
   const gpu::Geometry g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_, small_max_blocks_);
-  launch_reduce_checked(g, stream, a, kOp);
+  launch_reduce_checked(g, stream, a, early_launch_, kOp);
 }
 
 void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& send_bytes,
@@ -537,7 +548,7 @@ void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::ve
     a.recv_bytes[q] = recv_bytes[q];
     a.recv_off[q] = recv_offsets[q];
   }
-  launch_copy_checked(gpu::kAllToAllBlocks, stream, a, kOp);
+  launch_copy_checked(gpu::kAllToAllBlocks, stream, a, early_launch_, kOp);
 }
 
 namespace {
@@ -567,7 +578,7 @@ void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
   check_usable(kOp);
   const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, true);
   const int grid = int(std::min<int64_t>(kP2PBlocks, a.nchunks));
-  PYCOLL_CUDA_OK(gpu::launch_p2p(grid, stream, a), kOp, "kernel launch");
+  PYCOLL_CUDA_OK(gpu::launch_p2p(grid, stream, a, early_launch_), kOp, "kernel launch");
 }
 
 void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
@@ -581,7 +592,7 @@ void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
   check_usable(kOp);
   const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, false);
   const int grid = int(std::min<int64_t>(kP2PBlocks, a.nchunks));
-  PYCOLL_CUDA_OK(gpu::launch_p2p(grid, stream, a), kOp, "kernel launch");
+  PYCOLL_CUDA_OK(gpu::launch_p2p(grid, stream, a, early_launch_), kOp, "kernel launch");
 }
 
 void CudaEngine::barrier(cudaStream_t stream) {
@@ -591,7 +602,7 @@ void CudaEngine::barrier(cudaStream_t stream) {
   check_usable(kOp);
   kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::Barrier, kernels::CopyMode::Barrier);
   set_check(a, 0, 0);
-  launch_copy_checked(1, stream, a, kOp);
+  launch_copy_checked(1, stream, a, early_launch_, kOp);
 }
 
 }  // namespace pycoll

@@ -104,6 +104,7 @@ class CudaEngine {
   int64_t split_chunk_bytes_ = 0;
   bool trace_ = false;  // PYCOLL_CUDA_TRACE: kernels record their timeline
   bool split_taper_ = true;  // PYCOLL_CUDA_SPLIT_TAPER
+  bool early_launch_ = false;  // PYCOLL_CUDA_EARLY_LAUNCH: programmatic dependent launch (sm_90+)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };
 

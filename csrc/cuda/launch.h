@@ -1,5 +1,9 @@
 // Kernel launchers. No torch here; the host engine (cuda_engine.cu) calls these after planning a
 // launch. Each returns the launch's cudaGetLastError() for the caller to check.
+//
+// `early`: launch with programmatic stream serialization, so that the kernel's CTAs may be
+// scheduled while the kernel before it on the stream finishes (kernels/grid_dependency.cuh; sm_90
+// and later, PYCOLL_CUDA_EARLY_LAUNCH).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,11 +14,11 @@ namespace pycoll {
 namespace gpu {
 
 // `grid` CTAs of kernels::kThreads threads on `stream`.
-cudaError_t launch_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args);
-cudaError_t launch_copy(int grid, cudaStream_t stream, const kernels::CopyArgs& args);
-cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& args);
+cudaError_t launch_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args, bool early);
+cudaError_t launch_copy(int grid, cudaStream_t stream, const kernels::CopyArgs& args, bool early);
+cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& args, bool early);
 // The LL one-shot all-reduce (kernels/ll_all_reduce.cuh): `grid` = the message's 16 KiB regions.
-cudaError_t launch_ll_all_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args);
+cudaError_t launch_ll_all_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args, bool early);
 
 }  // namespace gpu
 }  // namespace pycoll

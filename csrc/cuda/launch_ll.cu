@@ -2,6 +2,7 @@
 // instructions, so they are instantiated whole rather than dispatched per step) and launches them.
 // A file of its own so that it compiles in parallel with launch.cu.
 #include "cuda/launch.h"
+#include "cuda/launch_config.h"
 
 #include "kernels/ll_all_reduce.cuh"
 
@@ -51,11 +52,10 @@ LLKernel ll_kernel_for(DType dtype, ReduceOp op) {
 
 }  // namespace
 
-cudaError_t launch_ll_all_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& a) {
+cudaError_t launch_ll_all_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& a, bool early) {
   const LLKernel k = ll_kernel_for(a.dtype, a.rop);
   if (k == nullptr) return cudaErrorInvalidValue;  // the host maps every valid pair (cuda_engine.cu)
-  k<<<grid, kernels::kLLThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(k, grid, kernels::kLLThreads, stream, a, early);
 }
 
 }  // namespace gpu

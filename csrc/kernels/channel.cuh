@@ -177,15 +177,11 @@ class BlockChannels {
     const int b = chan_;
     const ChannelSetLayout& L = *set_;
     if (role_ == 1 && has(out_mask, peer_)) {
-      const uint64_t need = cnt_ + 1;
-      if (need > uint64_t(L.nslots)) {
-        const uint64_t* head = reinterpret_cast<const uint64_t*>(h->base[me] + L.head_offset(peer_, b));
-        ok = wait_ge(h, head, need - L.nslots, WaitSite{op_, b, peer_, cuda_ipc::kWaitCredit}, check_);
-      }
-      sh_->oslot[peer_] = h->base[peer_] + L.slot_offset(h->nranks, me, peer_, b, int(cnt_ % L.nslots));
+      ok = outbound_credit(0) && ok;
+      sh_->oslot[peer_] = outbound_slot(0);
     } else if (role_ == 2 && has(in_mask, peer_)) {
       const uint64_t* tail = reinterpret_cast<const uint64_t*>(h->base[me] + L.tail_offset(peer_, b));
-      ok = wait_ge(h, tail, cnt_ + 1, WaitSite{op_, b, peer_, cuda_ipc::kWaitData}, check_);
+      ok = wait_ge(h, tail, cnt_ + 1, WaitSite{op_, b, peer_, cuda_ipc::kWaitData}, check_) && ok;
       const int s = int(cnt_ % L.nslots);
       if (ok) {
         const uint64_t got =
@@ -208,15 +204,45 @@ class BlockChannels {
     const int b = chan_;
     const ChannelSetLayout& L = *set_;
     if (role_ == 1 && has(out_mask, peer_)) {
-      *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + L.check_offset(me, b, int(cnt_ % L.nslots))) = check_;
-      st_release_sys(reinterpret_cast<uint64_t*>(h->base[peer_] + L.tail_offset(me, b)), cnt_ + 1);
-      ++cnt_;
-      dirty_ = true;
+      outbound_publish(0);
+      outbound_advance(1);
     } else if (role_ == 2 && has(in_mask, peer_)) {
       st_release_sys(reinterpret_cast<uint64_t*>(h->base[peer_] + L.head_offset(me, b)), cnt_ + 1);
       ++cnt_;
       dirty_ = true;
     }
+  }
+
+  // Per-lane outbound verbs, for a CTA whose warp 0 posts while its other warps move data (the
+  // split one-shot pusher, one_shot.cuh); acquire and release use them for one message. Lane p of
+  // warp 0 manages peer p; on any other thread they do nothing. Message k is the k-th after the
+  // channel's next unsent one; outbound_advance(K) then counts K messages as sent.
+  __device__ bool outbound_credit(int64_t k) {  // waits until message k has a free slot at the peer
+    if (role_ != 1) return true;
+    const uint64_t need = cnt_ + uint64_t(k) + 1;
+    if (need <= uint64_t(set_->nslots)) return true;
+    const DeviceHandle* h = sh_->h;
+    const uint64_t* head = reinterpret_cast<const uint64_t*>(h->base[h->rank] + set_->head_offset(peer_, chan_));
+    return wait_ge(h, head, need - set_->nslots, WaitSite{op_, chan_, peer_, cuda_ipc::kWaitCredit}, check_);
+  }
+  __device__ char* outbound_slot(int64_t k) const {  // where message k goes, in the peer's workspace
+    const DeviceHandle* h = sh_->h;
+    return h->base[peer_] +
+           set_->slot_offset(h->nranks, h->rank, peer_, chan_, int((cnt_ + uint64_t(k)) % set_->nslots));
+  }
+  // Message k is stored: its check word, then the tail (st.release.sys: after the data).
+  __device__ void outbound_publish(int64_t k) {
+    if (role_ != 1) return;
+    const DeviceHandle* h = sh_->h;
+    const int me = h->rank;
+    const int slot = int((cnt_ + uint64_t(k)) % set_->nslots);
+    *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + set_->check_offset(me, chan_, slot)) = check_;
+    st_release_sys(reinterpret_cast<uint64_t*>(h->base[peer_] + set_->tail_offset(me, chan_)), cnt_ + uint64_t(k) + 1);
+  }
+  __device__ void outbound_advance(int64_t count) {
+    if (role_ != 1 || count <= 0) return;
+    cnt_ += uint64_t(count);
+    dirty_ = true;
   }
 
   // Runs the jobs thread 0 described, then releases.

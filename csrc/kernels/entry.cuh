@@ -1,7 +1,8 @@
 // Kernel entry points: one reduce kernel, one copy kernel, one p2p kernel.
-// Each copies its arguments to shared memory, builds the CTA's channel endpoints, runs the body the
-// mode names, and stores the channel counters back when the body completed (after an error the
-// rank is aborted for good, so the counters no longer matter).
+// Each copies its arguments to shared memory, waits for the kernel before it on the stream (it may
+// have been scheduled early, grid_dependency.cuh), builds the CTA's channel endpoints, runs the
+// body the mode names, and stores the channel counters back when the body completed (after an
+// error the rank is aborted for good, so the counters no longer matter).
 //
 // The algorithm bodies do not depend on the dtype or the op (they move bytes and describe reduce
 // jobs), so they are compiled once; only reduce_run<D, Op> exists per (dtype, op), reached through
@@ -14,6 +15,7 @@
 #include "kernels/barrier.cuh"
 #include "kernels/broadcast_reduce.cuh"
 #include "kernels/channel.cuh"
+#include "kernels/grid_dependency.cuh"
 #include "kernels/one_shot.cuh"
 #include "kernels/p2p.cuh"
 #include "kernels/reduce_scatter.cuh"
@@ -29,6 +31,8 @@ static __global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const __grid
   __shared__ StepShared sh_storage;
   StepShared* sh = &sh_storage;
   load_args(sh, &sa, args, args.dtype, args.rop);
+  wait_for_previous_grid();
+  let_next_grid_launch();
   const ReduceArgs& a = sa;
   int chan = -1;  // every mode but the split one-shot: channel = blockIdx.x, both directions
   uint32_t roles = BlockChannels::kOutbound | BlockChannels::kInbound;
@@ -56,6 +60,8 @@ static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const __grid_c
   __shared__ CopyArgs sa;
   __shared__ StepShared sh;
   load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
+  wait_for_previous_grid();
+  let_next_grid_launch();
   BlockChannels ch(&sh, &sa.h.layout.coll, sa.op, sa.check);
   bool ok = false;
   switch (sa.mode) {
@@ -72,6 +78,8 @@ static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const __grid_co
   __shared__ P2PArgs sa;
   __shared__ StepShared sh;
   load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
+  wait_for_previous_grid();
+  let_next_grid_launch();
   BlockChannels ch(&sh, &sa.h.layout.p2p, /*op=*/0, uint64_t(sa.bytes));
   if (p2p_run(sa, ch, &sh)) ch.finish();
 }

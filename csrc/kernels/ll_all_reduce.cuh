@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "kernels/args.h"
+#include "kernels/grid_dependency.cuh"
 #include "kernels/signal.cuh"
 #include "kernels/vec.cuh"
 #include "transport/cuda_ipc/device_handle.h"
@@ -164,6 +165,8 @@ __global__ void __launch_bounds__(kLLThreads, 1) ll_all_reduce_kernel(const __gr
   const bool in_aligned = (reinterpret_cast<uintptr_t>(a.in) & 7u) == 0;
   const bool out_aligned = (reinterpret_cast<uintptr_t>(a.out) & 7u) == 0;
 
+  wait_for_previous_grid();  // grid_dependency.cuh: nothing but `a` is touched before this
+  let_next_grid_launch();
   __shared__ uint64_t epoch_sh;
   int ok = 1;
   if (threadIdx.x < 32) {  // warp 0: the epoch (lane 0) and the stale-message check (lane q)

@@ -136,20 +136,18 @@ __device__ __forceinline__ void bar_arrive(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(kThreads) : "memory");
 }
 
-// The pusher of a split one-shot channel. Warp 0 is the poster (lane p serves peer p): it waits
-// for slot credits and publishes each chunk (check word, then tail with st.release.sys, which
-// waits until the peer has acknowledged the data). Warps 1..15 move the data. The poster hands the
-// data warps chunk k+1 before it publishes chunk k, so the fence of one chunk overlaps the stores
-// of the next instead of stalling the whole CTA once per chunk; the tail counter still advances
-// in order (one lane per peer posts them one after another).
-static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, const SplitChunks& sc,
+// The pusher of a split one-shot channel. Warp 0 is the poster: lane p serves peer p through the
+// channel's outbound verbs (BlockChannels: slot credit, then check word and tail with
+// st.release.sys, which waits until the peer has acknowledged the data). Warps 1..15 move the
+// data. The poster hands the data warps chunk k+1 before it publishes chunk k, so the fence of one
+// chunk overlaps the stores of the next instead of stalling the whole CTA once per chunk; the tail
+// counter still advances in order (one lane per peer posts them one after another).
+static __device__ bool split_push(const ReduceArgs& a, BlockChannels& ch, StepShared* sh, const SplitChunks& sc,
                                   const char* in, uint64_t* pushed) {
-  __shared__ uint64_t sent0[kMaxRanks];
   __shared__ int failed;
   const DeviceHandle* h = sh->h;
   const int n = h->nranks;
   const int me = h->rank;
-  const ChannelSetLayout& L = h->layout.coll;
   const int64_t K = sc.count();
   const int64_t es = a.elem_size;
   if (K == 0) return true;
@@ -160,22 +158,16 @@ static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, co
   const int cta = int(blockIdx.x);
 
   if (warp == 0) {
-    const bool serves = lane < n && lane != me;
-    uint64_t sent = serves ? *reinterpret_cast<const uint64_t*>(h->base[me] + L.sent_offset(b, lane)) : 0;
-    if (serves) sent0[lane] = sent;
-    // Credit for chunk k on this lane's peer: at most nslots messages unread.
-    auto credit = [&](int64_t k) {
-      bool ok = true;
-      const uint64_t need = sent + uint64_t(k) + 1;
-      if (serves && need > uint64_t(L.nslots)) {
-        const uint64_t* head = reinterpret_cast<const uint64_t*>(h->base[me] + L.head_offset(lane, b));
-        ok = wait_ge(h, head, need - L.nslots, WaitSite{a.op, b, lane, cuda_ipc::kWaitCredit}, a.check);
-      }
-      return __all_sync(0xffffffffu, ok);
+    // Chunk k gets a slot on every peer (sh->oslot), then the data warps may store it.
+    auto hand_over = [&](int64_t k) {
+      const bool ok = __all_sync(0xffffffffu, ch.outbound_credit(k));
+      if (lane < n && lane != me) sh->oslot[lane] = ch.outbound_slot(k);
+      if (lane == 0 && !ok) failed = 1;
+      bar_arrive(kBarReady);
+      return ok;
     };
-    bool ok = credit(0);
-    if (lane == 0) failed = ok ? 0 : 1;
-    bar_arrive(kBarReady);
+    if (lane == 0) failed = 0;
+    bool ok = hand_over(0);
     if (!ok) return false;
     for (int64_t k = 0; k < K; ++k) {
       bar_sync(kBarDone);  // chunk k stored (and its input read) by every data warp
@@ -183,21 +175,13 @@ static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, co
         st_release_gpu(pushed, done0 + uint64_t(k) + 1);
         trace_now(h, tr, cta, 2 + 2 * int(k));
       }
-      if (k + 1 < K) {
-        ok = credit(k + 1);
-        if (lane == 0 && !ok) failed = 1;
-        bar_arrive(kBarReady);
-      }
-      if (serves) {
-        const int slot = int((sent + uint64_t(k)) % uint64_t(L.nslots));
-        *reinterpret_cast<volatile uint64_t*>(h->base[lane] + L.check_offset(me, b, slot)) = a.check;
-        st_release_sys(reinterpret_cast<uint64_t*>(h->base[lane] + L.tail_offset(me, b)), sent + uint64_t(k) + 1);
-        if (lane == (me == 0 ? 1 : 0)) trace_now(h, tr, cta, 3 + 2 * int(k));
-      }
+      if (k + 1 < K) ok = hand_over(k + 1);
+      ch.outbound_publish(k);
+      if (lane == (me == 0 ? 1 : 0)) trace_now(h, tr, cta, 3 + 2 * int(k));
       if (!ok) return false;
     }
-    if (serves) *reinterpret_cast<uint64_t*>(h->base[me] + L.sent_offset(b, lane)) = sent + uint64_t(K);
-    __syncwarp();  // the end stamp follows every lane's last publication
+    ch.outbound_advance(K);  // the kernel's ch.finish() stores the channel's sent count
+    __syncwarp();            // the end stamp follows every lane's last publication
     if (lane == 0) trace_now(h, tr, cta, 1);
     return true;
   }
@@ -212,9 +196,7 @@ static __device__ bool split_push(const ReduceArgs& a, StepShared* sh, int b, co
     j.bytes = sc.length(k) * es;
     j.nd = 0;
     for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      const int slot = int((sent0[p] + uint64_t(k)) % uint64_t(L.nslots));
-      j.dst[j.nd++] = h->base[p] + L.slot_offset(n, me, p, b, slot);
+      if (p != me) j.dst[j.nd++] = sh->oslot[p];
     }
     copy_run(&j, 1, tid, nt);
     bar_arrive(kBarDone);
@@ -249,7 +231,7 @@ static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChann
     trace_now(h, tr, int(blockIdx.x), 0);
     trace_mark(h, tr, int(blockIdx.x), cuda_ipc::kTraceEvents - 1, uint64_t(K));
   }
-  if (pusher) return split_push(a, sh, b, sc, in, pushed);
+  if (pusher) return split_push(a, ch, sh, sc, in, pushed);
   const uint64_t base = *reinterpret_cast<volatile uint64_t*>(reduced);  // only this CTA writes it
   for (int64_t k = 0; k < K; ++k) {
     bool ok = true;
