@@ -10,16 +10,18 @@ MiB = 1 << 20
 choose = pycollectives._C.cuda_algorithm
 
 
-@pytest.mark.parametrize("nbytes", [8, 4096, 1 * MiB, 4 * MiB])
+@pytest.mark.parametrize("nbytes", [8, 4096, 1 * MiB, 4 * MiB, 8 * MiB, 16 * MiB - 1])
 def test_two_ranks_small_all_reduce_is_one_shot(nbytes):
-    # One flag hop: 11-18 us against two-shot's 17-21 us (2x H200) up to 4 MiB.
+    # One flag hop: 11-18 us against two-shot's 17-21 us (2x H200) up to 4 MiB; 38.4-39.0 against
+    # 41.1-41.7 us at 8 MiB.
     assert choose("all_reduce", nbytes, 2) == "oneshot"
 
 
-@pytest.mark.parametrize("nbytes", [32 * MiB, 64 * MiB, 127 * MiB])
+@pytest.mark.parametrize("nbytes", [16 * MiB, 32 * MiB, 64 * MiB, 127 * MiB])
 def test_two_ranks_mid_all_reduce_is_two_shot(nbytes):
-    # Half the bytes per link direction from 16 MiB on: 209 vs 229 us at 64 MiB against the fused
-    # one-shot; the split one-shot ties with two-shot here (2x H200, select.h).
+    # Half the bytes per link direction from 16 MiB on: 65.2-66.1 vs 68.0-68.8 us at 16 MiB and 209 vs
+    # 229 us at 64 MiB against the fused one-shot; the split one-shot ties with two-shot here
+    # (2x H200, select.h).
     assert choose("all_reduce", nbytes, 2) == "twoshot"
 
 

@@ -125,6 +125,7 @@ constexpr int64_t kManyRanksRingAllGatherBytesPerRank = int64_t(8) << 20;
 Algo choose_all_reduce(int64_t bytes, int nranks) {
   if (nranks > 2 && bytes >= kManyRanksRingAllReduceBytes) return Algo::Ring;
   if (nranks == 2 && bytes >= kTwoRankSplitAllReduceBytes) return Algo::OneShot;  // runs split (select.h)
+  if (nranks == 2 && bytes >= kTwoRankTwoShotAllReduceBytes) return Algo::TwoShot;
   Algo best = Algo::OneShot;
   double best_us = predict_us(OpCode::AllReduce, best, bytes, nranks);
   for (Algo a : {Algo::TwoShot, Algo::Ring}) {  // ties keep the earlier (lower latency) one

@@ -53,6 +53,12 @@ constexpr int64_t kDefaultSplitChunkBytes = int64_t(128) << 10;
 // 341 GB/s); between 16 and 64 MiB the two were within run-to-run noise of each other, so two-shot
 // (the model's choice) stays there.
 constexpr int64_t kTwoRankSplitAllReduceBytes = int64_t(128) << 20;
+// ... and below that, two-shot from this size for two ranks: the model puts the crossover with
+// the fused one-shot a hair above 16 MiB, but in three launches at 16 MiB two-shot took 65.2-66.1
+// us against 68.0-68.8 for the fused one-shot, while at 8 MiB the fused one-shot still won
+// (38.4-39.0 against 41.1-41.7 us) (2x H200, eager, float32,
+// benchmarks/results/2026-11-26-nvidia-h200-s13c5-algos{1,2,3}-np2.json).
+constexpr int64_t kTwoRankTwoShotAllReduceBytes = int64_t(16) << 20;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
 // on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).
