@@ -228,7 +228,8 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   int major = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "engine",
                  "compute capability");
-  early_launch_ = env_int("PYCOLL_CUDA_EARLY_LAUNCH", major >= 9 ? 1 : 0, 0, 1) != 0 && major >= 9;
+  early_launch_ = env_int("PYCOLL_CUDA_EARLY_LAUNCH", major >= 9 ? 1 : 0, 0, 1) != 0 && major >= 9 &&
+                  gpu::kernels_support_early_launch();
 }
 
 std::vector<int64_t> CudaEngine::trace() const {
@@ -355,8 +356,9 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.flags = (trace_ ? kernels::kArgTrace : 0) | (split_taper_ ? kernels::kArgTaper : 0);
         TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::all_reduce: bad split ",
                     "launch geometry (", g.blocks, " channels)");
-        // Never launched early: scheduled while the kernel before it drains, its 2C CTAs (all but a
-        // few SMs) took 2-3% longer at 64 MiB-256 MiB on 2x H200 (s13c1-early-*; trace 227 vs 220 us).
+        // Never launched early: with its CTAs placed while the kernel before it drained, its 2C CTAs
+        // (all but a few SMs) took 2-3% longer at 64-256 MiB on 2x H200 (s13c1-early-*; trace 227
+        // against 220 us at 64 MiB).
         PYCOLL_CUDA_OK(gpu::launch_reduce(2 * g.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
         return chosen;
       }

@@ -21,7 +21,21 @@ cudaError_t launch_kernel(void (*kernel)(Args), int grid, int threads, cudaStrea
   cfg.attrs = early ? &attr : nullptr;
   cfg.numAttrs = early ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  const cudaError_t last = cudaGetLastError();  // clears the runtime's last error either way
+  return err != cudaSuccess ? err : last;
+}
+
+// True when `kernel` was compiled from PTX for sm_90 or later, i.e. its griddepcontrol
+// instructions exist (kernels/grid_dependency.cuh); a build for older targets JIT-compiled on a
+// newer GPU has none, and must not be launched early.
+template <class Args>
+bool compiled_with_grid_dependency(void (*kernel)(Args)) {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.ptxVersion >= 90;
 }
 
 }  // namespace gpu

@@ -58,5 +58,9 @@ cudaError_t launch_ll_all_reduce(int grid, cudaStream_t stream, const kernels::R
   return launch_kernel(k, grid, kernels::kLLThreads, stream, a, early);
 }
 
+bool ll_kernels_support_early_launch() {
+  return compiled_with_grid_dependency(kernels::ll_all_reduce_kernel<DType::Float32, kernels::OpSum>);
+}
+
 }  // namespace gpu
 }  // namespace pycoll

@@ -226,6 +226,7 @@ class BlockChannels {
     return wait_ge(h, head, need - set_->nslots, WaitSite{op_, chan_, peer_, cuda_ipc::kWaitCredit}, check_);
   }
   __device__ char* outbound_slot(int64_t k) const {  // where message k goes, in the peer's workspace
+    if (role_ != 1) return nullptr;
     const DeviceHandle* h = sh_->h;
     return h->base[peer_] +
            set_->slot_offset(h->nranks, h->rank, peer_, chan_, int((cnt_ + uint64_t(k)) % set_->nslots));
