@@ -180,6 +180,19 @@ def test_all_reduce_every_dtype_op_algo_size(seed):
     _assert_same_digests(run_ranks(WORLD, _all_reduce_matrix, seed, timeout=600, pg_timeout=PG_TIMEOUT))
 
 
+def _large_sum(seed, key, rank, world, numel, dtype, dev):
+    """One large all_reduce (sum) checked against the reference; frees its tensors after."""
+    xs = [make_input(seed, key, q, numel, dtype, dev) for q in range(world)]
+    t = xs[rank].clone()
+    dist.all_reduce(t)
+    check_close(t, reference(xs, R.SUM, dtype), dtype, str(key))
+    result = (str(key), digest(t))
+    del xs, t
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
 def _all_reduce_large(rank, world, seed):
     dev = _setup(rank)
     out = []
@@ -188,14 +201,7 @@ def _all_reduce_large(rank, world, seed):
         numel = nbytes // torch.tensor([], dtype=dtype).element_size()
         for algo in ALGOS:
             set_algo(algo)
-            key = ("ar-large", algo, str(dtype), numel)
-            xs = [make_input(seed, key, q, numel, dtype, dev) for q in range(world)]
-            t = xs[rank].clone()
-            dist.all_reduce(t)
-            check_close(t, reference(xs, R.SUM, dtype), dtype, str(key))
-            out.append((str(key), digest(t)))
-            del xs, t
-            torch.cuda.empty_cache()
+            out.append(_large_sum(seed, ("ar-large", algo, str(dtype), numel), rank, world, numel, dtype, dev))
     set_algo("auto")
     return out
 
@@ -377,14 +383,7 @@ def _all_reduce_split(rank, world, seed):
                     out.append(_reduce_at_offset(seed, key, rank, world, numel, offset, dtype, op, dev))
     for dtype in (torch.float32, torch.bfloat16):
         numel = (64 << 20) // torch.tensor([], dtype=dtype).element_size() + 5
-        key = ("ar-split-large", str(dtype), numel)
-        xs = [make_input(seed, key, q, numel, dtype, dev) for q in range(world)]
-        t = xs[rank].clone()
-        dist.all_reduce(t)
-        check_close(t, reference(xs, R.SUM, dtype), dtype, str(key))
-        out.append((str(key), digest(t)))
-        del xs, t
-        torch.cuda.empty_cache()
+        out.append(_large_sum(seed, ("ar-split-large", str(dtype), numel), rank, world, numel, dtype, dev))
     for i in range(4):
         big = torch.full(((4 << 20) // 4 + 1,), float(rank + i), device=dev)
         set_algo("twoshot" if i % 2 else "oneshot")
