@@ -368,13 +368,19 @@ def _all_reduce_split(rank, world, seed):
         live = [r for r in ctas if r[0] != 0]
         C = len(live) // 2
         assert C >= 1 and len(live) == 2 * C and all(r[0] != 0 for r in ctas[:2 * C]), len(live)
+        claimed = os.environ.get("PYCOLL_CUDA_SPLIT_CLAIMED", "1") == "1"
         for b in range(C):
             push, red = ctas[b], ctas[C + b]
-            assert push[E - 1] == red[E - 1] >= 1, (b, push[E - 1], red[E - 1])
+            if not claimed:  # a channel's two CTAs handle its fixed range
+                assert push[E - 1] == red[E - 1] >= 1, (b, push[E - 1], red[E - 1])
             for r in (push, red):
-                k = r[E - 1]
+                k = min(r[E - 1], (E - 4) // 2)  # stamps beyond the row are not kept
                 stamps = [r[0]] + [r[2 + i] for i in range(2 * k)] + [r[1]]
                 assert stamps == sorted(stamps) and stamps[-1] - stamps[0] < 10**9, (b, stamps)
+        if claimed:  # every chunk pushed once and reduced once (16 KiB chunks)
+            nchunks = -(-x.numel() * 4 // (16 << 10))
+            assert sum(ctas[b][E - 1] for b in range(C)) == nchunks, [ctas[b][E - 1] for b in range(C)]
+            assert sum(ctas[C + b][E - 1] for b in range(C)) == nchunks, [ctas[C + b][E - 1] for b in range(C)]
     for dtype in DTYPES:
         for op in ops_for(dtype)[:4]:
             for numel in (1, 7, 1031, 300007, (1 << 20) + 3):  # in place, as dist.all_reduce always is
@@ -401,10 +407,43 @@ def _all_reduce_split(rank, world, seed):
     return out
 
 
-def test_all_reduce_split_one_shot(seed):
+@pytest.mark.parametrize("claimed", ["1", "0"])
+def test_all_reduce_split_one_shot(seed, claimed):
     env = {"PYCOLL_CUDA_SPLIT_MIN_KIB": "0", "PYCOLL_CUDA_SPLIT_CHUNK_KIB": "16", "PYCOLL_CUDA_LL_MAX_KIB": "0",
-           "PYCOLL_CUDA_TRACE": "1"}
+           "PYCOLL_CUDA_TRACE": "1", "PYCOLL_CUDA_SPLIT_CLAIMED": claimed}
     _assert_same_digests(run_ranks(WORLD, _all_reduce_split, seed, timeout=600, pg_timeout=PG_TIMEOUT, env=env))
+
+
+def _two_shot_waves(rank, world, seed):
+    """Two-shot all_reduce with waves forced on (PYCOLL_CUDA_TWO_SHOT_WAVES=1, every world size)
+    and an odd CTA cap (7: three leader/follower pairs and one CTA without a partner), in place,
+    every float dtype and op, sizes from 1 element (most CTAs idle) to 5 MiB + 3 elements;
+    interleaved with static split one-shot calls (two ranks) that share the wave counters; graph
+    replays."""
+    dev = _setup(rank)
+    out = []
+    for i, dtype in enumerate(FLOATS + (torch.int32,)):
+        for op in ops_for(dtype)[:3]:
+            for numel in (1, 1031, 300007, (5 << 20) // 4 + 3):
+                set_algo("twoshot")
+                key = ("ar-waves", str(dtype), _name(op), numel)
+                out.append(_reduce_at_offset(seed, key, rank, world, numel, i % 2, dtype, op, dev))
+                set_algo("oneshot")  # split on two ranks (PYCOLL_CUDA_SPLIT_MIN_KIB=0)
+                x = torch.full((70001,), float(rank + 1), device=dev)
+                dist.all_reduce(x)
+                assert torch.all(x == sum(q + 1 for q in range(world))), (dtype, numel)
+    set_algo("twoshot")
+    _check_graph_replays(rank, world, [torch.zeros(n, device=dev) for n in (5, 300007)])
+    set_algo("auto")
+    torch.cuda.synchronize()
+    return out
+
+
+def test_two_shot_waves(seed):
+    env = {"PYCOLL_CUDA_TWO_SHOT_WAVES": "1", "PYCOLL_CUDA_MAX_BLOCKS": "7", "PYCOLL_CUDA_SPLIT_MIN_KIB": "0",
+           "PYCOLL_CUDA_SPLIT_CLAIMED": "0",
+           "PYCOLL_CUDA_LL_MAX_KIB": "0"}
+    _assert_same_digests(run_ranks(WORLD, _two_shot_waves, seed, timeout=600, pg_timeout=PG_TIMEOUT, env=env))
 
 
 # ---------------------------------------------------------------------------------------------

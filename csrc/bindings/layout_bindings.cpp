@@ -76,6 +76,17 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
     const int64_t re = L.split.reduced_offset(b);
     ranges["split"].push_back({re, re + 8});
   }
+  ranges["split.claim"].push_back({L.split.off_claim, L.split.off_claim + 8});
+  for (int q = 0; q < nranks; ++q) {
+    if (q == me) continue;
+    for (int b = 0; b < cuda_ipc::kMaxCollBlocks; ++b) {
+      for (int s = 0; s < L.split.nslots; ++s) {
+        const int64_t t = L.split.tag_offset(q, b, s);
+        ranges["split.tag"].push_back({t, t + 8});
+      }
+    }
+  }
+  ranges["split.ready"].push_back({L.split.ready_offset(0), L.split.ready_offset(cuda_ipc::kMaxClaimedChunks)});
   for (int c = 0; c < cuda_ipc::kTraceCtas; ++c) {
     ranges["trace"].push_back({L.trace.event_offset(c, 0), L.trace.event_offset(c, cuda_ipc::kTraceEvents - 1) + 8});
   }
@@ -86,7 +97,8 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
       {"coll.recvd", L.coll.off_recvd}, {"p2p.tail", L.p2p.off_tail},   {"p2p.head", L.p2p.off_head},
       {"p2p.check", L.p2p.off_check},  {"p2p.sent", L.p2p.off_sent},    {"p2p.recvd", L.p2p.off_recvd},
       {"coll.data", L.coll.off_data},  {"p2p.data", L.p2p.off_data},    {"ll.epoch", L.ll.off_epoch},
-      {"ll.data", L.ll.off_data},      {"split", L.split.off},          {"trace", L.trace.off}};
+      {"ll.data", L.ll.off_data},      {"split", L.split.off},          {"split.claim", L.split.off_claim},
+      {"split.tag", L.split.off_tag},  {"split.ready", L.split.off_ready}, {"trace", L.trace.off}};
   py::dict d;
   d["total_bytes"] = L.total_bytes;
   d["coll_slot_bytes"] = L.coll.slot_bytes;

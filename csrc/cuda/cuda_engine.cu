@@ -178,13 +178,20 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //   PYCOLL_CUDA_TRACE       1: kernels that support it (the split one-shot) record their timeline
 //                           in the workspace (kernels/trace.cuh); read it with trace().
 //   PYCOLL_CUDA_SPLIT_CHUNK_KIB  chunk of the split one-shot, in KiB, a multiple of 4, at most a slot
-//                           (default gpu::kDefaultSplitChunkBytes).
+//                           (default gpu::kDefaultClaimedChunkBytes for the claimed split,
+//                           gpu::kDefaultSplitChunkBytes for the static one).
 //   PYCOLL_CUDA_EARLY_LAUNCH  1 (default on sm_90 and later): collective kernels are launched with
 //                           programmatic stream serialization (kernels/grid_dependency.cuh), so
 //                           back-to-back collectives do not wait for a full kernel launch between
 //                           them; 0: plain launches. Local to a rank.
 //   PYCOLL_CUDA_SPLIT_TAPER  1 (default): the split one-shot cuts each channel's last chunk at half a
 //                           chunk (less reduction left after the last data landed); 0: it does not.
+//   PYCOLL_CUDA_SPLIT_CLAIMED  1 (default): the split one-shot's pushers claim chunks from one
+//                           counter (kernels/one_shot_claimed.cuh) when the message has at most
+//                           cuda_ipc::kMaxClaimedChunks chunks; 0: each channel pushes a fixed range.
+//   PYCOLL_CUDA_TWO_SHOT_WAVES  1: two-shot all_reduce starts half of its CTAs after the other
+//                           half (kernels/two_shot.cuh); 0: all at once. Default: 1 for two ranks
+//                           (measured there), 0 otherwise.
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -219,12 +226,17 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
   chunk_bytes_ = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, slot_bytes) : slot_bytes;
   split_min_bytes_ = env_int("PYCOLL_CUDA_SPLIT_MIN_KIB", gpu::kDefaultSplitMinBytes / 1024, 0, int64_t(1) << 40) * 1024;
-  const int64_t split_chunk_kib = env_int("PYCOLL_CUDA_SPLIT_CHUNK_KIB", gpu::kDefaultSplitChunkBytes / 1024, 4, 16384);
+  const int64_t split_chunk_kib = env_int("PYCOLL_CUDA_SPLIT_CHUNK_KIB", 0, 0, 16384);
   TORCH_CHECK(split_chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SPLIT_CHUNK_KIB=", split_chunk_kib,
               " must be a multiple of 4");
-  split_chunk_bytes_ = std::min<int64_t>(split_chunk_kib * 1024, slot_bytes);
+  split_chunk_bytes_ =
+      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : gpu::kDefaultSplitChunkBytes, slot_bytes);
+  claimed_chunk_bytes_ =
+      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : gpu::kDefaultClaimedChunkBytes, slot_bytes);
   trace_ = env_int("PYCOLL_CUDA_TRACE", 0, 0, 1) != 0;
   split_taper_ = env_int("PYCOLL_CUDA_SPLIT_TAPER", 1, 0, 1) != 0;
+  split_claimed_ = env_int("PYCOLL_CUDA_SPLIT_CLAIMED", 1, 0, 1) != 0;
+  two_shot_waves_ = env_int("PYCOLL_CUDA_TWO_SHOT_WAVES", size == 2 ? 1 : 0, 0, 1) != 0;
   int major = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "engine",
                  "compute capability");
@@ -333,6 +345,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   check_usable(kOp);
   kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in.data_ptr(), out.data_ptr(), kt);
   a.count = count;
+  a.flags = trace_ ? kernels::kArgTrace : 0;  // the channel-protocol kernels stamp their timeline
   set_check(a, count, 0);
   if (chosen == Algo::OneShot && count * es <= ll_max_bytes_) {
     // Small messages: the LL protocol, one CTA per 16 KiB region (kernels/ll_all_reduce.cuh).
@@ -349,6 +362,19 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
       if (size_ == 2 && count * es >= split_min_bytes_ && split_channels >= 1) {
         // Pushing CTAs 0..C-1 and reducing CTAs C..2C-1 on channels 0..C-1 (kernels/one_shot.cuh).
         a.mode = kernels::ReduceMode::AllReduceOneShotSplit;
+        const int64_t claimed_chunk = claimed_chunk_bytes_ / es;  // a multiple of 4 KiB: whole elements
+        const int64_t claimed_chunks = ceil_div(count, claimed_chunk);
+        if (split_claimed_ && claimed_chunks <= cuda_ipc::kMaxClaimedChunks) {
+          // Pushers claim chunks from one counter (kernels/one_shot_claimed.cuh).
+          const int channels = int(std::min<int64_t>(split_channels, claimed_chunks));
+          a.chunk = claimed_chunk;
+          a.nchunks = claimed_chunks;
+          a.flags = (trace_ ? kernels::kArgTrace : 0) | kernels::kArgClaimed;
+          TORCH_CHECK(channels <= a.h.layout.coll.nblocks && 2 * channels <= sms_,
+                      "pycoll::all_reduce: bad split launch geometry (", channels, " channels)");
+          PYCOLL_CUDA_OK(gpu::launch_reduce(2 * channels, stream, a, /*early=*/false), kOp, "kernel launch");
+          return chosen;
+        }
         g = gpu::plan_split(count, es, split_chunk_bytes_, split_channels);
         a.seg = g.seg;
         a.chunk = g.chunk;
@@ -369,6 +395,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
     case Algo::TwoShot:
     case Algo::Ring:
       a.mode = chosen == Algo::TwoShot ? kernels::ReduceMode::AllReduceTwoShot : kernels::ReduceMode::AllReduceRing;
+      if (chosen == Algo::TwoShot && two_shot_waves_) a.flags |= kernels::kArgWaves;
       a.seg = round_up(ceil_div(count, size_), 16 / es);  // segment starts stay 16-byte aligned
       a.out_stride = a.seg;
       g = gpu::plan_geometry(a.seg, es, chunk_bytes_, max_blocks_, small_max_blocks_);

@@ -102,8 +102,11 @@ class CudaEngine {
   // with chunks of split_chunk_bytes_ (PYCOLL_CUDA_SPLIT_MIN_KIB, PYCOLL_CUDA_SPLIT_CHUNK_KIB).
   int64_t split_min_bytes_ = 0;
   int64_t split_chunk_bytes_ = 0;
+  int64_t claimed_chunk_bytes_ = 0;  // the claimed split's chunk (one_shot_claimed.cuh)
   bool trace_ = false;  // PYCOLL_CUDA_TRACE: kernels record their timeline
   bool split_taper_ = true;  // PYCOLL_CUDA_SPLIT_TAPER
+  bool split_claimed_ = true;  // PYCOLL_CUDA_SPLIT_CLAIMED
+  bool two_shot_waves_ = false;  // PYCOLL_CUDA_TWO_SHOT_WAVES
   bool early_launch_ = false;  // PYCOLL_CUDA_EARLY_LAUNCH: programmatic dependent launch (sm_90+)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };

@@ -48,6 +48,14 @@ constexpr int64_t kDefaultLLMaxBytes = int64_t(1) << 20;
 // measurable.
 constexpr int64_t kDefaultSplitMinBytes = int64_t(32) << 20;
 constexpr int64_t kDefaultSplitChunkBytes = int64_t(128) << 10;
+// The split one-shot runs claimed (kernels/one_shot_claimed.cuh: pushers take the next chunk from
+// one counter; PYCOLL_CUDA_SPLIT_CLAIMED=0 turns it off) with chunks of this size. Measured on
+// 2x H200, eager, float32, same launches (benchmarks/results/2026-11-27-nvidia-h200-c{1,2}-*-np2.json):
+// claimed 64 KiB against static 128 KiB: 16 MiB 70.8-73.1 vs 72.6-73.0 us, 64 MiB 213.8-215.5 vs
+// 217.6-217.7, 128 MiB 399.1-400.9 vs 408.4-409.9, 256 MiB 771 vs 778-780; claimed 128 KiB chunks
+// lost at 16-64 MiB (16 MiB 80.8-84.6 us), 256 KiB too (32 MiB 141.9), and cutting the last
+// chunks finer (2-8x) made every size slower.
+constexpr int64_t kDefaultClaimedChunkBytes = int64_t(64) << 10;
 // ... and `auto` picks it (OneShot) over two-shot for two ranks from this size: 128 MiB 397-412 vs
 // 403-416 us, 256 MiB 769 vs 789 us, 512 MiB 1515 vs 1563 us, 1 GiB 2989 vs 3149 us (359 against
 // 341 GB/s); between 16 and 64 MiB the two were within run-to-run noise of each other, so two-shot
@@ -58,6 +66,10 @@ constexpr int64_t kTwoRankSplitAllReduceBytes = int64_t(128) << 20;
 // us against 68.0-68.8 for the fused one-shot, while at 8 MiB the fused one-shot still won
 // (38.4-39.0 against 41.1-41.7 us) (2x H200, eager, float32,
 // benchmarks/results/2026-11-26-nvidia-h200-s13c5-algos{1,2,3}-np2.json).
+// With the two-shot waves (kernels/two_shot.cuh, on for two ranks since 2026-11-27) two-shot took
+// 64.8-65.0 us at 16 MiB (66.4-66.6 without), 210-211 at 64 MiB (220), 404 at 128 MiB (416-417),
+// against 67.6-67.9 (fused one-shot), 212-214 and 399 (claimed split) in the same launches
+// (benchmarks/results/2026-11-27-nvidia-h200-c4-*-np2.json): these choices stand.
 constexpr int64_t kTwoRankTwoShotAllReduceBytes = int64_t(16) << 20;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks

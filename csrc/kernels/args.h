@@ -38,12 +38,16 @@ enum class CopyMode : int32_t {
 // ReduceArgs::flags.
 constexpr int32_t kArgTrace = 1;  // record the kernel's timeline (PYCOLL_CUDA_TRACE, kernels/trace.cuh)
 constexpr int32_t kArgTaper = 2;  // split one-shot: cut the last chunk of a channel at half a chunk
+constexpr int32_t kArgClaimed = 4;  // split one-shot: pushers claim chunks from one counter (one_shot_claimed.cuh)
+constexpr int32_t kArgWaves = 8;    // two-shot all_reduce: the second half of the CTAs starts after the first (two_shot.cuh)
 
 // Elements are of the kernel's dtype. Segment-based modes (two-shot, ring, reduce-scatter) view
 // `in` as nranks segments: segment q starts at q * seg and holds clamp(count - q*seg, 0, seg)
 // elements; segment q's result goes to out + q * out_stride (out_stride 0: reduce-scatter, where
 // only the own segment is written). Chunk c is the slice [c*chunk, (c+1)*chunk) of every segment
 // (of the whole tensor for one-shot, tree, reduce); CTA b handles chunks b, b+B, b+2B, ...
+// Claimed split one-shot (kArgClaimed): nchunks chunks of `chunk` elements (the last may be short),
+// taken by whichever pusher is free (kernels/one_shot_claimed.cuh).
 struct ReduceArgs {
   cuda_ipc::DeviceHandle h;
   ReduceMode mode;
@@ -60,7 +64,7 @@ struct ReduceArgs {
   int32_t elem_size;  // bytes per element of `dtype`
   DType dtype;        // element type (never Bool: the host maps it to UInt8)
   ReduceOp rop;       // reduce operation (bitwise ones only for UInt8, Int32, Int64)
-  int32_t flags;      // kArgTrace | kArgTaper
+  int32_t flags;      // kArgTrace | kArgTaper | kArgClaimed | kArgWaves
   // Tree: per tree t (0, 1): parent (-1 at the root) and up to two children (-1 if none).
   int32_t tree_parent[2];
   int32_t tree_child[2][2];

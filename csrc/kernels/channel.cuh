@@ -240,6 +240,24 @@ class BlockChannels {
     *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + set_->check_offset(me, chan_, slot)) = check_;
     st_release_sys(reinterpret_cast<uint64_t*>(h->base[peer_] + set_->tail_offset(me, chan_)), cnt_ + uint64_t(k) + 1);
   }
+  // A word that travels with message k in a side array of the peer's workspace (`offset(src, chan,
+  // slot)`), e.g. which chunk the message holds; store it before outbound_publish(k).
+  template <class Offset>
+  __device__ void outbound_tag(int64_t k, Offset offset, uint64_t word) {
+    if (role_ != 1) return;
+    const DeviceHandle* h = sh_->h;
+    const int slot = int((cnt_ + uint64_t(k)) % set_->nslots);
+    *reinterpret_cast<volatile uint64_t*>(h->base[peer_] + offset(h->rank, chan_, slot)) = word;
+  }
+  // The inbound lane of `peer`, after acquire() and before release(): the word the sender stored
+  // with the message just acquired (ordered after the acquire's load of the tail).
+  __device__ bool is_inbound_lane(int peer) const { return role_ == 2 && peer_ == peer; }
+  template <class Offset>
+  __device__ uint64_t inbound_tag(Offset offset) const {
+    const DeviceHandle* h = sh_->h;
+    const int slot = int(cnt_ % set_->nslots);
+    return *reinterpret_cast<const volatile uint64_t*>(h->base[h->rank] + offset(peer_, chan_, slot));
+  }
   __device__ void outbound_advance(int64_t count) {
     if (role_ != 1 || count <= 0) return;
     cnt_ += uint64_t(count);
@@ -248,10 +266,15 @@ class BlockChannels {
 
   // Runs the jobs thread 0 described, then releases.
   __device__ void execute(uint32_t out_mask, uint32_t in_mask) {
+    run_jobs();
+    release(out_mask, in_mask);
+  }
+  // The first half of execute: every thread's loads and stores of the step are issued when it
+  // returns (not yet visible to the peers: release() does that).
+  __device__ void run_jobs() {
     __syncthreads();
     if (sh_->has_reduce) reduce_dispatch(sh_->rdtype, sh_->rop, &sh_->rjob);
     if (sh_->njobs > 0) copy_run(sh_->cjob, sh_->njobs);
-    release(out_mask, in_mask);
   }
   // Same, for kernels that never reduce (they then do not link the reduce instantiations).
   __device__ void execute_copy(uint32_t out_mask, uint32_t in_mask) {

@@ -17,9 +17,11 @@
 #include "kernels/channel.cuh"
 #include "kernels/grid_dependency.cuh"
 #include "kernels/one_shot.cuh"
+#include "kernels/one_shot_claimed.cuh"
 #include "kernels/p2p.cuh"
 #include "kernels/reduce_scatter.cuh"
 #include "kernels/ring.cuh"
+#include "kernels/trace.cuh"
 #include "kernels/tree.cuh"
 #include "kernels/two_shot.cuh"
 
@@ -42,10 +44,14 @@ static __global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const __grid
     roles = int(blockIdx.x) < C ? BlockChannels::kOutbound : BlockChannels::kInbound;
   }
   BlockChannels ch(sh, &a.h.layout.coll, a.op, a.check, chan, roles);
+  const bool stamp = (a.flags & kArgTrace) != 0 && a.mode != ReduceMode::AllReduceOneShotSplit && threadIdx.x == 0;
+  if (stamp) trace_now(sh->h, true, int(blockIdx.x), 0);  // the split kernels stamp their own rows
   bool ok = false;
   switch (a.mode) {
     case ReduceMode::AllReduceOneShot: ok = one_shot_all_reduce(a, ch, sh); break;
-    case ReduceMode::AllReduceOneShotSplit: ok = one_shot_split_all_reduce(a, ch, sh); break;
+    case ReduceMode::AllReduceOneShotSplit:
+      ok = (a.flags & kArgClaimed) ? one_shot_claimed_all_reduce(a, ch, sh) : one_shot_split_all_reduce(a, ch, sh);
+      break;
     case ReduceMode::AllReduceTwoShot: ok = two_shot_all_reduce(a, ch, sh); break;
     case ReduceMode::AllReduceRing: ok = ring_all_reduce(a, ch, sh); break;
     case ReduceMode::AllReduceTree: ok = tree_all_reduce(a, ch, sh); break;
@@ -54,6 +60,7 @@ static __global__ void __launch_bounds__(kThreads, 1) reduce_kernel(const __grid
     case ReduceMode::ReduceDirect: ok = reduce_direct(a, ch, sh); break;
   }
   if (ok) ch.finish();
+  if (stamp) trace_now(sh->h, true, int(blockIdx.x), 1);
 }
 
 static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const __grid_constant__ CopyArgs a) {

@@ -4,7 +4,9 @@
 // the last traced kernel with CudaEngine::trace (ProcessGroupPycoll.cuda_trace() in Python).
 // Off, a mark is one predictable branch.
 //
-// Events of the split one-shot all_reduce (kernels/one_shot.cuh), per CTA:
+// Every channel-protocol all_reduce stamps 0 (start, after the wait for the previous kernel) and
+// 1 (end); two-shot (kernels/two_shot.cuh) stamps 2, 3, ... after each acquire and each step.
+// Events of the split one-shot all_reduce (kernels/one_shot.cuh, one_shot_claimed.cuh), per CTA:
 //   0 kernel start; 1 kernel end; 2+2k / 3+2k: pusher: chunk k stored by the data warps / chunk k
 //   published (after its fence); reducer: chunk k arrived from every peer / chunk k reduced and
 //   released. Event kTraceEvents-1: the number of chunks of the CTA's channel.

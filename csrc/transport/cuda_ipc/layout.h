@@ -115,11 +115,28 @@ struct LLLayout {
 // channel b, how many chunks its pushing CTA has sent and its reducing CTA has reduced, since the
 // engine was created. Equal at every kernel start (both CTAs of a channel handle the same chunks),
 // so the reducer knows how far the pusher of this call has got without a per-call reset.
+//
+// The claimed variant (kernels/one_shot_claimed.cuh) hands chunks to pushers from one counter
+// instead: `claim` (local) is the next chunk to push, reset to 0 by the call's last claim; `tag`
+// (in dst: [src rank][channel][slot] u64) tells the receiver which chunk a message holds; `ready`
+// (local: [chunk] u32) is set to 1 once this rank's pusher has read a chunk of the input, and back
+// to 0 by the reducer that overwrites it (in place), so every word is 0 again when a call ends.
+constexpr int64_t kMaxClaimedChunks = 16384;  // a larger message runs the static split
+
 struct SplitLayout {
-  int64_t off = 0;  // local: [channel 0..kMaxCollBlocks) {pushed u64, reduced u64}
+  int64_t off = 0;        // local: [channel 0..kMaxCollBlocks) {pushed u64, reduced u64}
+  int64_t off_claim = 0;  // local: u64
+  int64_t off_tag = 0;    // in dst: [src rank][channel][slot] u64
+  int64_t off_ready = 0;  // local: [chunk 0..kMaxClaimedChunks) u32
+  int32_t nslots = 0;     // slots per channel (as the coll set)
+  int32_t pad = 0;
 
   PYCOLL_HD int64_t pushed_offset(int b) const { return off + int64_t(b) * 16; }
   PYCOLL_HD int64_t reduced_offset(int b) const { return off + int64_t(b) * 16 + 8; }
+  PYCOLL_HD int64_t tag_offset(int src, int b, int s) const {
+    return off_tag + ((int64_t(src) * kMaxCollBlocks + b) * nslots + s) * 8;
+  }
+  PYCOLL_HD int64_t ready_offset(int64_t chunk) const { return off_ready + chunk * 4; }
 };
 
 // Timeline of a traced kernel (PYCOLL_CUDA_TRACE=1, kernels/trace.cuh): per CTA of a grid of up
@@ -190,6 +207,10 @@ inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_bloc
   L.ll.block_lines = int32_t(1 + kLLBlockPayloadBytes / 8);
   L.ll.off_epoch = take(int64_t(kLLBlocks) * 8, kFlagStride);
   L.split.off = take(int64_t(kMaxCollBlocks) * 16, kFlagStride);
+  L.split.off_claim = take(8, kFlagStride);
+  L.split.nslots = kCollSlots;
+  L.split.off_tag = take(int64_t(kMaxRanks) * kMaxCollBlocks * kCollSlots * 8, kFlagStride);
+  L.split.off_ready = take(kMaxClaimedChunks * 4, kFlagStride);
   L.trace.off = take(int64_t(kTraceCtas) * kTraceEvents * 8, kFlagStride);
   L.ll.off_data = take(2 * npeers * kLLBlocks * L.ll.block_lines * kLLLineBytes, 4096);
   L.total_bytes = round_up_i64(off, 2 << 20);

@@ -28,7 +28,7 @@ namespace {
 #define PYCOLL_IPC_CHECK(expr, what) PYCOLL_CUDA_CHECK(expr, "pycoll::cuda_ipc: ", what)
 
 constexpr uint32_t kMagic = 0x70434950;  // "pCIP"
-constexpr uint32_t kVersion = 3;  // 2: the LL region; 3: split one-shot progress words
+constexpr uint32_t kVersion = 4;  // 2: the LL region; 3: split one-shot progress words; 4: claimed split
 
 // What a rank publishes about itself. Raw bytes through the Store: every rank runs this binary.
 struct PeerInfo {
