@@ -50,7 +50,7 @@ constexpr int64_t kDefaultSplitMinBytes = int64_t(32) << 20;
 constexpr int64_t kDefaultSplitChunkBytes = int64_t(128) << 10;
 // The split one-shot runs claimed (kernels/one_shot_claimed.cuh: pushers take the next chunk from
 // one counter; PYCOLL_CUDA_SPLIT_CLAIMED=0 turns it off) with chunks of this size. Measured on
-// 2x H200, eager, float32, same launches (benchmarks/results/2026-11-27-nvidia-h200-c{1,2}-*-np2.json):
+// 2x H200, eager, float32, same launches (benchmarks/results/2026-11-27-nvidia-h200-c{1,2}-*.json):
 // claimed 64 KiB against static 128 KiB: 16 MiB 70.8-73.1 vs 72.6-73.0 us, 64 MiB 213.8-215.5 vs
 // 217.6-217.7, 128 MiB 399.1-400.9 vs 408.4-409.9, 256 MiB 771 vs 778-780; claimed 128 KiB chunks
 // lost at 16-64 MiB (16 MiB 80.8-84.6 us), 256 KiB too (32 MiB 141.9), and cutting the last
@@ -69,7 +69,7 @@ constexpr int64_t kTwoRankSplitAllReduceBytes = int64_t(128) << 20;
 // With the two-shot waves (kernels/two_shot.cuh, on for two ranks since 2026-11-27) two-shot took
 // 64.8-65.0 us at 16 MiB (66.4-66.6 without), 210-211 at 64 MiB (220), 404 at 128 MiB (416-417),
 // against 67.6-67.9 (fused one-shot), 212-214 and 399 (claimed split) in the same launches
-// (benchmarks/results/2026-11-27-nvidia-h200-c4-*-np2.json): these choices stand.
+// (benchmarks/results/2026-11-27-nvidia-h200-c4-*.json): these choices stand.
 constexpr int64_t kTwoRankTwoShotAllReduceBytes = int64_t(16) << 20;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
