@@ -40,7 +40,7 @@ def load_cost_model(path: Optional[str] = None) -> int:
     with open(path) as fh:
         model = json.load(fh)
     if model.get("device", "cpu") != "cpu":
-        return 0  # GPU constants are read by the CUDA engine's selector
+        return 0  # the CUDA engine's choices are fixed thresholds (csrc/cuda/select.h); a GPU fit is for reading
     n = 0
     for e in model.get("entries", []):
         try:

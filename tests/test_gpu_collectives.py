@@ -422,6 +422,25 @@ def _two_shot_waves(rank, world, seed):
     replays."""
     dev = _setup(rank)
     out = []
+    if os.environ.get("PYCOLL_CUDA_TRACE") == "1":
+        # The waves happen: in every call, each follower CTA (H + b) takes its first step no
+        # earlier than its leader (b) took its own. Without waves the two start together and
+        # the order of their stamps is a coin toss per pair and call.
+        import pycollectives
+        E = pycollectives._C.trace_events()
+        set_algo("twoshot")
+        for i in range(4):
+            x = torch.full(((16 << 20) // 4 + 3,), float(rank + i), device=dev)
+            dist.all_reduce(x)
+            assert torch.all(x == sum(q + i for q in range(world))), i
+            rows = dist.group.WORLD._get_backend(dev).cuda_trace()
+            ctas = [rows[c * E:(c + 1) * E] for c in range(len(rows) // E)]
+            live = sum(1 for r in ctas if r[0] != 0)
+            H = live // 2
+            assert H >= 1 and all(r[0] != 0 for r in ctas[:live]), live
+            for b in range(H):
+                lead, follow = ctas[b], ctas[H + b]
+                assert lead[2] != 0 and follow[2] >= lead[2], (i, b, lead[2], follow[2])
     for i, dtype in enumerate(FLOATS + (torch.int32,)):
         for op in ops_for(dtype)[:3]:
             for numel in (1, 1031, 300007, (5 << 20) // 4 + 3):
@@ -441,8 +460,7 @@ def _two_shot_waves(rank, world, seed):
 
 def test_two_shot_waves(seed):
     env = {"PYCOLL_CUDA_TWO_SHOT_WAVES": "1", "PYCOLL_CUDA_MAX_BLOCKS": "7", "PYCOLL_CUDA_SPLIT_MIN_KIB": "0",
-           "PYCOLL_CUDA_SPLIT_CLAIMED": "0",
-           "PYCOLL_CUDA_LL_MAX_KIB": "0"}
+           "PYCOLL_CUDA_SPLIT_CLAIMED": "0", "PYCOLL_CUDA_LL_MAX_KIB": "0", "PYCOLL_CUDA_TRACE": "1"}
     _assert_same_digests(run_ranks(WORLD, _two_shot_waves, seed, timeout=600, pg_timeout=PG_TIMEOUT, env=env))
 
 
@@ -805,6 +823,9 @@ def _mismatch(rank, world, seed):
             torch.empty(world * (5 if rank < last else 6), device=dev),
             torch.ones(5 if rank < last else 6, device=dev), group=g),
         "broadcast": lambda: dist.broadcast(torch.ones(64, device=dev), src=0 if rank < last else 1, group=g),
+        # Same call, different algorithms (set_algo on some ranks only): the plan is in the word.
+        "algorithm": lambda: _with_algo("twoshot" if rank < last else "ring",
+                                        lambda: dist.all_reduce(torch.ones(1 << 16, device=dev), group=g)),
     }
     messages = {}
     for name, call in cases.items():
@@ -830,12 +851,56 @@ def _mismatch(rank, world, seed):
     return messages
 
 
+def _with_algo(name, call):
+    set_algo(name)
+    try:
+        call()
+    finally:
+        set_algo("auto")
+
+
 def test_mismatched_calls_raise(seed):
     results = run_ranks(WORLD, _mismatch, seed, timeout=300, pg_timeout=PG_TIMEOUT)
-    for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+    for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "algorithm"):
         texts = [r[name] for r in results]
         assert any("called different collectives" in t for t in texts), f"{name}: {texts}"
         assert all("unusable" in t for t in texts), f"{name}: {texts}"
+    texts = [r["algorithm"] for r in results]
+    assert any("two-shot" in t and "ring" in t for t in texts), texts
+
+
+def _settings_differ(rank, world, seed):
+    """A group whose ranks start their CUDA engines with different launch settings (here
+    PYCOLL_CUDA_MAX_BLOCKS on the last rank) fails on every rank at its first CUDA collective,
+    naming the setting and each rank's value, instead of running kernels that do not fit
+    together. Other groups keep working."""
+    dev = _setup(rank)
+    last = world - 1
+    os.environ["PYCOLL_CUDA_MAX_BLOCKS"] = "32" if rank == last else "64"
+    g = dist.new_group(list(range(world)), timeout=PG_TIMEOUT)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 20, device=dev), group=g)
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        text = str(e)
+    else:
+        raise AssertionError("different PYCOLL_CUDA_MAX_BLOCKS went unnoticed")
+    assert time.monotonic() - t0 < PG_TIMEOUT.total_seconds() / 2
+    del os.environ["PYCOLL_CUDA_MAX_BLOCKS"]
+    x = torch.full((1 << 18,), float(rank + 1), device=dev)
+    dist.all_reduce(x)  # the default group's engine starts now, with equal settings
+    assert torch.all(x == world * (world + 1) / 2)
+    torch.cuda.synchronize()
+    return text
+
+
+def test_settings_differ_raise(seed):
+    texts = run_ranks(WORLD, _settings_differ, seed, timeout=300, pg_timeout=PG_TIMEOUT)
+    last = WORLD - 1
+    for t in texts:
+        assert "different settings" in t and "PYCOLL_CUDA_MAX_BLOCKS: rank 0 has 64" in t, t
+        assert f"rank {last} has 32" in t, t
 
 
 if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins

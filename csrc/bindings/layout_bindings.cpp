@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "transport/cuda_ipc/check_word.h"
 #include "transport/cuda_ipc/layout.h"
 
 namespace py = pybind11;
@@ -118,6 +119,19 @@ void register_layout(py::module_& m) {
         py::arg("coll_slot_bytes") = 0, py::arg("coll_blocks") = cuda_ipc::kCollBlocks,
         "The CUDA IPC workspace layout of `rank` in a group of `nranks`: region start offsets, every byte "
         "range the layout's offset functions address in that rank's workspace, and the sizes.");
+  m.def(
+      "cuda_check_word",
+      [](int op, int dtype, int reduce_op, int root, int64_t count, int plan) {
+        return cuda_ipc::collective_check_word(op, dtype, reduce_op, root, count,
+                                               static_cast<cuda_ipc::CheckPlan>(plan));
+      },
+      py::arg("op"), py::arg("dtype"), py::arg("reduce_op"), py::arg("root"), py::arg("count"), py::arg("plan"),
+      "The word a CUDA collective's messages carry (transport/cuda_ipc/check_word.h); op, dtype and plan as "
+      "integers (OpCode, DType, CheckPlan).");
+  m.def(
+      "describe_cuda_check_word",
+      [](uint64_t word) { return cuda_ipc::describe_check(cuda_ipc::decode_check_word(word)); }, py::arg("word"),
+      "What a rank called, as the op-mismatch error names it.");
 }
 
 }  // namespace pycoll

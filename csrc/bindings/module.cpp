@@ -9,6 +9,7 @@
 #include "algorithms/select.h"
 #include "bindings/compression_bindings.h"
 #include "bindings/layout_bindings.h"
+#include "common/settings_agreement.h"
 #include "cuda/select.h"
 #include "backend/op_stats.h"
 #include "backend/process_group.h"
@@ -71,6 +72,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
   m.def("reset_stats", &pycoll::reset_op_stats);
+  m.def("settings_disagreement", &pycoll::settings_disagreement, py::arg("encoded_per_rank"),
+        "Empty if every rank's 'name=value' lines agree, else one line per setting that differs "
+        "(what the CUDA engine checks when it starts).");
   m.def("set_cost_entry", [](const std::string& op, const std::string& algo, double alpha_us, double beta_us_per_byte) {
     pycoll::set_cost_entry({parse_op(op), pycoll::parse_algo(algo), alpha_us, beta_us_per_byte});
   });

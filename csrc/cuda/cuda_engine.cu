@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include "common/cuda_check.h"
+#include "common/settings_agreement.h"
 #include "cuda/launch.h"
 #include "cuda/select.h"
 #include "kernels/args.h"
@@ -208,35 +209,62 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
                        std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), device_(device) {
   TORCH_CHECK(device >= 0, "pycoll::CudaEngine: device must be a CUDA device index, got ", device);
-  max_blocks_ = int(env_int("PYCOLL_CUDA_MAX_BLOCKS", gpu::kDefaultMaxBlocks, 1, cuda_ipc::kMaxCollBlocks));
+  const int64_t max_blocks_env = env_int("PYCOLL_CUDA_MAX_BLOCKS", gpu::kDefaultMaxBlocks, 1, cuda_ipc::kMaxCollBlocks);
   int sms = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "engine", "SM count");
-  // Every rank must plan the same launches: all GPUs of a group are assumed alike (as the
-  // workspace size check assumes), so the SM cap gives every rank the same number.
-  max_blocks_ = std::max(1, std::min(max_blocks_, sms));
+  max_blocks_ = std::max(1, std::min(int(max_blocks_env), sms));
   sms_ = sms;
   small_max_blocks_ = int(env_int("PYCOLL_CUDA_SMALL_MAX_BLOCKS", gpu::kSmallMaxBlocks, 1, cuda_ipc::kMaxCollBlocks));
   ll_max_bytes_ = env_int("PYCOLL_CUDA_LL_MAX_KIB", gpu::kDefaultLLMaxBytes / 1024, 0, cuda_ipc::kLLMaxBytes / 1024) * 1024;
   const int64_t slot_kib = env_int("PYCOLL_CUDA_SLOT_KIB", 0, 0, 16384);
   TORCH_CHECK(slot_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SLOT_KIB=", slot_kib, " must be a multiple of 4");
-  ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
-                                                 slot_kib * 1024, std::max(kCollBlocks, max_blocks_));
   const int64_t chunk_kib = env_int("PYCOLL_CUDA_CHUNK_KIB", 0, 0, 16384);
   TORCH_CHECK(chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_CHUNK_KIB=", chunk_kib, " must be a multiple of 4");
-  const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
-  chunk_bytes_ = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, slot_bytes) : slot_bytes;
   split_min_bytes_ = env_int("PYCOLL_CUDA_SPLIT_MIN_KIB", gpu::kDefaultSplitMinBytes / 1024, 0, int64_t(1) << 40) * 1024;
   const int64_t split_chunk_kib = env_int("PYCOLL_CUDA_SPLIT_CHUNK_KIB", 0, 0, 16384);
   TORCH_CHECK(split_chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SPLIT_CHUNK_KIB=", split_chunk_kib,
               " must be a multiple of 4");
-  split_chunk_bytes_ =
-      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : gpu::kDefaultSplitChunkBytes, slot_bytes);
-  claimed_chunk_bytes_ =
-      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : gpu::kDefaultClaimedChunkBytes, slot_bytes);
   trace_ = env_int("PYCOLL_CUDA_TRACE", 0, 0, 1) != 0;
   split_taper_ = env_int("PYCOLL_CUDA_SPLIT_TAPER", 1, 0, 1) != 0;
   split_claimed_ = env_int("PYCOLL_CUDA_SPLIT_CLAIMED", 1, 0, 1) != 0;
   two_shot_waves_ = env_int("PYCOLL_CUDA_TWO_SHOT_WAVES", size == 2 ? 1 : 0, 0, 1) != 0;
+
+  // Every rank must plan the same launches from these (the GPUs of a group are assumed alike, as
+  // the workspace size check assumes): compare them before anything is launched. Waves, tracing
+  // and early launch change only when a rank's own CTAs start or what they record: not compared.
+  if (size > 1) {
+    const SettingList mine = {
+        {"GPU SM count", std::to_string(sms)},
+        {"PYCOLL_CUDA_MAX_BLOCKS", std::to_string(max_blocks_env)},
+        {"PYCOLL_CUDA_SMALL_MAX_BLOCKS", std::to_string(small_max_blocks_)},
+        {"PYCOLL_CUDA_LL_MAX_KIB", std::to_string(ll_max_bytes_ / 1024)},
+        {"PYCOLL_CUDA_SLOT_KIB", std::to_string(slot_kib)},
+        {"PYCOLL_CUDA_CHUNK_KIB", std::to_string(chunk_kib)},
+        {"PYCOLL_CUDA_SPLIT_MIN_KIB", std::to_string(split_min_bytes_ / 1024)},
+        {"PYCOLL_CUDA_SPLIT_CHUNK_KIB", std::to_string(split_chunk_kib)},
+        {"PYCOLL_CUDA_SPLIT_TAPER", std::to_string(int(split_taper_))},
+        {"PYCOLL_CUDA_SPLIT_CLAIMED", std::to_string(int(split_claimed_))},
+    };
+    const std::string enc = encode_settings(mine);
+    store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));
+    std::vector<std::string> all;
+    for (int r = 0; r < size; ++r) {
+      const std::vector<uint8_t> v = store->get(key_prefix + "settings/" + std::to_string(r));
+      all.emplace_back(v.begin(), v.end());
+    }
+    const std::string diff = settings_disagreement(all);
+    TORCH_CHECK(diff.empty(), "pycoll CUDA engine: the ranks of this group were started with different settings, ",
+                "so their kernels would not fit together; set them alike on every rank:\n", diff);
+  }
+
+  ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
+                                                 slot_kib * 1024, std::max(kCollBlocks, max_blocks_));
+  const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
+  chunk_bytes_ = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, slot_bytes) : slot_bytes;
+  split_chunk_bytes_ =
+      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : gpu::kDefaultSplitChunkBytes, slot_bytes);
+  claimed_chunk_bytes_ =
+      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : gpu::kDefaultClaimedChunkBytes, slot_bytes);
   int major = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "engine",
                  "compute capability");
@@ -291,12 +319,38 @@ kernels::ReduceArgs make_reduce_args(const cuda_ipc::DeviceHandle& h, OpCode op,
   return a;
 }
 
-// `count` and `root` as every rank must have passed them (check_word.h).
+// The plan a launch runs, for the check word: from the mode and flags, so set_check must follow
+// the last change to either.
+cuda_ipc::CheckPlan plan_of(const kernels::ReduceArgs& a) {
+  using cuda_ipc::CheckPlan;
+  using kernels::ReduceMode;
+  switch (a.mode) {
+    case ReduceMode::AllReduceOneShot: return CheckPlan::OneShot;
+    case ReduceMode::AllReduceTwoShot: return CheckPlan::TwoShot;
+    case ReduceMode::AllReduceRing:
+    case ReduceMode::ReduceScatterRing: return CheckPlan::Ring;
+    case ReduceMode::AllReduceTree: return CheckPlan::Tree;
+    case ReduceMode::ReduceScatterDirect:
+    case ReduceMode::ReduceDirect: return CheckPlan::Direct;
+    case ReduceMode::AllReduceOneShotSplit:
+      return (a.flags & kernels::kArgClaimed) ? CheckPlan::SplitClaimed : CheckPlan::SplitStatic;
+  }
+  return CheckPlan::Unspecified;
+}
+cuda_ipc::CheckPlan plan_of(const kernels::CopyArgs& a) {
+  switch (a.mode) {
+    case kernels::CopyMode::AllGatherDirect: return cuda_ipc::CheckPlan::Direct;
+    case kernels::CopyMode::AllGatherRing: return cuda_ipc::CheckPlan::Ring;
+    default: return cuda_ipc::CheckPlan::Unspecified;
+  }
+}
+
+// `count` and `root` as every rank must have passed them, and the plan it runs (check_word.h).
 void set_check(kernels::ReduceArgs& a, int64_t count, int root) {
-  a.check = cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), root, count);
+  a.check = cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), root, count, plan_of(a));
 }
 void set_check(kernels::CopyArgs& a, int64_t bytes, int root) {
-  a.check = cuda_ipc::collective_check_word(a.op, 0, 0, root, bytes);
+  a.check = cuda_ipc::collective_check_word(a.op, 0, 0, root, bytes, plan_of(a));
 }
 
 void launch_reduce_checked(const gpu::Geometry& g, cudaStream_t stream, kernels::ReduceArgs& a, bool early,
@@ -346,9 +400,16 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in.data_ptr(), out.data_ptr(), kt);
   a.count = count;
   a.flags = trace_ ? kernels::kArgTrace : 0;  // the channel-protocol kernels stamp their timeline
-  set_check(a, count, 0);
+  if (trace_) {
+    // Rows of CTAs this launch does not run must not show an earlier kernel's timeline.
+    const cuda_ipc::Layout& L = ws_->layout();
+    PYCOLL_CUDA_OK(cudaMemsetAsync(ws_->handle().base[rank_] + L.trace.off, 0,
+                                   size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents * sizeof(int64_t), stream),
+                   kOp, "trace reset");
+  }
   if (chosen == Algo::OneShot && count * es <= ll_max_bytes_) {
     // Small messages: the LL protocol, one CTA per 16 KiB region (kernels/ll_all_reduce.cuh).
+    a.check = cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), 0, count, cuda_ipc::CheckPlan::LL);
     const int grid = int(ceil_div(count * es, cuda_ipc::kLLBlockPayloadBytes));
     PYCOLL_CUDA_OK(gpu::launch_ll_all_reduce(grid, stream, a, early_launch_), kOp, "kernel launch");
     return chosen;
@@ -372,6 +433,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
           a.flags = (trace_ ? kernels::kArgTrace : 0) | kernels::kArgClaimed;
           TORCH_CHECK(channels <= a.h.layout.coll.nblocks && 2 * channels <= sms_,
                       "pycoll::all_reduce: bad split launch geometry (", channels, " channels)");
+          set_check(a, count, 0);
           PYCOLL_CUDA_OK(gpu::launch_reduce(2 * channels, stream, a, /*early=*/false), kOp, "kernel launch");
           return chosen;
         }
@@ -382,6 +444,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.flags = (trace_ ? kernels::kArgTrace : 0) | (split_taper_ ? kernels::kArgTaper : 0);
         TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::all_reduce: bad split ",
                     "launch geometry (", g.blocks, " channels)");
+        set_check(a, count, 0);
         // Never launched early: with its CTAs placed while the kernel before it drained, its 2C CTAs
         // (all but a few SMs) took 2-3% longer at 64-256 MiB on 2x H200 (s13c1-early-*; trace 227
         // against 220 us at 64 MiB).
@@ -416,6 +479,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
     case Algo::Auto:
       TORCH_CHECK(false, "pycoll::all_reduce: no algorithm chosen");
   }
+  set_check(a, count, 0);
   launch_reduce_checked(g, stream, a, early_launch_, kOp);
   return chosen;
 }

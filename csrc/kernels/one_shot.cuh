@@ -173,11 +173,11 @@ static __device__ bool split_push(const ReduceArgs& a, BlockChannels& ch, StepSh
       bar_sync(kBarDone);  // chunk k stored (and its input read) by every data warp
       if (lane == 0) {
         st_release_gpu(pushed, done0 + uint64_t(k) + 1);
-        trace_now(h, tr, cta, 2 + 2 * int(k));
+        if (3 + 2 * k < cuda_ipc::kTraceEvents - 1) trace_now(h, tr, cta, 2 + 2 * int(k));
       }
       if (k + 1 < K) ok = hand_over(k + 1);
       ch.outbound_publish(k);
-      if (lane == (me == 0 ? 1 : 0)) trace_now(h, tr, cta, 3 + 2 * int(k));
+      if (3 + 2 * k < cuda_ipc::kTraceEvents - 1 && lane == (me == 0 ? 1 : 0)) trace_now(h, tr, cta, 3 + 2 * int(k));
       if (!ok) return false;
     }
     ch.outbound_advance(K);  // the kernel's ch.finish() stores the channel's sent count
@@ -239,14 +239,14 @@ static __device__ bool one_shot_split_all_reduce(const ReduceArgs& a, BlockChann
       ok = wait_local_ge(h, pushed, base + uint64_t(k) + 1, WaitSite{a.op, b, me, cuda_ipc::kWaitLocal});
     if (!ch.acquire(0, peers, ok)) return false;
     if (threadIdx.x == 0) {
-      trace_now(h, tr, int(blockIdx.x), 2 + 2 * int(k));
+      if (3 + 2 * k < cuda_ipc::kTraceEvents - 1) trace_now(h, tr, int(blockIdx.x), 2 + 2 * int(k));
       sh->clear();
       ReduceJob& j = sh->set_reduce(length(k), a.div);
       for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(in + first(k) * es) : sh->islot[q]);
       push_dst(j, out + first(k) * es);
     }
     ch.execute(0, peers);
-    if (threadIdx.x == 0) trace_now(h, tr, int(blockIdx.x), 3 + 2 * int(k));
+    if (threadIdx.x == 0 && 3 + 2 * k < cuda_ipc::kTraceEvents - 1) trace_now(h, tr, int(blockIdx.x), 3 + 2 * int(k));
   }
   if (threadIdx.x == 0) {
     *reduced = base + uint64_t(K);

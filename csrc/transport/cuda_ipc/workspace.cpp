@@ -247,27 +247,6 @@ int IpcWorkspace::error_code() const {
   return code;
 }
 
-namespace {
-
-// "all_reduce of 1031 elements of float32 (sum)", from a collective's check word.
-std::string describe(const CollectiveCheck& c) {
-  // kernels::ReduceOp's order (AVG runs as sum, bool ops as bitwise ones).
-  static const char* const kReduceNames[] = {"sum", "product", "min", "max", "band", "bor", "bxor"};
-  std::ostringstream os;
-  const auto op = static_cast<OpCode>(c.op);
-  os << op_name(op);
-  if (op == OpCode::AllGather || op == OpCode::Broadcast) {
-    os << " of " << c.count << " bytes";
-  } else if (op == OpCode::AllReduce || op == OpCode::ReduceScatter || op == OpCode::Reduce) {
-    os << " of " << c.count << (op == OpCode::ReduceScatter ? " elements per rank" : " elements") << " of "
-       << dtype_name(static_cast<DType>(c.dtype)) << " ("
-       << (c.reduce_op >= 0 && c.reduce_op < 7 ? kReduceNames[c.reduce_op] : "?") << ")";
-  }
-  if (op == OpCode::Broadcast || op == OpCode::Reduce) os << " with root " << c.root;
-  return os.str();
-}
-
-}  // namespace
 
 std::string IpcWorkspace::error_message() const {
   const int code = error_code();
@@ -298,8 +277,9 @@ std::string IpcWorkspace::error_message() const {
     case kErrOpMismatch: {
       const CollectiveCheck mine = decode_check_word(e->expected);
       const CollectiveCheck theirs = decode_check_word(e->observed);
-      os << "ranks called different collectives: this rank called " << describe(mine) << " but rank " << e->peer
-         << " called " << describe(theirs) << ". Every rank must pass the same sizes, dtype, op and root.";
+      os << "ranks called different collectives: this rank called " << describe_check(mine) << " but rank " << e->peer
+         << " called " << describe_check(theirs) << ". Every rank must pass the same sizes, dtype, op and root, and choose the same algorithm "
+         << "(PYCOLL_ALGO, set_algo()).";
       break;
     }
     default:
