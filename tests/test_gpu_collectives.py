@@ -423,9 +423,9 @@ def _two_shot_waves(rank, world, seed):
     dev = _setup(rank)
     out = []
     if os.environ.get("PYCOLL_CUDA_TRACE") == "1":
-        # The waves happen: in every call, each follower CTA (H + b) takes its first step no
-        # earlier than its leader (b) took its own. Without waves the two start together and
-        # the order of their stamps is a coin toss per pair and call.
+        # The waves happen: in every call, each leader CTA b stamps when it posted its wave
+        # (event E-2, after issuing its first scatter), and its follower H + b stamps when it saw
+        # that post, then takes its first step; neither stamp exists without waves.
         import pycollectives
         E = pycollectives._C.trace_events()
         set_algo("twoshot")
@@ -440,7 +440,10 @@ def _two_shot_waves(rank, world, seed):
             assert H >= 1 and all(r[0] != 0 for r in ctas[:live]), live
             for b in range(H):
                 lead, follow = ctas[b], ctas[H + b]
-                assert lead[2] != 0 and follow[2] >= lead[2], (i, b, lead[2], follow[2])
+                posted, seen = lead[E - 2], follow[E - 2]
+                assert lead[2] != 0 and posted >= lead[2], (i, b, lead[2], posted)
+                assert seen >= posted > 0 and follow[2] >= seen, (i, b, posted, seen, follow[2])
+            assert all(r[E - 2] == 0 for r in ctas[2 * H:]), "a CTA without a partner took part in a wave"
     for i, dtype in enumerate(FLOATS + (torch.int32,)):
         for op in ops_for(dtype)[:3]:
             for numel in (1, 1031, 300007, (5 << 20) // 4 + 3):

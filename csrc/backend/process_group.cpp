@@ -7,6 +7,7 @@
 #include <tuple>
 #include <utility>
 
+#include "backend/gil_release.h"
 #include "backend/op_stats.h"
 #include "backend/settings.h"
 #include "backend/tensor_args.h"
@@ -83,7 +84,15 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
 #endif
 }
 
-ProcessGroupPycoll::~ProcessGroupPycoll() { shutdown(); }
+ProcessGroupPycoll::~ProcessGroupPycoll() {
+  ReleaseGilIfHeld nogil;  // the members below join threads (gil_release.h)
+  shutdown();
+#ifdef PYCOLL_WITH_CUDA
+  cuda_.reset();
+#endif
+  executor_.reset();
+  cpu_.reset();
+}
 
 void ProcessGroupPycoll::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
@@ -92,6 +101,7 @@ void ProcessGroupPycoll::setTimeout(std::chrono::milliseconds timeout) {
 
 void ProcessGroupPycoll::shutdown() {
   if (closed_.exchange(true)) return;
+  ReleaseGilIfHeld nogil;
   executor_->stop();  // runs what is queued, then joins
 }
 
@@ -106,6 +116,7 @@ std::vector<int64_t> ProcessGroupPycoll::cuda_trace() {
 void ProcessGroupPycoll::abort() {
   closed_.store(true);
   cpu_->abort();
+  ReleaseGilIfHeld nogil;
   executor_->stop();
 }
 
@@ -163,7 +174,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch(c10d::OpType type, con
   }
   const uint64_t seq = ++issued_;
   auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
-  auto task = [this, work, op, body = std::move(body)]() {
+  auto task = [this, work, op, body = std::move(body)]() mutable {
     std::exception_ptr err;
     try {
       {
@@ -185,11 +196,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch(c10d::OpType type, con
     } catch (...) {
       err = std::current_exception();
     }
-    work->mark_done(err);
+    // Once mark_done releases the waiter, Python may drop its last reference to the tensors; this
+    // thread must not hold the last one then (releasing it would take the GIL, see gil_release.h):
+    // the body's captures go first and the Work moves on to the thread that settles its Future.
+    body = Body();
+    auto w = std::move(work);
+    w->mark_done(err);
     if (SerialExecutor::running_inline()) {
-      work->settle_future();  // no callback can be attached yet: complete it here, no thread hand-off
+      w->settle_future();  // no callback can be attached yet: complete it here, no thread hand-off
     } else {
-      CompletionPool::instance().post([work] { work->settle_future(); });
+      CompletionPool::instance().post([w = std::move(w)] { w->settle_future(); });
     }
   };
   executor_->submit(std::move(task), !async_op);
@@ -946,9 +962,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::send(std::vector<at::Tensor>&
   auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::SEND, kOp, seq, std::vector<at::Tensor>{t},
                                               std::vector<c10::Device>{});
   record_op("send", nbytes(t), Algo::OneShot, OpTimer(), -1, size_);
-  cpu_->p2p().post_send(dst, tag, bytes_of(buf), nbytes(buf), [work, buf](std::exception_ptr err) {
-    work->mark_done(err);
-    CompletionPool::instance().post([work] { work->settle_future(); });
+  // Runs on a p2p lane thread: it lets go of the tensor and the Work before the waiter can drop
+  // its own references (see launch()).
+  cpu_->p2p().post_send(dst, tag, bytes_of(buf), nbytes(buf), [work, buf](std::exception_ptr err) mutable {
+    buf = at::Tensor();
+    auto w = std::move(work);
+    w->mark_done(err);
+    CompletionPool::instance().post([w = std::move(w)] { w->settle_future(); });
   });
   return work;
 }
@@ -982,7 +1002,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recv(std::vector<at::Tensor>&
   const uint64_t seq = ++issued_;
   auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::RECV, kOp, seq, std::vector<at::Tensor>{t},
                                               std::vector<c10::Device>{});
-  cpu_->p2p().post_recv(src, tag, bytes_of(buf), nbytes(buf), [work, buf, t](std::exception_ptr err) {
+  cpu_->p2p().post_recv(src, tag, bytes_of(buf), nbytes(buf), [work, buf, t](std::exception_ptr err) mutable {
     if (!err && !buf.is_same(t)) {
       try {
         t.copy_(buf);
@@ -990,8 +1010,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recv(std::vector<at::Tensor>&
         err = std::current_exception();
       }
     }
-    work->mark_done(err);
-    CompletionPool::instance().post([work] { work->settle_future(); });
+    buf = at::Tensor();  // as in send(): nothing of the caller's outlives mark_done on this thread
+    t = at::Tensor();
+    auto w = std::move(work);
+    w->mark_done(err);
+    CompletionPool::instance().post([w = std::move(w)] { w->settle_future(); });
   });
   return work;
 }

@@ -247,9 +247,12 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
     };
     const std::string enc = encode_settings(mine);
     store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(key_prefix + "settings/" + std::to_string(r));
+    store->wait(keys, timeout);  // the group's timeout, not the store's
     std::vector<std::string> all;
-    for (int r = 0; r < size; ++r) {
-      const std::vector<uint8_t> v = store->get(key_prefix + "settings/" + std::to_string(r));
+    for (const auto& k : keys) {
+      const std::vector<uint8_t> v = store->get(k);
       all.emplace_back(v.begin(), v.end());
     }
     const std::string diff = settings_disagreement(all);
@@ -399,6 +402,13 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   check_usable(kOp);
   kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in.data_ptr(), out.data_ptr(), kt);
   a.count = count;
+  if (chosen == Algo::OneShot && count * es <= ll_max_bytes_) {
+    // Small messages: the LL protocol, one CTA per 16 KiB region (kernels/ll_all_reduce.cuh).
+    a.check = cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), 0, count, cuda_ipc::CheckPlan::LL);
+    const int grid = int(ceil_div(count * es, cuda_ipc::kLLBlockPayloadBytes));
+    PYCOLL_CUDA_OK(gpu::launch_ll_all_reduce(grid, stream, a, early_launch_), kOp, "kernel launch");
+    return chosen;
+  }
   a.flags = trace_ ? kernels::kArgTrace : 0;  // the channel-protocol kernels stamp their timeline
   if (trace_) {
     // Rows of CTAs this launch does not run must not show an earlier kernel's timeline.
@@ -406,13 +416,6 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
     PYCOLL_CUDA_OK(cudaMemsetAsync(ws_->handle().base[rank_] + L.trace.off, 0,
                                    size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents * sizeof(int64_t), stream),
                    kOp, "trace reset");
-  }
-  if (chosen == Algo::OneShot && count * es <= ll_max_bytes_) {
-    // Small messages: the LL protocol, one CTA per 16 KiB region (kernels/ll_all_reduce.cuh).
-    a.check = cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), 0, count, cuda_ipc::CheckPlan::LL);
-    const int grid = int(ceil_div(count * es, cuda_ipc::kLLBlockPayloadBytes));
-    PYCOLL_CUDA_OK(gpu::launch_ll_all_reduce(grid, stream, a, early_launch_), kOp, "kernel launch");
-    return chosen;
   }
   gpu::Geometry g;
   switch (chosen) {

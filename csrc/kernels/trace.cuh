@@ -5,7 +5,8 @@
 // Off, a mark is one predictable branch.
 //
 // Every channel-protocol all_reduce stamps 0 (start, after the wait for the previous kernel) and
-// 1 (end); two-shot (kernels/two_shot.cuh) stamps 2, 3, ... after each acquire and each step.
+// 1 (end); two-shot (kernels/two_shot.cuh) stamps 2, 3, ... after each acquire and each step, and
+// with waves kTraceEvents-2 when a leader posted its wave / a follower saw its leader's post.
 // Events of the split one-shot all_reduce (kernels/one_shot.cuh, one_shot_claimed.cuh), per CTA:
 //   0 kernel start; 1 kernel end; 2+2k / 3+2k: pusher: chunk k stored by the data warps / chunk k
 //   published (after its fence); reducer: chunk k arrived from every peer / chunk k reduced and

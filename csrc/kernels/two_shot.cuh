@@ -35,6 +35,9 @@
 namespace pycoll {
 namespace kernels {
 
+// The trace event of the wave hand-over (kArgWaves), after the sequential step stamps.
+constexpr int kTraceWaveEvent = cuda_ipc::kTraceEvents - 2;
+
 static __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels& ch, StepShared* sh, bool gather) {
   const int n = sh->h->nranks;
   const int me = sh->h->rank;
@@ -67,10 +70,11 @@ static __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels&
       if (has(result_to, p)) push_dst(j, sh->oslot[p]);
   };
   // PYCOLL_CUDA_TRACE: thread 0 stamps events 2, 3, 4, ... after each acquire and each execute
-  // (kernels/trace.cuh); event kTraceEvents-1 holds how many it stamped.
+  // (kernels/trace.cuh); event kTraceEvents-1 holds how many it stamped; with waves, event
+  // kTraceWaveEvent is when a leader posted its wave / a follower saw its leader's post.
   int ev = 2;
   auto stamp = [&]() {
-    if ((a.flags & kArgTrace) && threadIdx.x == 0 && ev < cuda_ipc::kTraceEvents - 1) {
+    if ((a.flags & kArgTrace) && threadIdx.x == 0 && ev < kTraceWaveEvent) {
       trace_now(sh->h, true, int(blockIdx.x), ev);
       trace_mark(sh->h, true, int(blockIdx.x), cuda_ipc::kTraceEvents - 1, uint64_t(ev - 1));
     }
@@ -95,14 +99,19 @@ static __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels&
                                                            : h->layout.split.reduced_offset(pair)));
     wave_base = *reinterpret_cast<volatile uint64_t*>(wave_word);  // only this CTA writes it
   }
+  const bool traced = (a.flags & kArgTrace) != 0;
   auto post_wave = [&]() {
-    if (leader && threadIdx.x == 0) st_release_gpu(wave_word, wave_base + 1);
+    if (leader && threadIdx.x == 0) {
+      st_release_gpu(wave_word, wave_base + 1);
+      trace_now(h, traced, int(blockIdx.x), kTraceWaveEvent);
+    }
   };
   bool ok = true;
   if (follower && threadIdx.x == 0) {
     const uint64_t* posted = reinterpret_cast<const uint64_t*>(
         h->base[h->rank] + h->layout.split.pushed_offset(int(blockIdx.x) - H));
     ok = wait_local_ge(h, posted, wave_base + 1, WaitSite{a.op, int(blockIdx.x), h->rank, cuda_ipc::kWaitLocal});
+    trace_now(h, traced, int(blockIdx.x), kTraceWaveEvent);
   }
   if (K > 0) {  // scatter(0)
     if (!ch.acquire(peers, 0, ok)) return false;
