@@ -53,3 +53,19 @@ def test_unknown_op_is_rejected():
         choose("broadcast", 8, 2)
     with pytest.raises((ValueError, RuntimeError), match="unknown op"):
         choose("gossip", 8, 2)
+
+
+@pytest.mark.parametrize("nbytes", [16 * MiB, 32 * MiB, 64 * MiB])
+def test_two_ranks_mid_two_shot_runs_128_ctas(nbytes):
+    # 64 leaders and 64 followers: 62.4-63.1 against 64.4-65.8 us at 16 MiB, 112.5-113.0 against
+    # 116.9-117.3 at 32 MiB, a tie at 64 MiB (2x H200, select.h: kTwoRankWideTwoShotBlocks).
+    wide = pycollectives._C.cuda_two_shot_max_blocks
+    assert wide(nbytes, 2, True, 64, 128) == 128
+    assert wide(nbytes, 2, False, 64, 128) == 64  # without waves: not measured wide
+    assert wide(nbytes, 2, True, 64, 0) == 64     # PYCOLL_CUDA_MAX_BLOCKS set: its cap holds
+    assert wide(nbytes, 4, True, 64, 128) == 64   # more ranks: not measured
+
+
+@pytest.mark.parametrize("nbytes", [64 * MiB + 1, 127 * MiB, 1024 * MiB])
+def test_two_ranks_large_two_shot_keeps_64_ctas(nbytes):
+    assert pycollectives._C.cuda_two_shot_max_blocks(nbytes, 2, True, 64, 128) == 64

@@ -90,6 +90,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   // The CUDA engine's `auto` choice (pure C++, so CPU-only builds answer it too). `bytes`: the
   // tensor for all_reduce, one rank's share for all_gather and reduce_scatter.
+  m.def("cuda_two_shot_max_blocks", &pycoll::gpu::two_shot_max_blocks, py::arg("bytes"), py::arg("world"),
+        py::arg("waves"), py::arg("max_blocks"), py::arg("wide_blocks"),
+        "CTAs a two-shot all_reduce of `bytes` may use on the CUDA engine (csrc/cuda/select.h).");
   m.def("cuda_algorithm", [](const std::string& op, int64_t bytes, int world) {
     switch (parse_op(op)) {
       case pycoll::OpCode::AllReduce: return std::string(pycoll::algo_name(pycoll::gpu::choose_all_reduce(bytes, world)));

@@ -193,6 +193,9 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //   PYCOLL_CUDA_TWO_SHOT_WAVES  1: two-shot all_reduce starts half of its CTAs after the other
 //                           half (kernels/two_shot.cuh); 0: all at once. Default: 1 for two ranks
 //                           (measured there), 0 otherwise.
+//   PYCOLL_CUDA_TWO_SHOT_BLOCKS  CTAs of a two-rank two-shot all_reduce with waves up to
+//                           gpu::kTwoRankWideTwoShotMaxBytes (default 128, or 0 = the
+//                           PYCOLL_CUDA_MAX_BLOCKS cap when that is set; select.h).
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -228,10 +231,17 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   split_taper_ = env_int("PYCOLL_CUDA_SPLIT_TAPER", 1, 0, 1) != 0;
   split_claimed_ = env_int("PYCOLL_CUDA_SPLIT_CLAIMED", 1, 0, 1) != 0;
   two_shot_waves_ = env_int("PYCOLL_CUDA_TWO_SHOT_WAVES", size == 2 ? 1 : 0, 0, 1) != 0;
+  // A set PYCOLL_CUDA_MAX_BLOCKS caps two-shot too, unless PYCOLL_CUDA_TWO_SHOT_BLOCKS says otherwise.
+  const char* mb = std::getenv("PYCOLL_CUDA_MAX_BLOCKS");
+  const bool max_blocks_set = mb != nullptr && *mb != '\0';
+  two_shot_wide_blocks_ = std::min<int>(
+      sms, int(env_int("PYCOLL_CUDA_TWO_SHOT_BLOCKS", max_blocks_set ? 0 : gpu::kTwoRankWideTwoShotBlocks, 0,
+                       cuda_ipc::kMaxCollBlocks)));
 
   // Every rank must plan the same launches from these (the GPUs of a group are assumed alike, as
-  // the workspace size check assumes): compare them before anything is launched. Waves, tracing
-  // and early launch change only when a rank's own CTAs start or what they record: not compared.
+  // the workspace size check assumes): compare them before anything is launched. Waves decide the
+  // two-shot's CTA count (gpu::two_shot_max_blocks); tracing and early launch change only what a
+  // rank's own CTAs record and when they start: not compared.
   if (size > 1) {
     const SettingList mine = {
         {"GPU SM count", std::to_string(sms)},
@@ -244,6 +254,8 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
         {"PYCOLL_CUDA_SPLIT_CHUNK_KIB", std::to_string(split_chunk_kib)},
         {"PYCOLL_CUDA_SPLIT_TAPER", std::to_string(int(split_taper_))},
         {"PYCOLL_CUDA_SPLIT_CLAIMED", std::to_string(int(split_claimed_))},
+        {"PYCOLL_CUDA_TWO_SHOT_WAVES", std::to_string(int(two_shot_waves_))},
+        {"PYCOLL_CUDA_TWO_SHOT_BLOCKS", std::to_string(two_shot_wide_blocks_)},
     };
     const std::string enc = encode_settings(mine);
     store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));
@@ -261,7 +273,9 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   }
 
   ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
-                                                 slot_kib * 1024, std::max(kCollBlocks, max_blocks_));
+                                                 slot_kib * 1024,
+                                                 std::max({kCollBlocks, max_blocks_,
+                                                           size == 2 ? two_shot_wide_blocks_ : 0}));
   const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
   chunk_bytes_ = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, slot_bytes) : slot_bytes;
   split_chunk_bytes_ =
@@ -464,7 +478,11 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
       if (chosen == Algo::TwoShot && two_shot_waves_) a.flags |= kernels::kArgWaves;
       a.seg = round_up(ceil_div(count, size_), 16 / es);  // segment starts stay 16-byte aligned
       a.out_stride = a.seg;
-      g = gpu::plan_geometry(a.seg, es, chunk_bytes_, max_blocks_, small_max_blocks_);
+      g = gpu::plan_geometry(a.seg, es, chunk_bytes_,
+                             chosen == Algo::TwoShot ? gpu::two_shot_max_blocks(count * es, size_, two_shot_waves_,
+                                                                                max_blocks_, two_shot_wide_blocks_)
+                                                     : max_blocks_,
+                             small_max_blocks_);
       break;
     case Algo::Tree: {
       a.mode = kernels::ReduceMode::AllReduceTree;

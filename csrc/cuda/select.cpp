@@ -138,6 +138,11 @@ Algo choose_all_reduce(int64_t bytes, int nranks) {
   return best;
 }
 
+int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, int wide_blocks) {
+  if (nranks == 2 && waves && wide_blocks > 0 && bytes <= kTwoRankWideTwoShotMaxBytes) return wide_blocks;
+  return max_blocks;
+}
+
 Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks) {
   if (nranks > 2 && bytes_per_rank >= kManyRanksRingReduceScatterBytesPerRank) return Algo::Ring;
   // Direct moves the same bytes as the ring in one hop instead of n-1 on an NVSwitch/NVLink

@@ -71,6 +71,16 @@ constexpr int64_t kTwoRankSplitAllReduceBytes = int64_t(128) << 20;
 // against 67.6-67.9 (fused one-shot), 212-214 and 399 (claimed split) in the same launches
 // (benchmarks/results/2026-11-27-nvidia-h200-c4-*.json): these choices stand.
 constexpr int64_t kTwoRankTwoShotAllReduceBytes = int64_t(16) << 20;
+// ... and up to kTwoRankWideTwoShotMaxBytes it runs with kTwoRankWideTwoShotBlocks CTAs (64 leaders,
+// 64 followers) unless PYCOLL_CUDA_MAX_BLOCKS is set (PYCOLL_CUDA_TWO_SHOT_BLOCKS overrides; the
+// workspace then has 128 channels: 134 instead of 70 MiB per GPU for two ranks). Why: the traces
+// showed the 32 leaders of 64 CTAs pushing their first scatter at only ~262 GB/s (per-CTA store
+// issue, not the link, bounds it) while the followers wait. Measured on 2x H200, eager, float32,
+// alternating in one launch (benchmarks/results/2026-11-27-nvidia-h200-s16c5-*.json): 128 CTAs
+// 16 MiB 62.4 / 63.1 us against 64.4-65.8 with 64 CTAs, 32 MiB 112.5 / 113.0 against 116.9-117.3,
+// 64 MiB 210.1 / 210.8 against 210.3-211.2 (a tie, hence the bound); 112 CTAs were slower.
+constexpr int kTwoRankWideTwoShotBlocks = 128;
+constexpr int64_t kTwoRankWideTwoShotMaxBytes = int64_t(64) << 20;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
 // on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).
@@ -97,6 +107,9 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks);
 // Choices for Algo::Auto. all_reduce: OneShot, TwoShot or Ring (Tree only when asked for).
 // all_gather / reduce_scatter: OneShot ("direct": one hop, every rank writes every peer) or Ring.
 Algo choose_all_reduce(int64_t bytes, int nranks);
+// CTAs a two-shot all_reduce of `bytes` may use: `wide_blocks` for two ranks with waves up to
+// kTwoRankWideTwoShotMaxBytes (wide_blocks <= 0: never), else `max_blocks`.
+int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, int wide_blocks);
 Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks);
 Algo choose_all_gather(int64_t bytes_per_rank, int nranks);
 
