@@ -344,6 +344,35 @@ def _shm_normal_rank(rank, ws, exit_kind):
         os._exit(0)
 
 
+def _p2p_then_destroy_rank(rank, ws):
+    """Point-to-point whose tensors Python drops at once, then destroy_process_group (by
+    run_ranks) while the p2p lane threads still hold on to their last requests
+    (PYCOLL_TEST_P2P_LINGER_MS). Teardown joins those threads: if one of them then released the
+    last reference to a tensor Python had seen (that takes the GIL) while the joining thread held
+    the GIL, the rank would hang here (seen once in CI, test_batch_isend_irecv[4])."""
+    quiet()
+    peer = 1 - rank
+    for i in range(3):
+        if rank == 0:
+            dist.send(torch.full((1000,), float(i)), peer)  # the temporary's only Python reference ends here
+            got = torch.empty(1000)
+            dist.recv(got, peer)
+        else:
+            got = torch.empty(1000)
+            dist.recv(got, peer)
+            dist.send(got.clone() + 1, peer)
+        assert torch.all(got == i + (1 - rank)), (i, got[:3])
+        del got
+    return True
+
+
+@pytest.mark.pycoll_only
+def test_destroy_while_p2p_threads_finish():
+    t0 = time.monotonic()
+    assert run_ranks(2, _p2p_then_destroy_rank, timeout=60, env={"PYCOLL_TEST_P2P_LINGER_MS": "300"}) == [True] * 2
+    assert time.monotonic() - t0 < 50
+
+
 @pytest.mark.pycoll_only
 @pytest.mark.parametrize("exit_kind", ["destroy", "no-destroy"])
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -1,9 +1,11 @@
 #include "algorithms/p2p.h"
 
 #include <cstring>
+#include <thread>
 
 #include "algorithms/sync.h"
 #include "common/check.h"
+#include "common/env.h"
 
 namespace pycoll {
 
@@ -15,7 +17,7 @@ struct MessageHeader {
 }  // namespace
 
 PointToPoint::PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort)
-    : t_(t), timeout_(timeout), abort_(abort) {
+    : t_(t), timeout_(timeout), abort_(abort), linger_(env_int("PYCOLL_TEST_P2P_LINGER_MS", 0)) {
   send_lanes_.resize(t.size());
   recv_lanes_.resize(t.size());
 }
@@ -135,6 +137,7 @@ void PointToPoint::send_loop(int dst, Lane& lane) {
       }
     }
     req.done(err);
+    if (linger_.count() > 0) std::this_thread::sleep_for(linger_);
   }
 }
 
@@ -190,6 +193,7 @@ void PointToPoint::recv_loop(int src, Lane& lane) {
       }
     }
     req.done(err);
+    if (linger_.count() > 0) std::this_thread::sleep_for(linger_);
   }
 }
 

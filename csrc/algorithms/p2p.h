@@ -66,6 +66,9 @@ class PointToPoint {
   Transport& t_;
   std::chrono::milliseconds timeout_;
   const std::atomic<bool>* abort_;
+  // PYCOLL_TEST_P2P_LINGER_MS (tests only): a lane thread waits this long after completing a
+  // request before it lets go of it, so that a test can tear the group down meanwhile.
+  std::chrono::milliseconds linger_{0};
   std::mutex lanes_mu_;
   std::vector<std::unique_ptr<Lane>> send_lanes_;
   std::vector<std::unique_ptr<Lane>> recv_lanes_;
