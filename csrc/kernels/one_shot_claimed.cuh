@@ -35,15 +35,6 @@ namespace kernels {
 
 constexpr uint64_t kEndTag = ~uint64_t(0);
 
-__device__ __forceinline__ uint32_t ld_acquire_gpu_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_gpu_u32(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 // Bounded wait for this rank's pusher of a chunk (a CTA of the same GPU).
 static __device__ __noinline__ bool wait_chunk_ready(const DeviceHandle* h, const uint32_t* ready, WaitSite site) {
   if (ld_acquire_gpu_u32(ready) != 0u) return true;

@@ -57,6 +57,15 @@ __device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+// ... and on 32-bit words (the claimed split's per-chunk ready flags).
+__device__ __forceinline__ void st_release_gpu_u32(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_acquire_gpu_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
 // Relaxed (no ordering) system-scope accesses: used for the sticky abort word only.
 __device__ __forceinline__ uint32_t ld_relaxed_sys(const uint32_t* p) {
