@@ -174,7 +174,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch(c10d::OpType type, con
   }
   const uint64_t seq = ++issued_;
   auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
-  auto task = [this, work, op, body = std::move(body)]() mutable {
+  auto task = [this, work, op, body = std::move(body)]() {
     std::exception_ptr err;
     try {
       {
@@ -196,16 +196,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch(c10d::OpType type, con
     } catch (...) {
       err = std::current_exception();
     }
-    // Once mark_done releases the waiter, Python may drop its last reference to the tensors; this
-    // thread must not hold the last one then (releasing it would take the GIL, see gil_release.h):
-    // the body's captures go first and the Work moves on to the thread that settles its Future.
-    body = Body();
-    auto w = std::move(work);
-    w->mark_done(err);
+    work->mark_done(err);
     if (SerialExecutor::running_inline()) {
-      w->settle_future();  // no callback can be attached yet: complete it here, no thread hand-off
+      work->settle_future();  // no callback can be attached yet: complete it here, no thread hand-off
     } else {
-      CompletionPool::instance().post([w = std::move(w)] { w->settle_future(); });
+      CompletionPool::instance().post([work] { work->settle_future(); });
     }
   };
   executor_->submit(std::move(task), !async_op);
@@ -962,13 +957,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::send(std::vector<at::Tensor>&
   auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::SEND, kOp, seq, std::vector<at::Tensor>{t},
                                               std::vector<c10::Device>{});
   record_op("send", nbytes(t), Algo::OneShot, OpTimer(), -1, size_);
-  // Runs on a p2p lane thread: it lets go of the tensor and the Work before the waiter can drop
-  // its own references (see launch()).
-  cpu_->p2p().post_send(dst, tag, bytes_of(buf), nbytes(buf), [work, buf](std::exception_ptr err) mutable {
-    buf = at::Tensor();
-    auto w = std::move(work);
-    w->mark_done(err);
-    CompletionPool::instance().post([w = std::move(w)] { w->settle_future(); });
+  cpu_->p2p().post_send(dst, tag, bytes_of(buf), nbytes(buf), [work, buf](std::exception_ptr err) {
+    work->mark_done(err);
+    CompletionPool::instance().post([work] { work->settle_future(); });
   });
   return work;
 }
@@ -1002,7 +993,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recv(std::vector<at::Tensor>&
   const uint64_t seq = ++issued_;
   auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::RECV, kOp, seq, std::vector<at::Tensor>{t},
                                               std::vector<c10::Device>{});
-  cpu_->p2p().post_recv(src, tag, bytes_of(buf), nbytes(buf), [work, buf, t](std::exception_ptr err) mutable {
+  cpu_->p2p().post_recv(src, tag, bytes_of(buf), nbytes(buf), [work, buf, t](std::exception_ptr err) {
     if (!err && !buf.is_same(t)) {
       try {
         t.copy_(buf);
@@ -1010,11 +1001,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recv(std::vector<at::Tensor>&
         err = std::current_exception();
       }
     }
-    buf = at::Tensor();  // as in send(): nothing of the caller's outlives mark_done on this thread
-    t = at::Tensor();
-    auto w = std::move(work);
-    w->mark_done(err);
-    CompletionPool::instance().post([w = std::move(w)] { w->settle_future(); });
+    work->mark_done(err);
+    CompletionPool::instance().post([work] { work->settle_future(); });
   });
   return work;
 }
