@@ -161,6 +161,49 @@ def test_cli_end_to_end_json_and_plot(tmp_path):
     assert doc["summary"]["check_failures"] == 0 and doc["summary"]["errors"] == 0
 
 
+def test_rounds_report_the_median(tmp_path):
+    """--rounds 3: every row is timed in each of the 3 rounds; its time is their median."""
+    import statistics
+    out = tmp_path / "results"
+    proc = run_cli(["--backends", ",".join(BACKENDS), "--nproc", "2", "-b", "8", "-e", "64", "--ops", "all_reduce",
+                    "--rounds", "3", "--check", "--budget", "0.01", "--prewarm", "0", "--out", str(out),
+                    "--no-plot"], tmp_path)
+    assert proc.returncode == 0, _describe(proc)
+    assert "median of 3 rounds" in proc.stdout, proc.stdout
+    doc = json.loads(sorted(out.glob("*.json"))[0].read_text())
+    assert doc["config"]["rounds"] == 3
+    rows = doc["results"]
+    assert len(rows) == 4 * len(LABELS)  # 8, 16, 32, 64 B
+    for r in rows:
+        times = r["round_times_us"]
+        assert len(times) == 3 and all(t > 0 for t in times), r
+        assert r["time_us"] == pytest.approx(statistics.median(times))
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["time_us"] / 1e3)
+        assert r["check"] == "ok" and r["error"] is None
+
+
+def test_combine_rounds():
+    combine = _bench_module("runner").combine_rounds
+
+    def row(t, check="ok", error=None, label="pycoll"):
+        return dict(op="all_reduce", bytes=1000, label=label, mode="eager", time_us=t,
+                    algbw_gbps=None if t is None else 1000 / t / 1e3,
+                    busbw_gbps=None if t is None else 1000 / t / 1e3 * 0.5,
+                    check=check, check_error=None if check != "fail" else "wrong", error=error)
+
+    rounds = [[row(10.0), row(20.0, label="gloo")], [row(30.0), row(40.0, label="gloo", check="fail")],
+              [row(20.0, error="boom"), row(None, label="gloo")]]
+    a, b = combine(rounds)
+    assert a["time_us"] == 20.0 and a["round_times_us"] == [10.0, 30.0, 20.0]
+    assert a["algbw_gbps"] == pytest.approx(1000 / 20.0 / 1e3)
+    assert a["busbw_gbps"] == pytest.approx(a["algbw_gbps"] * 0.5)
+    assert a["error"] == "boom" and a["check"] == "ok"
+    assert b["time_us"] == 30.0  # the rounds that timed it: 20 and 40
+    assert b["check"] == "fail" and b["check_error"] == "wrong"
+    single = [[row(5.0)]]
+    assert combine(single) == single[0]
+
+
 def test_checker_catches_wrong_result():
     import torch
 

@@ -119,6 +119,10 @@ def build_parser():
                    help="timed calls per row (default: adaptive, --budget seconds per row, 3 to 5000 calls)")
     g.add_argument("--budget", type=_positive_float, default=0.05,
                    help="adaptive iterations: seconds of timed calls per (size, op, row) (default: 0.05)")
+    g.add_argument("--rounds", type=_positive_int, default=1,
+                   help="run the whole sweep this many times, rows still in alternation at each size, and "
+                        "report each row's median time over the rounds (each round's time stays in the "
+                        "JSON); damps host noise that can move one round's ratio by 10%% (default: 1)")
     g.add_argument("-c", "--check", action="store_true",
                    help="verify every result against a plain torch reference; exit 1 on a wrong result")
     g.add_argument("--graph", action="store_true",
@@ -267,7 +271,7 @@ def parse_config(argv, parser=None):
     cfg = BenchConfig(
         device=device, nproc=world, backends=backends, algos=algos, ops=ops, sizes=sizes, dtypes=dtypes,
         reduce_op=a.reduce_op, root=a.root, warmup=a.warmup, prewarm_s=max(0.0, a.prewarm), iters=a.iters,
-        budget_s=a.budget,
+        budget_s=a.budget, rounds=a.rounds,
         inplace=a.inplace, check=a.check, graph=a.graph, out_dir=a.out, name=a.name,
         save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out,
         timeout_s=a.timeout, progress=not a.no_progress, command=_command(argv), argv=list(argv),

@@ -19,6 +19,7 @@ class BenchConfig:
     iters: Optional[int] = None      # None: adaptive, from ``budget``
     budget_s: float = 0.05           # adaptive: seconds of timed calls per (size, op, row)
     min_iters: int = 3
+    rounds: int = 1                  # the whole sweep this many times; a row's time is the median
     max_iters: int = 5000
     inplace: bool = False
     check: bool = False

@@ -116,11 +116,14 @@ def _fmt(value, spec):
 def format_table(rows, meta, cfg, baseline):
     mode = "in-place" if cfg.inplace else "out-of-place"
     iters = f"{cfg.iters} iterations" if cfg.iters else f"adaptive iterations ({cfg.budget_s:g} s per row)"
+    if cfg.rounds > 1:
+        iters += f", median of {cfg.rounds} rounds"
     ratio_head = f"x {baseline}"
     lines = [
         f"# pycoll-bench: {meta['world_size']} ranks, {meta['device']} ({meta['card']}), torch {meta['torch']}, "
         f"{','.join(cfg.dtypes)}, op {cfg.reduce_op}, {mode} where the op allows, {iters}",
-        "# time: mean per call, max over ranks; algbw = size / time; busbw = algbw * nccl-tests factor;",
+        "# time: mean per call, max over ranks" + (", median over the rounds" if cfg.rounds > 1 else "")
+        + "; algbw = size / time; busbw = algbw * nccl-tests factor;",
         f"# {ratio_head} = busbw / busbw of {baseline} at the same size (>1: faster than {baseline})",
     ]
     label_w = max([len("backend")] + [len(r["label"]) + (8 if r["mode"] == "graph" else 0) for r in rows])

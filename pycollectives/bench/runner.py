@@ -15,12 +15,15 @@ Timing of one row (backend or pycoll algorithm) at one size:
      over ranks so that every rank runs the same count), between a barrier and a clock read
      (CPU: time.perf_counter; CUDA: events on the current stream);
   4. time per call = elapsed / iters, then the maximum over ranks.
+With --rounds N the whole sweep (every size, every row) runs N times and a row's time is the median
+of its N times (combine_rounds), so that one slow stretch of the host moves no ratio by itself.
 Barriers, the maximum, iteration counts and error agreement all go through a separate Gloo
 "control" group, never through the groups being measured.
 """
 import datetime
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -175,6 +178,35 @@ def _time_graph(graph, calls, replays, ctrl):
     return start.elapsed_time(end) * 1e3 / (calls * replays)
 
 
+def combine_rounds(per_round):
+    """One row per (dtype, op, size, row label, mode) from the rows of every round (each a list in
+    the same order): the median time over the rounds that timed it, bandwidths scaled to match,
+    each round's time in ``round_times_us``; a failed check or an error in any round marks the row
+    (the first error text is kept)."""
+    if len(per_round) == 1:
+        return per_round[0]
+    out = []
+    for rows in zip(*per_round):
+        row = dict(rows[0])
+        times = [r["time_us"] for r in rows]
+        row["round_times_us"] = times
+        ok = [t for t in times if t]
+        row["time_us"] = statistics.median(ok) if ok else None
+        if ok and rows[0]["time_us"] and rows[0]["algbw_gbps"] is not None:
+            scale = rows[0]["time_us"] / row["time_us"]
+            row["algbw_gbps"] = rows[0]["algbw_gbps"] * scale
+            row["busbw_gbps"] = rows[0]["busbw_gbps"] * scale
+        errors = [r["error"] for r in rows if r["error"]]
+        if errors:
+            row["error"] = errors[0]
+        checks = [r["check"] for r in rows if r["check"] is not None]
+        if checks:
+            row["check"] = "fail" if "fail" in checks else "ok"
+            row["check_error"] = next((r["check_error"] for r in rows if r["check_error"]), None)
+        out.append(row)
+    return out
+
+
 class RankRunner:
     def __init__(self, cfg, rank, world, local_rank):
         self.cfg, self.rank, self.world, self.local_rank = cfg, rank, world, local_rank
@@ -322,28 +354,34 @@ class RankRunner:
                     else:
                         jobs.append((dtype_name, dtype, elem, nbytes, op))
         modes = 2 if cfg.graph else 1
-        bar = make_progress(len(jobs) * len(self.variants) * modes, enabled=cfg.progress and self.rank == 0)
-        results = []
+        rounds = max(1, cfg.rounds)
+        bar = make_progress(len(jobs) * len(self.variants) * modes * rounds,
+                            enabled=cfg.progress and self.rank == 0)
+        per_round = []
         t0 = time.monotonic()
         try:
             self.prewarm()
-            for dtype_name, dtype, elem, nbytes, op in jobs:
-                coll = COLLECTIVES[op]
-                count = nbytes // elem
-                inplace = coll.is_inplace(cfg.inplace)
-                bufs = coll.setup(count, dtype, self.device, self.rank, self.world, inplace)
-                ref = None
-                if cfg.check:
-                    ref = checker.expected(op, self.rank, self.world, count, dtype, self.device,
-                                           cfg.reduce_op, cfg.root)
-                for v in self.variants:
-                    results.extend(self.measure(v, coll, bufs, ref, nbytes, count, dtype_name, inplace, bar))
-                del bufs, ref
+            for _ in range(rounds):
+                results = []
+                for dtype_name, dtype, elem, nbytes, op in jobs:
+                    coll = COLLECTIVES[op]
+                    count = nbytes // elem
+                    inplace = coll.is_inplace(cfg.inplace)
+                    bufs = coll.setup(count, dtype, self.device, self.rank, self.world, inplace)
+                    ref = None
+                    if cfg.check:
+                        ref = checker.expected(op, self.rank, self.world, count, dtype, self.device,
+                                               cfg.reduce_op, cfg.root)
+                    for v in self.variants:
+                        results.extend(self.measure(v, coll, bufs, ref, nbytes, count, dtype_name, inplace, bar))
+                    del bufs, ref
+                per_round.append(results)
         finally:
             bar.close()
             if cfg.algos and self.pyc is not None and hasattr(self.pyc, "set_algo"):
                 self.pyc.set_algo(None)
         elapsed = time.monotonic() - t0
+        results = combine_rounds(per_round)
         # Table and JSON order: dtype, op, size, then the rows in the order they ran.
         order = {(d, o): i for i, (d, o) in enumerate((d, o) for d in cfg.dtypes for o in cfg.ops)}
         results.sort(key=lambda r: (order[(r["dtype"], r["op"])], r["bytes"]))
