@@ -56,4 +56,9 @@ def cuda_built() -> bool:
 
 
 _register()
-load_cost_model()
+try:
+    load_cost_model()
+except (OSError, ValueError, KeyError, TypeError) as _exc:  # a bad file must not break the import
+    import warnings
+
+    warnings.warn(f"pycollectives: cost model not loaded: {_exc}", RuntimeWarning, stacklevel=2)

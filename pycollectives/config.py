@@ -5,7 +5,8 @@
 agree, or the op header check raises). ``PYCOLL_DEBUG=INFO`` logs one line
 per op. ``PYCOLL_COST_MODEL=path.json`` (default: ``cost_model.json`` in this
 package, written by ``pycoll-bench --calibrate``) replaces the built-in
-latency/bandwidth constants of the ``auto`` choice.
+latency/bandwidth constants of the CPU engine's ``auto`` choice, or, for a file
+calibrated on GPUs, the CUDA engine's ``auto`` choices inside the measured sizes.
 """
 from __future__ import annotations
 
@@ -33,14 +34,21 @@ def get_algo() -> Optional[str]:
 
 
 def load_cost_model(path: Optional[str] = None) -> int:
-    """Loads calibrated (alpha, beta) constants; returns how many entries were applied."""
+    """Loads a ``pycoll-bench --calibrate`` file; returns how many entries were applied.
+
+    A CPU file's (alpha, beta) constants replace the CPU engine's; a GPU file's measured choices
+    ("cuda_choices": which algorithm won at which size, per op) become the CUDA engine's ``auto``
+    inside the measured sizes (csrc/cuda/measured_choices.h), replacing any loaded before. Every
+    rank must load the same file: the CUDA engine compares the tables when a group starts."""
     path = path or os.environ.get("PYCOLL_COST_MODEL") or os.path.join(os.path.dirname(__file__), "cost_model.json")
     if not os.path.exists(path):
         return 0
     with open(path) as fh:
         model = json.load(fh)
+    if model.get("device", "cpu") == "cuda":
+        return _load_cuda_choices(model.get("cuda_choices") or {})
     if model.get("device", "cpu") != "cpu":
-        return 0  # the CUDA engine's choices are fixed thresholds (csrc/cuda/select.h); a GPU fit is for reading
+        return 0
     n = 0
     for e in model.get("entries", []):
         try:
@@ -48,4 +56,15 @@ def load_cost_model(path: Optional[str] = None) -> int:
             n += 1
         except (KeyError, ValueError):
             continue
+    return n
+
+
+def _load_cuda_choices(choices: dict) -> int:
+    _C.clear_cuda_choices()
+    world = int(choices.get("world_size", 0))
+    n = 0
+    for op, table in (choices.get("ops") or {}).items():
+        steps = [(int(b), str(a)) for b, a in table["steps"]]
+        _C.set_cuda_choices(op, world, steps, int(table["max_bytes"]))  # ValueError names a bad table
+        n += 1
     return n

@@ -69,3 +69,96 @@ def test_two_ranks_mid_two_shot_runs_128_ctas(nbytes):
 @pytest.mark.parametrize("nbytes", [64 * MiB + 1, 127 * MiB, 1024 * MiB])
 def test_two_ranks_large_two_shot_keeps_64_ctas(nbytes):
     assert pycollectives._C.cuda_two_shot_max_blocks(nbytes, 2, True, 64, 128) == 64
+
+
+# ---- this machine's measured choices (pycoll-bench --calibrate on GPUs) -----------------------
+
+@pytest.fixture
+def no_measured_choices():
+    pycollectives._C.clear_cuda_choices()
+    yield
+    pycollectives._C.clear_cuda_choices()
+
+
+def test_measured_choices_rule_inside_their_range_only(no_measured_choices):
+    C = pycollectives._C
+    assert C.cuda_choices_digest() == ""
+    C.set_cuda_choices("all_reduce", 2, [(1 * MiB, "twoshot"), (8 * MiB, "ring")], 64 * MiB)
+    assert choose("all_reduce", 1 * MiB, 2) == "twoshot"
+    assert choose("all_reduce", 8 * MiB - 1, 2) == "twoshot"
+    assert choose("all_reduce", 8 * MiB, 2) == "ring"
+    assert choose("all_reduce", 64 * MiB, 2) == "ring"
+    # Outside the measured sizes, other world sizes and other ops: the built-in rules.
+    assert choose("all_reduce", 1 * MiB - 1, 2) == "oneshot"
+    assert choose("all_reduce", 128 * MiB, 2) == "oneshot"
+    assert choose("all_reduce", 8 * MiB, 3) == choose("all_reduce", 8 * MiB, 3, builtin=True)
+    assert choose("all_gather", 8 * MiB, 2) == choose("all_gather", 8 * MiB, 2, builtin=True)
+    assert choose("all_reduce", 8 * MiB, 2, builtin=True) == "oneshot"
+    digest = C.cuda_choices_digest()
+    assert "x2" in digest and "twoshot" in digest and "ring" in digest
+    C.clear_cuda_choices()
+    assert choose("all_reduce", 8 * MiB, 2) == "oneshot" and C.cuda_choices_digest() == ""
+
+
+@pytest.mark.parametrize("op,world,steps,max_bytes,what", [
+    ("all_reduce", 2, [], 10, "no steps"),
+    ("all_reduce", 2, [(10, "ring"), (10, "twoshot")], 100, "increasing"),
+    ("all_reduce", 2, [(10, "ring")], 5, "max_bytes"),
+    ("all_gather", 2, [(10, "twoshot")], 100, "cannot run twoshot"),
+    ("broadcast", 2, [(10, "ring")], 100, "only all_reduce"),
+    ("all_reduce", 1, [(10, "ring")], 100, "world size"),
+    ("all_reduce", 2, [(10, "fastest")], 100, "unknown algorithm"),
+])
+def test_bad_measured_choices_are_rejected(no_measured_choices, op, world, steps, max_bytes, what):
+    with pytest.raises(ValueError, match=what):
+        pycollectives._C.set_cuda_choices(op, world, steps, max_bytes)
+    assert pycollectives._C.cuda_choices_digest() == ""
+
+
+def _calibrate():
+    from pycollectives.bench import calibrate
+    return calibrate
+
+
+def _rows(op, table):
+    """pycoll-bench rows: {bytes: {algo: time_us}}."""
+    return [dict(op=op, bytes=b, backend="pycoll", algo=a, mode="eager", dtype="float32", error=None,
+                 check=None, time_us=t) for b, by_algo in table.items() for a, t in by_algo.items()]
+
+
+def test_fit_cuda_choices_keeps_the_builtin_choice_within_the_margin():
+    cal = _calibrate()
+    rows = _rows("all_reduce", {
+        1 * MiB: {"oneshot": 10.0, "twoshot": 9.8, "ring": 20.0},    # 2% faster: noise, keep oneshot
+        2 * MiB: {"oneshot": 10.0, "twoshot": 9.0, "ring": 20.0},    # 10% faster: twoshot
+        4 * MiB: {"oneshot": 20.0, "twoshot": 15.0},                 # still twoshot (one step)
+        8 * MiB: {"twoshot": 30.0, "ring": 25.0},                    # built-in not measured: fastest
+        16 * MiB: {"twoshot": 60.0},                                 # one algorithm: no comparison
+    }) + _rows("all_gather", {
+        2 * MiB: {"oneshot": 10.0, "ring": 5.0, "twoshot": 1.0},     # twoshot is not an all_gather choice
+    }) + [dict(op="all_reduce", bytes=32 * MiB, backend="nccl", algo=None, mode="eager", dtype="float32",
+               error=None, check=None, time_us=1.0)]
+    builtin = lambda op, nb, world: "oneshot"  # noqa: E731
+    out = cal.fit_cuda_choices(rows, "float32", 2, builtin)
+    assert out["all_reduce"] == {"max_bytes": 8 * MiB, "steps": [[1 * MiB, "oneshot"], [2 * MiB, "twoshot"],
+                                                                [8 * MiB, "ring"]],
+                                 "sizes": [1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB]}
+    # all_gather's bench bytes are the output: the engine counts one rank's share.
+    assert out["all_gather"]["steps"] == [[1 * MiB, "ring"]] and out["all_gather"]["max_bytes"] == 1 * MiB
+
+
+def test_calibrated_file_installs_the_choices(tmp_path, no_measured_choices):
+    import json
+    cal = _calibrate()
+    rows = _rows("all_reduce", {4 * MiB: {"oneshot": 30.0, "twoshot": 20.0}, 8 * MiB: {"oneshot": 40.0, "twoshot": 30.0}})
+    doc = {"device": "cuda", "entries": []}
+    cal.add_cuda_choices(doc, rows, "float32", 2, lambda op, nb, world: "oneshot")
+    path = tmp_path / "cost_model.json"
+    path.write_text(json.dumps(doc))
+    assert pycollectives.load_cost_model(str(path)) == 1
+    assert choose("all_reduce", 4 * MiB, 2) == "twoshot" and choose("all_reduce", 8 * MiB, 2) == "twoshot"
+    assert choose("all_reduce", 2 * MiB, 2) == "oneshot"  # below the measured sizes
+    doc["cuda_choices"]["ops"]["all_reduce"]["steps"] = [[4 * MiB, "nosuch"]]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        pycollectives.load_cost_model(str(path))

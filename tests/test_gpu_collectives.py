@@ -891,19 +891,35 @@ def _settings_differ(rank, world, seed):
         raise AssertionError("different PYCOLL_CUDA_MAX_BLOCKS went unnoticed")
     assert time.monotonic() - t0 < PG_TIMEOUT.total_seconds() / 2
     del os.environ["PYCOLL_CUDA_MAX_BLOCKS"]
+    # Same for a calibration (PYCOLL_COST_MODEL) that only the last rank loaded: its `auto` would
+    # choose other kernels than the other ranks'.
+    import pycollectives
+    if rank == last:
+        pycollectives._C.set_cuda_choices("all_reduce", world, [(1 << 20, "ring")], 1 << 30)
+    g2 = dist.new_group(list(range(world)), timeout=PG_TIMEOUT)
+    try:
+        dist.all_reduce(torch.ones(1 << 20, device=dev), group=g2)
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        text2 = str(e)
+    else:
+        raise AssertionError("a measured-choice table on one rank went unnoticed")
+    pycollectives._C.clear_cuda_choices()
     x = torch.full((1 << 18,), float(rank + 1), device=dev)
     dist.all_reduce(x)  # the default group's engine starts now, with equal settings
     assert torch.all(x == world * (world + 1) / 2)
     torch.cuda.synchronize()
-    return text
+    return text, text2
 
 
 def test_settings_differ_raise(seed):
     texts = run_ranks(WORLD, _settings_differ, seed, timeout=300, pg_timeout=PG_TIMEOUT)
     last = WORLD - 1
-    for t in texts:
+    for t, t2 in texts:
         assert "different settings" in t and "PYCOLL_CUDA_MAX_BLOCKS: rank 0 has 64" in t, t
         assert f"rank {last} has 32" in t, t
+        assert "measured auto choices (PYCOLL_COST_MODEL): rank 0 has none" in t2, t2
+        assert f"rank {last} has allreduce x{WORLD}: 1048576=ring" in t2, t2
 
 
 if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins

@@ -10,6 +10,7 @@
 #include "bindings/compression_bindings.h"
 #include "bindings/layout_bindings.h"
 #include "common/settings_agreement.h"
+#include "cuda/measured_choices.h"
 #include "cuda/select.h"
 #include "backend/op_stats.h"
 #include "backend/process_group.h"
@@ -93,16 +94,40 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cuda_two_shot_max_blocks", &pycoll::gpu::two_shot_max_blocks, py::arg("bytes"), py::arg("world"),
         py::arg("waves"), py::arg("max_blocks"), py::arg("wide_blocks"),
         "CTAs a two-shot all_reduce of `bytes` may use on the CUDA engine (csrc/cuda/select.h).");
-  m.def("cuda_algorithm", [](const std::string& op, int64_t bytes, int world) {
-    switch (parse_op(op)) {
-      case pycoll::OpCode::AllReduce: return std::string(pycoll::algo_name(pycoll::gpu::choose_all_reduce(bytes, world)));
-      case pycoll::OpCode::ReduceScatter:
-        return std::string(pycoll::algo_name(pycoll::gpu::choose_reduce_scatter(bytes, world)));
-      case pycoll::OpCode::AllGather: return std::string(pycoll::algo_name(pycoll::gpu::choose_all_gather(bytes, world)));
-      default: break;
-    }
-    throw py::value_error("cuda_algorithm: op must be all_reduce, all_gather or reduce_scatter, got " + op);
-  });
+  m.def(
+      "cuda_algorithm",
+      [](const std::string& op, int64_t bytes, int world, bool builtin) {
+        const pycoll::OpCode o = parse_op(op);
+        if (o != pycoll::OpCode::AllReduce && o != pycoll::OpCode::ReduceScatter && o != pycoll::OpCode::AllGather)
+          throw py::value_error("cuda_algorithm: op must be all_reduce, all_gather or reduce_scatter, got " + op);
+        if (builtin) return std::string(pycoll::algo_name(pycoll::gpu::builtin_choice(o, bytes, world)));
+        switch (o) {
+          case pycoll::OpCode::AllReduce: return std::string(pycoll::algo_name(pycoll::gpu::choose_all_reduce(bytes, world)));
+          case pycoll::OpCode::ReduceScatter:
+            return std::string(pycoll::algo_name(pycoll::gpu::choose_reduce_scatter(bytes, world)));
+          default: return std::string(pycoll::algo_name(pycoll::gpu::choose_all_gather(bytes, world)));
+        }
+      },
+      py::arg("op"), py::arg("bytes"), py::arg("world"), py::arg("builtin") = false,
+      "The CUDA engine's `auto` choice; builtin=True: without this machine's measured table.");
+  m.def(
+      "set_cuda_choices",
+      [](const std::string& op, int world, const std::vector<std::pair<int64_t, std::string>>& steps,
+         int64_t max_bytes) {
+        std::vector<pycoll::gpu::MeasuredStep> v;
+        for (const auto& [from, algo] : steps) v.push_back({from, pycoll::parse_algo(algo)});
+        try {
+          pycoll::gpu::set_measured_steps(parse_op(op), world, v, max_bytes);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("op"), py::arg("world"), py::arg("steps"), py::arg("max_bytes"),
+      "Install the CUDA engine's measured `auto` choices for (op, world size): [(from_bytes, algo)], "
+      "bytes as cuda_algorithm counts them (csrc/cuda/measured_choices.h).");
+  m.def("clear_cuda_choices", &pycoll::gpu::clear_measured_steps, "Back to the built-in CUDA choices.");
+  m.def("cuda_choices_digest", &pycoll::gpu::measured_steps_digest,
+        "The installed measured CUDA choices, one entry per (op, world size) ('' when none).");
   register_compression(m);
   pycoll::register_layout(m);
   (void)backend_base;

@@ -13,6 +13,7 @@
 #include "common/cuda_check.h"
 #include "common/settings_agreement.h"
 #include "cuda/launch.h"
+#include "cuda/measured_choices.h"
 #include "cuda/select.h"
 #include "kernels/args.h"
 #include "transport/cuda_ipc/check_word.h"
@@ -256,6 +257,8 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
         {"PYCOLL_CUDA_SPLIT_CLAIMED", std::to_string(int(split_claimed_))},
         {"PYCOLL_CUDA_TWO_SHOT_WAVES", std::to_string(int(two_shot_waves_))},
         {"PYCOLL_CUDA_TWO_SHOT_BLOCKS", std::to_string(two_shot_wide_blocks_)},
+        {"measured auto choices (PYCOLL_COST_MODEL)",
+         gpu::measured_steps_digest().empty() ? std::string("none") : gpu::measured_steps_digest()},
     };
     const std::string enc = encode_settings(mine);
     store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));

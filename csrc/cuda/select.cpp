@@ -9,6 +9,8 @@
 // for n > 2, and so is everything on H100 (re-fit with pycoll-bench --calibrate there).
 #include "cuda/select.h"
 
+#include "cuda/measured_choices.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -122,7 +124,9 @@ constexpr int64_t kManyRanksRingReduceScatterBytesPerRank = int64_t(2) << 20;
 // still wins at 2 MiB per rank (35 against 40 us).
 constexpr int64_t kManyRanksRingAllGatherBytesPerRank = int64_t(8) << 20;
 
-Algo choose_all_reduce(int64_t bytes, int nranks) {
+namespace {
+
+Algo builtin_all_reduce(int64_t bytes, int nranks) {
   if (nranks > 2 && bytes >= kManyRanksRingAllReduceBytes) return Algo::Ring;
   if (nranks == 2 && bytes >= kTwoRankSplitAllReduceBytes) return Algo::OneShot;  // runs split (select.h)
   if (nranks == 2 && bytes >= kTwoRankTwoShotAllReduceBytes) return Algo::TwoShot;
@@ -138,12 +142,7 @@ Algo choose_all_reduce(int64_t bytes, int nranks) {
   return best;
 }
 
-int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, int wide_blocks) {
-  if (nranks == 2 && waves && wide_blocks > 0 && bytes <= kTwoRankWideTwoShotMaxBytes) return wide_blocks;
-  return max_blocks;
-}
-
-Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks) {
+Algo builtin_reduce_scatter(int64_t bytes_per_rank, int nranks) {
   if (nranks > 2 && bytes_per_rank >= kManyRanksRingReduceScatterBytesPerRank) return Algo::Ring;
   // Direct moves the same bytes as the ring in one hop instead of n-1 on an NVSwitch/NVLink
   // clique, so it wins at every size in this model.
@@ -153,12 +152,44 @@ Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks) {
              : Algo::OneShot;
 }
 
-Algo choose_all_gather(int64_t bytes_per_rank, int nranks) {
+Algo builtin_all_gather(int64_t bytes_per_rank, int nranks) {
   if (nranks > 2 && bytes_per_rank >= kManyRanksRingAllGatherBytesPerRank) return Algo::Ring;
   return predict_us(OpCode::AllGather, Algo::Ring, bytes_per_rank, nranks) <
                  predict_us(OpCode::AllGather, Algo::OneShot, bytes_per_rank, nranks)
              ? Algo::Ring
              : Algo::OneShot;
+}
+
+}  // namespace
+
+int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, int wide_blocks) {
+  if (nranks == 2 && waves && wide_blocks > 0 && bytes <= kTwoRankWideTwoShotMaxBytes) return wide_blocks;
+  return max_blocks;
+}
+
+Algo builtin_choice(OpCode op, int64_t bytes, int nranks) {
+  switch (op) {
+    case OpCode::AllReduce: return builtin_all_reduce(bytes, nranks);
+    case OpCode::ReduceScatter: return builtin_reduce_scatter(bytes, nranks);
+    case OpCode::AllGather: return builtin_all_gather(bytes, nranks);
+    default: return Algo::Auto;
+  }
+}
+
+// This machine's calibration first (measured_choices.h), where it covers the call.
+Algo choose_all_reduce(int64_t bytes, int nranks) {
+  if (auto m = measured_choice(OpCode::AllReduce, bytes, nranks)) return *m;
+  return builtin_all_reduce(bytes, nranks);
+}
+
+Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks) {
+  if (auto m = measured_choice(OpCode::ReduceScatter, bytes_per_rank, nranks)) return *m;
+  return builtin_reduce_scatter(bytes_per_rank, nranks);
+}
+
+Algo choose_all_gather(int64_t bytes_per_rank, int nranks) {
+  if (auto m = measured_choice(OpCode::AllGather, bytes_per_rank, nranks)) return *m;
+  return builtin_all_gather(bytes_per_rank, nranks);
 }
 
 }  // namespace gpu

@@ -106,7 +106,10 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks);
 
 // Choices for Algo::Auto. all_reduce: OneShot, TwoShot or Ring (Tree only when asked for).
 // all_gather / reduce_scatter: OneShot ("direct": one hop, every rank writes every peer) or Ring.
+// Where `pycoll-bench --calibrate` measured this machine (measured_choices.h) its table decides;
+// elsewhere builtin_choice(), the rules and model below.
 Algo choose_all_reduce(int64_t bytes, int nranks);
+Algo builtin_choice(OpCode op, int64_t bytes, int nranks);
 // CTAs a two-shot all_reduce of `bytes` may use: `wide_blocks` for two ranks with waves up to
 // kTwoRankWideTwoShotMaxBytes (wide_blocks <= 0: never), else `max_blocks`.
 int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, int wide_blocks);

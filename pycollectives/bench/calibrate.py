@@ -72,6 +72,15 @@ def backend_cost_pairs(device):
         return None
 
 
+def extension():
+    """pycollectives._C, or None (the extension not built: the harness alone is running)."""
+    try:
+        from pycollectives import _C
+    except Exception:
+        return None
+    return _C if hasattr(_C, "cuda_algorithm") else None
+
+
 def fit_entries(rows, dtype, known_pairs=None):
     """(entries, reference_entries) from eager, error-free, correct rows of ``dtype``.
 
@@ -106,6 +115,57 @@ def fit_entries(rows, dtype, known_pairs=None):
     return entries, reference
 
 
+# The CUDA engine's `auto` picks between these per op (it runs anything else as direct for
+# all_gather / reduce_scatter); --calibrate on GPUs writes which one won where ("cuda_choices").
+CUDA_CHOICE_ALGOS = {"all_reduce": ("oneshot", "twoshot", "ring", "tree"),
+                     "all_gather": ("oneshot", "ring"), "reduce_scatter": ("oneshot", "ring")}
+# Another algorithm replaces the built-in choice at a size only when it measured this much faster
+# (relative to the built-in choice's time): run-to-run noise of eager timings is a few percent,
+# and the built-in choices are themselves measured (csrc/cuda/select.h).
+CUDA_CHOICE_MARGIN = 0.03
+
+
+def engine_bytes(op, nbytes, world):
+    """pycoll-bench counts the op's largest buffer; the CUDA engine's choice counts the tensor for
+    all_reduce and one rank's share for all_gather / reduce_scatter."""
+    return nbytes if op == "all_reduce" else nbytes // world
+
+
+def fit_cuda_choices(rows, dtype, world, builtin, margin=CUDA_CHOICE_MARGIN):
+    """{op: {"max_bytes": B, "steps": [[from_bytes, algo], ...], "sizes": [...]}} in engine bytes,
+    from eager, error-free, correct pycoll rows of ``dtype`` with a forced algorithm.
+
+    At each size where at least two algorithms ran: ``builtin(op, engine_bytes, world)`` unless
+    another algorithm took less than (1 - margin) of its time (or it did not run there), then the
+    fastest; consecutive sizes with the same winner make one step. The table covers the measured
+    sizes only (min..max); outside them the engine keeps its built-in rules."""
+    times = {}
+    for r in rows:
+        if (r["backend"] != "pycoll" or r["mode"] != "eager" or r["dtype"] != dtype or r.get("error")
+                or r.get("check") == "fail" or not r.get("time_us")):
+            continue
+        algo = r.get("algo")
+        if r["op"] not in CUDA_CHOICE_ALGOS or algo not in CUDA_CHOICE_ALGOS[r["op"]]:
+            continue
+        times.setdefault(r["op"], {}).setdefault(engine_bytes(r["op"], r["bytes"], world), {})[algo] = r["time_us"]
+    out = {}
+    for op, by_size in sorted(times.items()):
+        steps, sizes = [], []
+        for nb in sorted(by_size):
+            t = by_size[nb]
+            if len(t) < 2:
+                continue
+            fastest = min(t, key=t.get)
+            base = builtin(op, nb, world)
+            win = base if base in t and t[fastest] >= (1.0 - margin) * t[base] else fastest
+            sizes.append(nb)
+            if not steps or steps[-1][1] != win:
+                steps.append([nb, win])
+        if steps:
+            out[op] = {"max_bytes": sizes[-1], "steps": steps, "sizes": sizes}
+    return out
+
+
 def constants_document(entries, reference, meta, dtype):
     return {
         "device": meta["device"],
@@ -119,6 +179,19 @@ def constants_document(entries, reference, meta, dtype):
         "entries": entries,
         "reference_entries": reference,
     }
+
+
+def add_cuda_choices(doc, rows, dtype, world, builtin, margin=CUDA_CHOICE_MARGIN):
+    """Adds "cuda_choices" (fit_cuda_choices) to a constants document; returns its ops."""
+    ops = fit_cuda_choices(rows, dtype, world, builtin, margin)
+    doc["cuda_choices"] = {
+        "world_size": world, "margin": margin,
+        "rule": "per size the built-in choice unless another algorithm was faster by more than the margin; "
+                "from_bytes in the engine's unit (all_reduce: tensor bytes; all_gather / reduce_scatter: one "
+                "rank's share); only inside the measured sizes",
+        "ops": ops,
+    }
+    return ops
 
 
 def write_constants(path, doc):

@@ -203,6 +203,12 @@ def finish(cfg, world, data):
     if cfg.calibrate:
         entries, reference = calibrate.fit_entries(rows, cfg.dtypes[0], calibrate.backend_cost_pairs(cfg.device))
         cdoc = calibrate.constants_document(entries, reference, meta, cfg.dtypes[0])
+        choices = None
+        _C = calibrate.extension() if cfg.device == "cuda" else None
+        if _C is not None:  # the engine's built-in choice is kept where nothing clearly beats it
+            choices = calibrate.add_cuda_choices(
+                cdoc, rows, cfg.dtypes[0], meta["world_size"],
+                lambda op, nb, world: _C.cuda_algorithm(op, nb, world, builtin=True))
         calibrate.write_constants(cfg.calibrate_out, cdoc)
         files["calibration"] = cfg.calibrate_out
         doc["calibration"] = cdoc
@@ -210,6 +216,9 @@ def finish(cfg, world, data):
         if not entries:
             print("#   no pycoll row with a forced algorithm (ring, tree, oneshot, twoshot): "
                   "\"entries\" is empty; fits of the other rows are under \"reference_entries\"", flush=True)
+        for op, t in (choices or {}).items():
+            steps = ", ".join(f"{a} from {format_size(b)}" for b, a in t["steps"])
+            print(f"#   CUDA auto, {op}: {steps} (up to {format_size(t['max_bytes'])})", flush=True)
         for kind, group in (("", entries), ("(reference) ", reference)):
             for e in group:
                 print(f"#   {kind}{e['backend']:<8}{e['algo']:<12}{e['op']:<16}alpha {e['alpha_us']:10.2f} us  "
