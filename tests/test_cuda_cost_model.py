@@ -177,3 +177,18 @@ def test_calibrated_file_installs_the_choices(tmp_path, no_measured_choices):
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="unknown algorithm"):
         pycollectives.load_cost_model(str(path))
+
+
+def test_wide_two_shot_chunks():
+    # Two ranks with waves up to 64 MiB: chunks of at most 128 KiB unless PYCOLL_CUDA_CHUNK_KIB is set
+    # (64 MiB: 206.3-206.7 against 209.8-210.2 us with 256 KiB chunks, 2x H200, select.h).
+    f = pycollectives._C.cuda_two_shot_chunk_bytes
+    KiB = 1 << 10
+    assert f(64 * MiB, 2, True, 128, 256 * KiB, False) == 128 * KiB
+    assert f(16 * MiB, 2, True, 128, 256 * KiB, False) == 128 * KiB
+    assert f(64 * MiB, 2, True, 128, 64 * KiB, False) == 64 * KiB   # a smaller slot stays the cap
+    assert f(64 * MiB, 2, True, 128, 256 * KiB, True) == 256 * KiB  # PYCOLL_CUDA_CHUNK_KIB wins
+    assert f(64 * MiB + 1, 2, True, 128, 256 * KiB, False) == 256 * KiB
+    assert f(64 * MiB, 3, True, 128, 256 * KiB, False) == 256 * KiB
+    assert f(64 * MiB, 2, False, 128, 256 * KiB, False) == 256 * KiB
+    assert f(64 * MiB, 2, True, 0, 256 * KiB, False) == 256 * KiB

@@ -94,6 +94,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cuda_two_shot_max_blocks", &pycoll::gpu::two_shot_max_blocks, py::arg("bytes"), py::arg("world"),
         py::arg("waves"), py::arg("max_blocks"), py::arg("wide_blocks"),
         "CTAs a two-shot all_reduce of `bytes` may use on the CUDA engine (csrc/cuda/select.h).");
+  m.def("cuda_two_shot_chunk_bytes", &pycoll::gpu::two_shot_chunk_bytes, py::arg("bytes"), py::arg("world"),
+        py::arg("waves"), py::arg("wide_blocks"), py::arg("chunk_bytes"), py::arg("chunk_set"),
+        "Chunk cap of a two-shot all_reduce of `bytes` on the CUDA engine (csrc/cuda/select.h).");
   m.def(
       "cuda_algorithm",
       [](const std::string& op, int64_t bytes, int world, bool builtin) {

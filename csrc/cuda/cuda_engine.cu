@@ -281,6 +281,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
                                                            size == 2 ? two_shot_wide_blocks_ : 0}));
   const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
   chunk_bytes_ = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, slot_bytes) : slot_bytes;
+  chunk_set_ = chunk_kib > 0;
   split_chunk_bytes_ =
       std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : gpu::kDefaultSplitChunkBytes, slot_bytes);
   claimed_chunk_bytes_ =
@@ -481,11 +482,15 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
       if (chosen == Algo::TwoShot && two_shot_waves_) a.flags |= kernels::kArgWaves;
       a.seg = round_up(ceil_div(count, size_), 16 / es);  // segment starts stay 16-byte aligned
       a.out_stride = a.seg;
-      g = gpu::plan_geometry(a.seg, es, chunk_bytes_,
-                             chosen == Algo::TwoShot ? gpu::two_shot_max_blocks(count * es, size_, two_shot_waves_,
-                                                                                max_blocks_, two_shot_wide_blocks_)
-                                                     : max_blocks_,
-                             small_max_blocks_);
+      if (chosen == Algo::TwoShot) {
+        g = gpu::plan_geometry(
+            a.seg, es,
+            gpu::two_shot_chunk_bytes(count * es, size_, two_shot_waves_, two_shot_wide_blocks_, chunk_bytes_, chunk_set_),
+            gpu::two_shot_max_blocks(count * es, size_, two_shot_waves_, max_blocks_, two_shot_wide_blocks_),
+            small_max_blocks_);
+      } else {
+        g = gpu::plan_geometry(a.seg, es, chunk_bytes_, max_blocks_, small_max_blocks_);
+      }
       break;
     case Algo::Tree: {
       a.mode = kernels::ReduceMode::AllReduceTree;

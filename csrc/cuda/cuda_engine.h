@@ -107,6 +107,7 @@ class CudaEngine {
   bool split_taper_ = true;  // PYCOLL_CUDA_SPLIT_TAPER
   bool split_claimed_ = true;  // PYCOLL_CUDA_SPLIT_CLAIMED
   bool two_shot_waves_ = false;  // PYCOLL_CUDA_TWO_SHOT_WAVES
+  bool chunk_set_ = false;        // PYCOLL_CUDA_CHUNK_KIB given
   int two_shot_wide_blocks_ = 0;  // PYCOLL_CUDA_TWO_SHOT_BLOCKS (gpu::two_shot_max_blocks)
   bool early_launch_ = false;  // PYCOLL_CUDA_EARLY_LAUNCH: programmatic dependent launch (sm_90+)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;

@@ -167,6 +167,12 @@ int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, i
   return max_blocks;
 }
 
+int64_t two_shot_chunk_bytes(int64_t bytes, int nranks, bool waves, int wide_blocks, int64_t chunk_bytes,
+                             bool chunk_set) {
+  const bool wide = nranks == 2 && waves && wide_blocks > 0 && bytes <= kTwoRankWideTwoShotMaxBytes;
+  return wide && !chunk_set ? std::min(chunk_bytes, kTwoRankWideTwoShotChunkBytes) : chunk_bytes;
+}
+
 Algo builtin_choice(OpCode op, int64_t bytes, int nranks) {
   switch (op) {
     case OpCode::AllReduce: return builtin_all_reduce(bytes, nranks);
