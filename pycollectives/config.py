@@ -34,7 +34,8 @@ def get_algo() -> Optional[str]:
 
 
 def load_cost_model(path: Optional[str] = None) -> int:
-    """Loads a ``pycoll-bench --calibrate`` file; returns how many entries were applied.
+    """Loads a ``pycoll-bench --calibrate`` file; returns how many entries (CPU: (op, algorithm)
+    constants; GPU: per-op tables) were applied.
 
     A CPU file's (alpha, beta) constants replace the CPU engine's; a GPU file's measured choices
     ("cuda_choices": which algorithm won at which size, per op) become the CUDA engine's ``auto``
@@ -45,6 +46,8 @@ def load_cost_model(path: Optional[str] = None) -> int:
         return 0
     with open(path) as fh:
         model = json.load(fh)
+    if not isinstance(model, dict):
+        raise ValueError(f"{path}: not a pycoll-bench --calibrate file (a JSON object)")
     if model.get("device", "cpu") == "cuda":
         return _load_cuda_choices(model.get("cuda_choices") or {})
     if model.get("device", "cpu") != "cpu":
@@ -60,11 +63,18 @@ def load_cost_model(path: Optional[str] = None) -> int:
 
 
 def _load_cuda_choices(choices: dict) -> int:
+    """All of the file's tables or none (a bad one raises ValueError and leaves none installed)."""
     _C.clear_cuda_choices()
-    world = int(choices.get("world_size", 0))
-    n = 0
-    for op, table in (choices.get("ops") or {}).items():
-        steps = [(int(b), str(a)) for b, a in table["steps"]]
-        _C.set_cuda_choices(op, world, steps, int(table["max_bytes"]))  # ValueError names a bad table
-        n += 1
-    return n
+    try:
+        if not isinstance(choices, dict) or not isinstance(choices.get("ops") or {}, dict):
+            raise ValueError("cuda_choices: expected {'world_size': n, 'ops': {op: {'steps': ..., 'max_bytes': ...}}}")
+        world = int(choices.get("world_size", 0))
+        n = 0
+        for op, table in (choices.get("ops") or {}).items():
+            steps = [(int(b), str(a)) for b, a in table["steps"]]
+            _C.set_cuda_choices(op, world, steps, int(table["max_bytes"]))  # ValueError names a bad table
+            n += 1
+        return n
+    except (KeyError, TypeError, ValueError) as exc:
+        _C.clear_cuda_choices()
+        raise ValueError(f"cuda_choices: {exc}") from exc

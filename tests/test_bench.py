@@ -186,7 +186,7 @@ def test_combine_rounds():
     combine = _bench_module("runner").combine_rounds
 
     def row(t, check="ok", error=None, label="pycoll"):
-        return dict(op="all_reduce", bytes=1000, label=label, mode="eager", time_us=t,
+        return dict(op="all_reduce", bytes=1000, dtype="float32", label=label, mode="eager", time_us=t,
                     algbw_gbps=None if t is None else 1000 / t / 1e3,
                     busbw_gbps=None if t is None else 1000 / t / 1e3 * 0.5,
                     check=check, check_error=None if check != "fail" else "wrong", error=error)
@@ -202,6 +202,10 @@ def test_combine_rounds():
     assert b["check"] == "fail" and b["check_error"] == "wrong"
     single = [[row(5.0)]]
     assert combine(single) == single[0]
+    with pytest.raises(RuntimeError, match="do not line up"):
+        combine([[row(1.0), row(2.0, label="gloo")], [row(1.0, label="gloo"), row(2.0)]])
+    with pytest.raises(RuntimeError, match="different rows"):
+        combine([[row(1.0)], [row(1.0), row(2.0, label="gloo")]])
 
 
 def test_checker_catches_wrong_result():

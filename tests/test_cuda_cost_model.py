@@ -82,7 +82,7 @@ def no_measured_choices():
 
 def test_measured_choices_rule_inside_their_range_only(no_measured_choices):
     C = pycollectives._C
-    assert C.cuda_choices_digest() == ""
+    assert C.cuda_choices_digest(2) == ""
     C.set_cuda_choices("all_reduce", 2, [(1 * MiB, "twoshot"), (8 * MiB, "ring")], 64 * MiB)
     assert choose("all_reduce", 1 * MiB, 2) == "twoshot"
     assert choose("all_reduce", 8 * MiB - 1, 2) == "twoshot"
@@ -94,10 +94,11 @@ def test_measured_choices_rule_inside_their_range_only(no_measured_choices):
     assert choose("all_reduce", 8 * MiB, 3) == choose("all_reduce", 8 * MiB, 3, builtin=True)
     assert choose("all_gather", 8 * MiB, 2) == choose("all_gather", 8 * MiB, 2, builtin=True)
     assert choose("all_reduce", 8 * MiB, 2, builtin=True) == "oneshot"
-    digest = C.cuda_choices_digest()
+    digest = C.cuda_choices_digest(2)
     assert "x2" in digest and "twoshot" in digest and "ring" in digest
+    assert C.cuda_choices_digest(4) == ""  # a group of 4 ranks compares only tables for 4
     C.clear_cuda_choices()
-    assert choose("all_reduce", 8 * MiB, 2) == "oneshot" and C.cuda_choices_digest() == ""
+    assert choose("all_reduce", 8 * MiB, 2) == "oneshot" and C.cuda_choices_digest(2) == ""
 
 
 @pytest.mark.parametrize("op,world,steps,max_bytes,what", [
@@ -112,7 +113,7 @@ def test_measured_choices_rule_inside_their_range_only(no_measured_choices):
 def test_bad_measured_choices_are_rejected(no_measured_choices, op, world, steps, max_bytes, what):
     with pytest.raises(ValueError, match=what):
         pycollectives._C.set_cuda_choices(op, world, steps, max_bytes)
-    assert pycollectives._C.cuda_choices_digest() == ""
+    assert pycollectives._C.cuda_choices_digest(world if world > 0 else 2) == ""
 
 
 def _calibrate():
@@ -150,14 +151,22 @@ def test_fit_cuda_choices_keeps_the_builtin_choice_within_the_margin():
 def test_fit_cuda_choices_ignores_a_one_size_winner():
     cal = _calibrate()
     sizes = [8 << k for k in range(8)]
-    flips = {sizes[2]: "tree", sizes[5]: "ring"}  # each alone between two sizes that agree
-    rows = _rows("all_reduce", {b: {"oneshot": 10.0, flips.get(b, "twoshot"): 5.0} for b in sizes})
-    out = cal.fit_cuda_choices(rows, "float32", 2, lambda op, nb, world: "oneshot")
-    assert out["all_reduce"]["steps"] == [[sizes[0], "twoshot"]]
+    builtin = lambda op, nb, world: "oneshot"  # noqa: E731
+    # At sizes[2] tree wins by 4% over twoshot, the choice of both neighbours: noise.
+    table = {b: {"oneshot": 10.0, "twoshot": 5.0} for b in sizes}
+    table[sizes[2]] = {"oneshot": 10.0, "twoshot": 5.2, "tree": 5.0}
+    # At sizes[5] ring wins, but its neighbours' twoshot did not run there: kept.
+    table[sizes[5]] = {"oneshot": 10.0, "ring": 5.0}
+    out = cal.fit_cuda_choices(_rows("all_reduce", table), "float32", 2, builtin)
+    assert out["all_reduce"]["steps"] == [[sizes[0], "twoshot"], [sizes[5], "ring"], [sizes[6], "twoshot"]]
+    # A clear one-size winner stays (tree in half of twoshot's time).
+    table[sizes[2]] = {"oneshot": 10.0, "twoshot": 5.0, "tree": 2.5}
+    out = cal.fit_cuda_choices(_rows("all_reduce", table), "float32", 2, builtin)
+    assert [sizes[2], "tree"] in out["all_reduce"]["steps"]
     # Two sizes in a row are a step, and so is a change at the last size.
     rows = _rows("all_reduce", {b: {"oneshot": 10.0, ("ring" if b in sizes[3:5] or b == sizes[-1] else "twoshot"): 5.0}
                                 for b in sizes})
-    out = cal.fit_cuda_choices(rows, "float32", 2, lambda op, nb, world: "oneshot")
+    out = cal.fit_cuda_choices(rows, "float32", 2, builtin)
     assert out["all_reduce"]["steps"] == [[sizes[0], "twoshot"], [sizes[3], "ring"], [sizes[5], "twoshot"],
                                           [sizes[7], "ring"]]
 
@@ -173,22 +182,49 @@ def test_calibrated_file_installs_the_choices(tmp_path, no_measured_choices):
     assert pycollectives.load_cost_model(str(path)) == 1
     assert choose("all_reduce", 4 * MiB, 2) == "twoshot" and choose("all_reduce", 8 * MiB, 2) == "twoshot"
     assert choose("all_reduce", 2 * MiB, 2) == "oneshot"  # below the measured sizes
-    doc["cuda_choices"]["ops"]["all_reduce"]["steps"] = [[4 * MiB, "nosuch"]]
+    # A bad table installs nothing, not even the good ones before it.
+    doc["cuda_choices"]["ops"]["reduce_scatter"] = {"steps": [[4 * MiB, "nosuch"]], "max_bytes": 8 * MiB}
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="unknown algorithm"):
+        pycollectives.load_cost_model(str(path))
+    assert pycollectives._C.cuda_choices_digest(2) == ""
+    path.write_text(json.dumps([1, 2]))
+    with pytest.raises(ValueError, match="not a pycoll-bench --calibrate file"):
         pycollectives.load_cost_model(str(path))
 
 
 def test_wide_two_shot_chunks():
-    # Two ranks with waves up to 64 MiB: chunks of at most 128 KiB unless PYCOLL_CUDA_CHUNK_KIB is set
-    # (64 MiB: 206.3-206.7 against 209.8-210.2 us with 256 KiB chunks, 2x H200, select.h).
+    # Two ranks with waves up to 64 MiB: each CTA's share in equal chunks of at most 128 KiB unless
+    # PYCOLL_CUDA_CHUNK_KIB is set (64 MiB: 206.3-206.7 against 209.8-210.2 us with 256 KiB chunks,
+    # 2x H200, select.h).
     f = pycollectives._C.cuda_two_shot_chunk_bytes
     KiB = 1 << 10
-    assert f(64 * MiB, 2, True, 128, 256 * KiB, False) == 128 * KiB
-    assert f(16 * MiB, 2, True, 128, 256 * KiB, False) == 128 * KiB
-    assert f(64 * MiB, 2, True, 128, 64 * KiB, False) == 64 * KiB   # a smaller slot stays the cap
-    assert f(64 * MiB, 2, True, 128, 256 * KiB, True) == 256 * KiB  # PYCOLL_CUDA_CHUNK_KIB wins
-    assert f(64 * MiB + 1, 2, True, 128, 256 * KiB, False) == 256 * KiB
-    assert f(64 * MiB, 3, True, 128, 256 * KiB, False) == 256 * KiB
-    assert f(64 * MiB, 2, False, 128, 256 * KiB, False) == 256 * KiB
-    assert f(64 * MiB, 2, True, 0, 256 * KiB, False) == 256 * KiB
+
+    def cap(nbytes, chunk=256 * KiB, chunk_set=False, world=2, waves=True, wide=128):
+        return f(nbytes, nbytes // world, world, waves, wide, chunk, chunk_set)
+
+    assert cap(64 * MiB) == 128 * KiB
+    assert cap(48 * MiB) == 96 * KiB             # 192 KiB per CTA: two equal chunks, not 128 + 64
+    assert cap(40 * MiB) == 80 * KiB
+    assert cap(32 * MiB) == 256 * KiB and cap(16 * MiB) == 256 * KiB  # one chunk per CTA: unchanged
+    assert cap(64 * MiB, chunk=64 * KiB) == 64 * KiB   # a smaller slot stays the cap
+    assert cap(64 * MiB, chunk_set=True) == 256 * KiB  # PYCOLL_CUDA_CHUNK_KIB wins
+    assert cap(64 * MiB + 16) == 256 * KiB            # above 64 MiB: the plain two-shot
+    assert cap(64 * MiB, world=3) == 256 * KiB
+    assert cap(64 * MiB, waves=False) == 256 * KiB
+    assert cap(64 * MiB, wide=0) == 256 * KiB
+
+
+def test_wide_two_shot_chunks_are_equal_per_cta():
+    # With the engine's own cut (plan_geometry: chunk c to CTA c % blocks), no CTA carries more than
+    # its share rounded up to one 16-byte word per chunk, at sizes that do not divide evenly too.
+    f = pycollectives._C.cuda_two_shot_chunk_bytes
+    for nbytes in (33 * MiB + 4, 40 * MiB, 48 * MiB - 12, 56 * MiB, 64 * MiB):
+        seg = -(-nbytes // 8) * 4  # float32 segment: ceil(count / 2) elements, 16-byte aligned
+        seg = -(-seg // 16) * 16
+        chunk = f(nbytes, seg, 2, True, 128, 256 << 10, False)
+        nchunks = -(-seg // chunk)
+        per_cta = [0] * 128
+        for c in range(nchunks):
+            per_cta[c % 128] += min(chunk, seg - c * chunk)
+        assert max(per_cta) <= -(-seg // 128) + 32, (nbytes, chunk, max(per_cta), seg / 128)

@@ -94,7 +94,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cuda_two_shot_max_blocks", &pycoll::gpu::two_shot_max_blocks, py::arg("bytes"), py::arg("world"),
         py::arg("waves"), py::arg("max_blocks"), py::arg("wide_blocks"),
         "CTAs a two-shot all_reduce of `bytes` may use on the CUDA engine (csrc/cuda/select.h).");
-  m.def("cuda_two_shot_chunk_bytes", &pycoll::gpu::two_shot_chunk_bytes, py::arg("bytes"), py::arg("world"),
+  m.def("cuda_two_shot_chunk_bytes", &pycoll::gpu::two_shot_chunk_bytes, py::arg("bytes"), py::arg("seg_bytes"),
+        py::arg("world"),
         py::arg("waves"), py::arg("wide_blocks"), py::arg("chunk_bytes"), py::arg("chunk_set"),
         "Chunk cap of a two-shot all_reduce of `bytes` on the CUDA engine (csrc/cuda/select.h).");
   m.def(
@@ -129,8 +130,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Install the CUDA engine's measured `auto` choices for (op, world size): [(from_bytes, algo)], "
       "bytes as cuda_algorithm counts them (csrc/cuda/measured_choices.h).");
   m.def("clear_cuda_choices", &pycoll::gpu::clear_measured_steps, "Back to the built-in CUDA choices.");
-  m.def("cuda_choices_digest", &pycoll::gpu::measured_steps_digest,
-        "The installed measured CUDA choices, one entry per (op, world size) ('' when none).");
+  m.def("cuda_choices_digest", &pycoll::gpu::measured_steps_digest, py::arg("world"),
+        "The installed measured CUDA choices for `world` ranks, one entry per op ('' when none): "
+        "what the ranks of a group compare when its CUDA engine starts.");
   register_compression(m);
   pycoll::register_layout(m);
   (void)backend_base;

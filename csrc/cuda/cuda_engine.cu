@@ -244,6 +244,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   // two-shot's CTA count (gpu::two_shot_max_blocks); tracing and early launch change only what a
   // rank's own CTAs record and when they start: not compared.
   if (size > 1) {
+    const std::string measured = gpu::measured_steps_digest(size);
     const SettingList mine = {
         {"GPU SM count", std::to_string(sms)},
         {"PYCOLL_CUDA_MAX_BLOCKS", std::to_string(max_blocks_env)},
@@ -257,8 +258,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
         {"PYCOLL_CUDA_SPLIT_CLAIMED", std::to_string(int(split_claimed_))},
         {"PYCOLL_CUDA_TWO_SHOT_WAVES", std::to_string(int(two_shot_waves_))},
         {"PYCOLL_CUDA_TWO_SHOT_BLOCKS", std::to_string(two_shot_wide_blocks_)},
-        {"measured auto choices (PYCOLL_COST_MODEL)",
-         gpu::measured_steps_digest().empty() ? std::string("none") : gpu::measured_steps_digest()},
+        {"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured},
     };
     const std::string enc = encode_settings(mine);
     store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));
@@ -485,7 +485,8 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
       if (chosen == Algo::TwoShot) {
         g = gpu::plan_geometry(
             a.seg, es,
-            gpu::two_shot_chunk_bytes(count * es, size_, two_shot_waves_, two_shot_wide_blocks_, chunk_bytes_, chunk_set_),
+            gpu::two_shot_chunk_bytes(count * es, a.seg * es, size_, two_shot_waves_, two_shot_wide_blocks_,
+                                      chunk_bytes_, chunk_set_),
             gpu::two_shot_max_blocks(count * es, size_, two_shot_waves_, max_blocks_, two_shot_wide_blocks_),
             small_max_blocks_);
       } else {

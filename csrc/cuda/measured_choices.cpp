@@ -82,10 +82,11 @@ std::optional<Algo> measured_choice(OpCode op, int64_t bytes, int nranks) {
   return a;
 }
 
-std::string measured_steps_digest() {
+std::string measured_steps_digest(int nranks) {
   std::lock_guard<std::mutex> g(tables_mutex());
   std::ostringstream out;
   for (const auto& [key, t] : tables()) {
+    if (key.second != nranks) continue;
     out << op_name(static_cast<OpCode>(key.first)) << " x" << key.second << ":";
     for (const MeasuredStep& s : t.steps) out << " " << s.from_bytes << "=" << algo_name(s.algo);
     out << " ..." << t.max_bytes << ";";

@@ -34,8 +34,10 @@ void clear_measured_steps();
 // The table's choice for `bytes`, or nothing (no table for (op, nranks), or outside its range).
 std::optional<Algo> measured_choice(OpCode op, int64_t bytes, int nranks);
 
-// One line per installed table, in a fixed order ("" when none): what the ranks compare.
-std::string measured_steps_digest();
+// The installed tables for `nranks` ranks, in a fixed order ("" when none): what the ranks of a
+// group compare when its CUDA engine starts. A table installed later is not compared again; ranks
+// that then choose differently fail at that call on the check word, which carries the plan.
+std::string measured_steps_digest(int nranks);
 
 }  // namespace gpu
 }  // namespace pycoll

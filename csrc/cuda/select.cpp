@@ -167,10 +167,16 @@ int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, i
   return max_blocks;
 }
 
-int64_t two_shot_chunk_bytes(int64_t bytes, int nranks, bool waves, int wide_blocks, int64_t chunk_bytes,
-                             bool chunk_set) {
+int64_t two_shot_chunk_bytes(int64_t bytes, int64_t seg_bytes, int nranks, bool waves, int wide_blocks,
+                             int64_t chunk_bytes, bool chunk_set) {
   const bool wide = nranks == 2 && waves && wide_blocks > 0 && bytes <= kTwoRankWideTwoShotMaxBytes;
-  return wide && !chunk_set ? std::min(chunk_bytes, kTwoRankWideTwoShotChunkBytes) : chunk_bytes;
+  if (!wide || chunk_set) return chunk_bytes;
+  // Equal chunks per CTA: a CTA's share cut into k pieces of at most the cap (a plain cap would
+  // give some CTAs one short chunk more than others wherever the share is not k whole caps).
+  const int64_t share = ceil_div(seg_bytes, wide_blocks);
+  const int64_t k = ceil_div(share, kTwoRankWideTwoShotChunkBytes);
+  if (k <= 1) return chunk_bytes;  // one chunk per CTA: plan_geometry's own cut
+  return std::min(chunk_bytes, round_up(ceil_div(share, k), 16));
 }
 
 Algo builtin_choice(OpCode op, int64_t bytes, int nranks) {

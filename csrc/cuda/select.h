@@ -81,11 +81,12 @@ constexpr int64_t kTwoRankTwoShotAllReduceBytes = int64_t(16) << 20;
 // 64 MiB 210.1 / 210.8 against 210.3-211.2 (a tie, hence the bound); 112 CTAs were slower.
 constexpr int kTwoRankWideTwoShotBlocks = 128;
 constexpr int64_t kTwoRankWideTwoShotMaxBytes = int64_t(64) << 20;
-// ... with chunks of at most kTwoRankWideTwoShotChunkBytes unless PYCOLL_CUDA_CHUNK_KIB is set: from
-// 32 MiB the CTAs then take two chunks each (at 16-32 MiB their one chunk is this size or less
-// anyway). Measured on 2x H200, eager, float32, alternating, median of 3 rounds each
-// (benchmarks/results/2026-11-27-nvidia-h200-s17c4-*.json): 64 MiB 206.7 / 206.3 us against
-// 209.8-210.2 with one 256 KiB chunk per CTA (1.23-1.24x NCCL against 1.21-1.22x); 32 MiB unchanged.
+// ... with each CTA's share cut into equal chunks of at most kTwoRankWideTwoShotChunkBytes unless
+// PYCOLL_CUDA_CHUNK_KIB is set (any wide CTA count): up to 32 MiB one chunk per CTA as before, above
+// it two (at 64 MiB two of 128 KiB instead of one of 256 KiB). Measured on 2x H200, eager, float32,
+// alternating, median of 3 rounds each (benchmarks/results/2026-11-27-nvidia-h200-s17c4-*.json):
+// 64 MiB 206.7 / 206.3 us against 209.8-210.2 (1.23-1.24x NCCL against 1.21-1.22x); 32 MiB
+// unchanged; sizes between 32 and 64 MiB not measured.
 constexpr int64_t kTwoRankWideTwoShotChunkBytes = int64_t(128) << 10;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
@@ -119,10 +120,12 @@ Algo builtin_choice(OpCode op, int64_t bytes, int nranks);
 // CTAs a two-shot all_reduce of `bytes` may use: `wide_blocks` for two ranks with waves up to
 // kTwoRankWideTwoShotMaxBytes (wide_blocks <= 0: never), else `max_blocks`.
 int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, int wide_blocks);
-// The chunk cap of that two-shot: kTwoRankWideTwoShotChunkBytes where it runs `wide_blocks` CTAs
-// and the chunk was not set (chunk_set: PYCOLL_CUDA_CHUNK_KIB), else `chunk_bytes`.
-int64_t two_shot_chunk_bytes(int64_t bytes, int nranks, bool waves, int wide_blocks, int64_t chunk_bytes,
-                             bool chunk_set);
+// The chunk cap of that two-shot (`bytes` the tensor, `seg_bytes` one rank's segment) where it runs
+// `wide_blocks` CTAs and the chunk was not set (chunk_set: PYCOLL_CUDA_CHUNK_KIB): a CTA's share of
+// the segment in equal chunks of at most kTwoRankWideTwoShotChunkBytes (and at most `chunk_bytes`);
+// else `chunk_bytes`.
+int64_t two_shot_chunk_bytes(int64_t bytes, int64_t seg_bytes, int nranks, bool waves, int wide_blocks,
+                             int64_t chunk_bytes, bool chunk_set);
 Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks);
 Algo choose_all_gather(int64_t bytes_per_rank, int nranks);
 

@@ -124,6 +124,9 @@ CUDA_CHOICE_ALGOS = {"all_reduce": ("oneshot", "twoshot", "ring", "tree"),
 # (csrc/cuda/select.h), and eager calls up to ~1 MiB are host-bound, every algorithm within noise
 # of the others (one 2x H200 calibration, s17c3, had 3%-margin winners flip between 8 B and 2 MiB).
 CUDA_CHOICE_MARGIN = 0.05
+# A winner at one size only must beat its neighbours' choice there by this many margins: in that
+# calibration such one-size wins were 5-10% (host-bound sizes), real crossovers span sizes.
+ISLAND_MARGINS = 3
 
 
 def engine_bytes(op, nbytes, world):
@@ -138,9 +141,11 @@ def fit_cuda_choices(rows, dtype, world, builtin, margin=CUDA_CHOICE_MARGIN):
 
     At each size where at least two algorithms ran: ``builtin(op, engine_bytes, world)`` unless
     another algorithm took less than (1 - margin) of its time (or it did not run there), then the
-    fastest. A winner at one size only, between two sizes that agree on another, is noise: it takes
-    their choice. Consecutive sizes with the same winner make one step. The table covers the
-    measured sizes only (min..max); outside them the engine keeps its built-in rules."""
+    fastest. A winner at one size only, between two sizes that agree on another algorithm, is
+    taken for noise unless it beat that algorithm there by more than ``ISLAND_MARGINS`` margins
+    (and is kept when that algorithm did not run there): the size then takes its neighbours'
+    choice. Consecutive sizes with the same winner make one step. The table covers the measured
+    sizes only (min..max); outside them the engine keeps its built-in rules."""
     times = {}
     for r in rows:
         if (r["backend"] != "pycoll" or r["mode"] != "eager" or r["dtype"] != dtype or r.get("error")
@@ -152,7 +157,7 @@ def fit_cuda_choices(rows, dtype, world, builtin, margin=CUDA_CHOICE_MARGIN):
         times.setdefault(r["op"], {}).setdefault(engine_bytes(r["op"], r["bytes"], world), {})[algo] = r["time_us"]
     out = {}
     for op, by_size in sorted(times.items()):
-        sizes, wins = [], []
+        sizes, raw = [], []
         for nb in sorted(by_size):
             t = by_size[nb]
             if len(t) < 2:
@@ -160,10 +165,12 @@ def fit_cuda_choices(rows, dtype, world, builtin, margin=CUDA_CHOICE_MARGIN):
             fastest = min(t, key=t.get)
             base = builtin(op, nb, world)
             sizes.append(nb)
-            wins.append(base if base in t and t[fastest] >= (1.0 - margin) * t[base] else fastest)
-        for i in range(1, len(wins) - 1):
-            if wins[i - 1] == wins[i + 1] != wins[i]:
-                wins[i] = wins[i - 1]
+            raw.append(base if base in t and t[fastest] >= (1.0 - margin) * t[base] else fastest)
+        wins = list(raw)
+        for i in range(1, len(raw) - 1):
+            t, nbr = by_size[sizes[i]], raw[i - 1]
+            if nbr == raw[i + 1] != raw[i] and nbr in t and t[raw[i]] >= (1.0 - ISLAND_MARGINS * margin) * t[nbr]:
+                wins[i] = nbr
         steps = []
         for nb, win in zip(sizes, wins):
             if not steps or steps[-1][1] != win:

@@ -27,7 +27,7 @@ examples:
   pycoll-bench                                   # pycoll vs gloo on 2 CPU ranks (vs nccl, one rank per GPU)
   pycoll-bench --ops all_reduce -b 8 -e 1G -f 2 --check
   pycoll-bench --backends pycoll,gloo --algo ring,tree,auto --nproc 4
-  pycoll-bench --calibrate                       # fit alpha/beta per algorithm -> pycollectives/cost_model.json
+  pycoll-bench --calibrate --rounds 3            # calibrate auto on this machine -> pycollectives/cost_model.json
   torchrun --nproc-per-node 8 -m pycollectives.bench --backends pycoll,nccl
 
 sizes are bytes of the op's largest buffer (all_gather: output, reduce_scatter: input), with
@@ -144,7 +144,8 @@ def build_parser():
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     g.add_argument("--calibrate", action="store_true",
                    help="fit alpha (us) and beta (us/byte) per (op, algorithm) and write them for the auto "
-                        f"cost model (default algorithms: {','.join(CALIBRATE_ALGOS['cuda'])})")
+                        "cost model; on GPUs also which algorithm won at each size, which the CUDA engine's "
+                        f"auto then follows (default algorithms: {','.join(CALIBRATE_ALGOS['cuda'])})")
     g.add_argument("--calibrate-out", default=None,
                    help="constants file (default: cost_model.json in the pycollectives package, i.e. "
                         "pycollectives/cost_model.json in a source checkout)")

@@ -185,17 +185,22 @@ def combine_rounds(per_round):
     (the first error text is kept)."""
     if len(per_round) == 1:
         return per_round[0]
+    key = ("dtype", "op", "bytes", "label", "mode")
+    if len({len(rows) for rows in per_round}) != 1:
+        raise RuntimeError("pycoll-bench: the rounds produced different rows")
     out = []
     for rows in zip(*per_round):
+        if any(tuple(r[k] for k in key) != tuple(rows[0][k] for k in key) for r in rows):
+            raise RuntimeError(f"pycoll-bench: the rounds' rows do not line up: {[tuple(r[k] for k in key) for r in rows]}")
         row = dict(rows[0])
         times = [r["time_us"] for r in rows]
         row["round_times_us"] = times
         ok = [t for t in times if t]
         row["time_us"] = statistics.median(ok) if ok else None
-        if ok and rows[0]["time_us"] and rows[0]["algbw_gbps"] is not None:
-            scale = rows[0]["time_us"] / row["time_us"]
-            row["algbw_gbps"] = rows[0]["algbw_gbps"] * scale
-            row["busbw_gbps"] = rows[0]["busbw_gbps"] * scale
+        timed = [r for r in rows if r["time_us"] and r["algbw_gbps"]]
+        if ok and timed:  # busbw / algbw is the op's nccl-tests factor, the same in every round
+            row["algbw_gbps"] = row["bytes"] / row["time_us"] / 1e3
+            row["busbw_gbps"] = row["algbw_gbps"] * timed[0]["busbw_gbps"] / timed[0]["algbw_gbps"]
         errors = [r["error"] for r in rows if r["error"]]
         if errors:
             row["error"] = errors[0]
