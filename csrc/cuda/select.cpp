@@ -6,7 +6,8 @@
 // table): one-shot = 11.5 us + N / 310 GB/s, two-shot and ring = 17 us + N / 345 GB/s. The
 // latency terms lump launch, fences and __syncthreads of each step, hence hop_us well above the
 // raw NVLink flag latency. Only 2 ranks were measured: the n-dependence is the model's, PROVISIONAL
-// for n > 2, and so is everything on H100 (re-fit with pycoll-bench --calibrate there).
+// for n > 2, and so is everything on H100 (pycoll-bench --calibrate there measures the winners per size,
+// which then replace these choices: measured_choices.h).
 #include "cuda/select.h"
 
 #include "cuda/measured_choices.h"
