@@ -872,6 +872,16 @@ def test_mismatched_calls_raise(seed):
     assert any("two-shot" in t and "ring" in t for t in texts), texts
 
 
+def _error_of_first_call(group, dev, what):
+    """The text of the error a 1 MiB all_reduce on `group` raises; `what` names what went unnoticed."""
+    try:
+        dist.all_reduce(torch.ones(1 << 20, device=dev), group=group)
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        return str(e)
+    raise AssertionError(f"{what} went unnoticed")
+
+
 def _settings_differ(rank, world, seed):
     """A group whose ranks start their CUDA engines with different launch settings (here
     PYCOLL_CUDA_MAX_BLOCKS on the last rank) fails on every rank at its first CUDA collective,
@@ -882,13 +892,7 @@ def _settings_differ(rank, world, seed):
     os.environ["PYCOLL_CUDA_MAX_BLOCKS"] = "32" if rank == last else "64"
     g = dist.new_group(list(range(world)), timeout=PG_TIMEOUT)
     t0 = time.monotonic()
-    try:
-        dist.all_reduce(torch.ones(1 << 20, device=dev), group=g)
-        torch.cuda.synchronize()
-    except RuntimeError as e:
-        text = str(e)
-    else:
-        raise AssertionError("different PYCOLL_CUDA_MAX_BLOCKS went unnoticed")
+    text = _error_of_first_call(g, dev, "different PYCOLL_CUDA_MAX_BLOCKS")
     assert time.monotonic() - t0 < PG_TIMEOUT.total_seconds() / 2
     del os.environ["PYCOLL_CUDA_MAX_BLOCKS"]
     # Same for a calibration (PYCOLL_COST_MODEL) that only the last rank loaded: its `auto` would
@@ -897,13 +901,7 @@ def _settings_differ(rank, world, seed):
     if rank == last:
         pycollectives._C.set_cuda_choices("all_reduce", world, [(1 << 20, "ring")], 1 << 30)
     g2 = dist.new_group(list(range(world)), timeout=PG_TIMEOUT)
-    try:
-        dist.all_reduce(torch.ones(1 << 20, device=dev), group=g2)
-        torch.cuda.synchronize()
-    except RuntimeError as e:
-        text2 = str(e)
-    else:
-        raise AssertionError("a measured-choice table on one rank went unnoticed")
+    text2 = _error_of_first_call(g2, dev, "a measured-choice table on one rank")
     pycollectives._C.clear_cuda_choices()
     x = torch.full((1 << 18,), float(rank + 1), device=dev)
     dist.all_reduce(x)  # the default group's engine starts now, with equal settings

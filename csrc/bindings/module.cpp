@@ -104,13 +104,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         const pycoll::OpCode o = parse_op(op);
         if (o != pycoll::OpCode::AllReduce && o != pycoll::OpCode::ReduceScatter && o != pycoll::OpCode::AllGather)
           throw py::value_error("cuda_algorithm: op must be all_reduce, all_gather or reduce_scatter, got " + op);
-        if (builtin) return std::string(pycoll::algo_name(pycoll::gpu::builtin_choice(o, bytes, world)));
-        switch (o) {
-          case pycoll::OpCode::AllReduce: return std::string(pycoll::algo_name(pycoll::gpu::choose_all_reduce(bytes, world)));
-          case pycoll::OpCode::ReduceScatter:
-            return std::string(pycoll::algo_name(pycoll::gpu::choose_reduce_scatter(bytes, world)));
-          default: return std::string(pycoll::algo_name(pycoll::gpu::choose_all_gather(bytes, world)));
-        }
+        return std::string(pycoll::algo_name(builtin ? pycoll::gpu::builtin_choice(o, bytes, world)
+                                                     : pycoll::gpu::choose(o, bytes, world)));
       },
       py::arg("op"), py::arg("bytes"), py::arg("world"), py::arg("builtin") = false,
       "The CUDA engine's `auto` choice; builtin=True: without this machine's measured table.");

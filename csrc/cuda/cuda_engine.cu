@@ -410,7 +410,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
   const int64_t count = in.numel();
   const int64_t es = int64_t(dtype_size(kt.dtype));
-  const Algo chosen = algo == Algo::Auto ? gpu::choose_all_reduce(count * es, size_) : algo;
+  const Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::AllReduce, count * es, size_) : algo;
   if (count == 0) return chosen;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   if (size_ == 1) {
@@ -525,7 +525,7 @@ Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKin
               " elements, expected world size (", size_, ") x output (", m, ")");
   const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
   const int64_t es = int64_t(dtype_size(kt.dtype));
-  Algo chosen = algo == Algo::Auto ? gpu::choose_reduce_scatter(m * es, size_) : algo;
+  Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::ReduceScatter, m * es, size_) : algo;
   if (chosen != Algo::Ring) chosen = Algo::OneShot;
   if (m == 0) return chosen;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
@@ -554,7 +554,7 @@ Algo CudaEngine::all_gather(const at::Tensor& in, at::Tensor& out, Algo algo, cu
   TORCH_CHECK(out.numel() == in.numel() * size_, "pycoll::all_gather: output has ", out.numel(),
               " elements, expected world size (", size_, ") x input (", in.numel(), ")");
   const int64_t bytes = int64_t(in.nbytes());
-  Algo chosen = algo == Algo::Auto ? gpu::choose_all_gather(bytes, size_) : algo;
+  Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::AllGather, bytes, size_) : algo;
   if (chosen != Algo::Ring) chosen = Algo::OneShot;
   if (bytes == 0) return chosen;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));

@@ -163,15 +163,17 @@ Algo builtin_all_gather(int64_t bytes_per_rank, int nranks) {
 
 }  // namespace
 
+bool wide_two_shot(int64_t bytes, int nranks, bool waves, int wide_blocks) {
+  return nranks == 2 && waves && wide_blocks > 0 && bytes <= kTwoRankWideTwoShotMaxBytes;
+}
+
 int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, int wide_blocks) {
-  if (nranks == 2 && waves && wide_blocks > 0 && bytes <= kTwoRankWideTwoShotMaxBytes) return wide_blocks;
-  return max_blocks;
+  return wide_two_shot(bytes, nranks, waves, wide_blocks) ? wide_blocks : max_blocks;
 }
 
 int64_t two_shot_chunk_bytes(int64_t bytes, int64_t seg_bytes, int nranks, bool waves, int wide_blocks,
                              int64_t chunk_bytes, bool chunk_set) {
-  const bool wide = nranks == 2 && waves && wide_blocks > 0 && bytes <= kTwoRankWideTwoShotMaxBytes;
-  if (!wide || chunk_set) return chunk_bytes;
+  if (!wide_two_shot(bytes, nranks, waves, wide_blocks) || chunk_set) return chunk_bytes;
   // Equal chunks per CTA: a CTA's share cut into k pieces of at most the cap (a plain cap would
   // give some CTAs one short chunk more than others wherever the share is not k whole caps).
   const int64_t share = ceil_div(seg_bytes, wide_blocks);
@@ -190,19 +192,9 @@ Algo builtin_choice(OpCode op, int64_t bytes, int nranks) {
 }
 
 // This machine's calibration first (measured_choices.h), where it covers the call.
-Algo choose_all_reduce(int64_t bytes, int nranks) {
-  if (auto m = measured_choice(OpCode::AllReduce, bytes, nranks)) return *m;
-  return builtin_all_reduce(bytes, nranks);
-}
-
-Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks) {
-  if (auto m = measured_choice(OpCode::ReduceScatter, bytes_per_rank, nranks)) return *m;
-  return builtin_reduce_scatter(bytes_per_rank, nranks);
-}
-
-Algo choose_all_gather(int64_t bytes_per_rank, int nranks) {
-  if (auto m = measured_choice(OpCode::AllGather, bytes_per_rank, nranks)) return *m;
-  return builtin_all_gather(bytes_per_rank, nranks);
+Algo choose(OpCode op, int64_t bytes, int nranks) {
+  if (auto m = measured_choice(op, bytes, nranks)) return *m;
+  return builtin_choice(op, bytes, nranks);
 }
 
 }  // namespace gpu

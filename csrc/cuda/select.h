@@ -111,23 +111,25 @@ Geometry plan_split(int64_t elems, int64_t elem_bytes, int64_t chunk_bytes, int 
 // `bytes`: all_reduce: the tensor; all_gather / reduce_scatter: one rank's share.
 double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks);
 
-// Choices for Algo::Auto. all_reduce: OneShot, TwoShot or Ring (Tree only when asked for).
-// all_gather / reduce_scatter: OneShot ("direct": one hop, every rank writes every peer) or Ring.
-// Where `pycoll-bench --calibrate` measured this machine (measured_choices.h) its table decides;
-// elsewhere builtin_choice(), the rules and model below.
-Algo choose_all_reduce(int64_t bytes, int nranks);
+// Choices for Algo::Auto (op: AllReduce, ReduceScatter or AllGather; `bytes`: all_reduce: the
+// tensor; all_gather / reduce_scatter: one rank's share). all_reduce: OneShot, TwoShot or Ring
+// (Tree only when asked for). all_gather / reduce_scatter: OneShot ("direct": one hop, every rank
+// writes every peer) or Ring. Where `pycoll-bench --calibrate` measured this machine
+// (measured_choices.h) its table decides; elsewhere builtin_choice(), the rules and model below.
+Algo choose(OpCode op, int64_t bytes, int nranks);
 Algo builtin_choice(OpCode op, int64_t bytes, int nranks);
-// CTAs a two-shot all_reduce of `bytes` may use: `wide_blocks` for two ranks with waves up to
-// kTwoRankWideTwoShotMaxBytes (wide_blocks <= 0: never), else `max_blocks`.
+
+// The two-rank two-shot all_reduce of `bytes` runs `wide_blocks` CTAs (the "wide" two-shot) with
+// waves up to kTwoRankWideTwoShotMaxBytes; wide_blocks <= 0: never.
+bool wide_two_shot(int64_t bytes, int nranks, bool waves, int wide_blocks);
+// CTAs a two-shot all_reduce of `bytes` may use: `wide_blocks` where wide_two_shot, else `max_blocks`.
 int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, int wide_blocks);
-// The chunk cap of that two-shot (`bytes` the tensor, `seg_bytes` one rank's segment) where it runs
-// `wide_blocks` CTAs and the chunk was not set (chunk_set: PYCOLL_CUDA_CHUNK_KIB): a CTA's share of
-// the segment in equal chunks of at most kTwoRankWideTwoShotChunkBytes (and at most `chunk_bytes`);
-// else `chunk_bytes`.
+// The chunk cap of that two-shot (`bytes` the tensor, `seg_bytes` one rank's segment) where it is
+// wide and the chunk was not set (chunk_set: PYCOLL_CUDA_CHUNK_KIB): a CTA's share of the segment in
+// equal chunks of at most kTwoRankWideTwoShotChunkBytes (and at most `chunk_bytes`); else
+// `chunk_bytes`.
 int64_t two_shot_chunk_bytes(int64_t bytes, int64_t seg_bytes, int nranks, bool waves, int wide_blocks,
                              int64_t chunk_bytes, bool chunk_set);
-Algo choose_reduce_scatter(int64_t bytes_per_rank, int nranks);
-Algo choose_all_gather(int64_t bytes_per_rank, int nranks);
 
 // Model constants, exposed for docs/logging.
 struct CostConstants {
