@@ -11,7 +11,8 @@ C = pycollectives._C
 ALL_REDUCE, REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER = 1, 2, 3, 4, 5  # common/types.h: OpCode
 FLOAT32, BFLOAT16 = 0, 3  # DType
 PLANS = {1: "one-shot", 2: "two-shot", 3: "ring", 4: "tree", 5: "split one-shot (static ranges)",
-         6: "split one-shot (claimed chunks)", 7: "one-shot (LL protocol)", 8: "direct"}
+         6: "split one-shot (claimed chunks)", 7: "one-shot (LL protocol)", 8: "direct",
+         9: "two-shot (LL128 protocol)"}
 
 
 def test_every_field_changes_the_word():
@@ -23,8 +24,8 @@ def test_every_field_changes_the_word():
 
 
 def test_plans_are_distinct_and_named():
-    words = {p: C.cuda_check_word(ALL_REDUCE, FLOAT32, 0, 0, 4096, p) for p in range(9)}
-    assert len(set(words.values())) == 9
+    words = {p: C.cuda_check_word(ALL_REDUCE, FLOAT32, 0, 0, 4096, p) for p in range(len(PLANS) + 1)}
+    assert len(set(words.values())) == len(PLANS) + 1
     for p, name in PLANS.items():
         text = C.describe_cuda_check_word(words[p])
         assert text == f"allreduce of 4096 elements of float32 (sum), {name}", text

@@ -10,11 +10,18 @@ MiB = 1 << 20
 choose = pycollectives._C.cuda_algorithm
 
 
-@pytest.mark.parametrize("nbytes", [8, 4096, 1 * MiB, 4 * MiB, 8 * MiB, 16 * MiB - 1])
+@pytest.mark.parametrize("nbytes", [8, 4096, 1 * MiB, 2 * MiB, 4 * MiB - 1])
 def test_two_ranks_small_all_reduce_is_one_shot(nbytes):
-    # One flag hop: 11-18 us against two-shot's 17-21 us (2x H200) up to 4 MiB; 38.4-39.0 against
-    # 41.1-41.7 us at 8 MiB.
+    # One flag hop (the LL protocol up to 1 MiB): 11-18 us, host-bound, up to 2 MiB (2x H200).
     assert choose("all_reduce", nbytes, 2) == "oneshot"
+
+
+@pytest.mark.parametrize("nbytes", [4 * MiB, 8 * MiB, 16 * MiB - 1])
+def test_two_ranks_medium_all_reduce_is_two_shot_ll128(nbytes):
+    # The LL128 two-shot: 4 MiB 18.1 against 24.2 us for one-shot, 8 MiB 33.0 against 38.0 (2x H200,
+    # benchmarks/results/2026-11-27-nvidia-h200-s18c2-ll128.json). Without LL128 (the engine's
+    # PYCOLL_CUDA_LL128_MAX_KIB below the size) the engine runs one-shot here instead.
+    assert choose("all_reduce", nbytes, 2) == "twoshot"
 
 
 @pytest.mark.parametrize("nbytes", [16 * MiB, 32 * MiB, 64 * MiB, 127 * MiB])
@@ -93,12 +100,13 @@ def test_measured_choices_rule_inside_their_range_only(no_measured_choices):
     assert choose("all_reduce", 128 * MiB, 2) == "oneshot"
     assert choose("all_reduce", 8 * MiB, 3) == choose("all_reduce", 8 * MiB, 3, builtin=True)
     assert choose("all_gather", 8 * MiB, 2) == choose("all_gather", 8 * MiB, 2, builtin=True)
-    assert choose("all_reduce", 8 * MiB, 2, builtin=True) == "oneshot"
+    assert choose("all_reduce", 8 * MiB, 2, builtin=True) == "twoshot"
+    assert choose("all_reduce", 2 * MiB, 2) == "twoshot" and choose("all_reduce", 2 * MiB, 2, builtin=True) == "oneshot"
     digest = C.cuda_choices_digest(2)
     assert "x2" in digest and "twoshot" in digest and "ring" in digest
     assert C.cuda_choices_digest(4) == ""  # a group of 4 ranks compares only tables for 4
     C.clear_cuda_choices()
-    assert choose("all_reduce", 8 * MiB, 2) == "oneshot" and C.cuda_choices_digest(2) == ""
+    assert choose("all_reduce", 2 * MiB, 2) == "oneshot" and C.cuda_choices_digest(2) == ""
 
 
 @pytest.mark.parametrize("op,world,steps,max_bytes,what", [

@@ -88,3 +88,30 @@ def test_bad_arguments():
         layout(4, 4)
     with pytest.raises(ValueError):
         layout(2, 0, coll_blocks=32)
+
+
+@pytest.mark.parametrize("nranks,max_bytes", [(2, 64 * MiB), (2, 1), (3, 5 * MiB + 7), (8, 16 * MiB)])
+def test_ll128_region(nranks, max_bytes):
+    for rank in {0, nranks - 1}:
+        doc = _check(layout(nranks, rank, ll128_max_bytes=max_bytes))
+        lines = doc["ll128_max_lines"]
+        # Every segment of a message up to max_bytes fits, for every element size: the engine's
+        # segment is ceil(count / n) elements rounded up to 16 bytes.
+        assert lines == pycollectives._C.ll128_lines_for(max_bytes, nranks)
+        for es in (1, 2, 4, 8):
+            for nbytes in {max_bytes - max_bytes % es, es, min(max_bytes, 8 * es) - min(max_bytes, 8 * es) % es}:
+                if nbytes <= 0:
+                    continue
+                seg = -(-(nbytes // es) // nranks) * es
+                seg = -(-seg // 16) * 16
+                assert lines * 120 >= min(seg, nbytes), (es, nbytes)
+        data = doc["ranges"]["ll128.data"]
+        assert len(data) == 2 * (nranks - 1) and all(e - b == 128 * lines for b, e in data)
+        assert all(b % 128 == 0 for b, _ in data + doc["ranges"]["ll128.header"])
+        assert len(doc["ranges"]["ll128.header"]) == (nranks - 1) * 2 * 128
+
+
+def test_no_ll128_region_by_default():
+    doc = layout(2, 0)
+    assert doc["ll128_max_lines"] == 0 and "ll128.data" not in doc["ranges"]
+    assert layout(2, 0, ll128_max_bytes=64 * MiB)["total_bytes"] > doc["total_bytes"] + 64 * MiB

@@ -344,6 +344,75 @@ def test_all_reduce_ll_protocol(seed):
                                    env={"PYCOLL_CUDA_LL_MAX_KIB": "1024"}))
 
 
+def _all_reduce_ll128(rank, world, seed):
+    """The LL128 two-shot (kernels/ll128_two_shot.cuh; PYCOLL_CUDA_LL128_MAX_KIB, here 64 MiB on
+    every world size, and PYCOLL_CUDA_LL128_BLOCKS=5 so that CTA ranges end at odd lines): every
+    dtype and op in place at odd offsets, sizes from 1 element (the last ranks own no line and send
+    an ack) through lines and CTA rows that end mid-word; the largest message the region holds and
+    one just above it (the channel two-shot then); calls interleaved with channel-protocol and LL
+    collectives; CUDA graph replays (the epochs live on the device)."""
+    dev = _setup(rank)
+    out = []
+    set_algo("twoshot")
+    line = 120
+    byte_sizes = (8, 24, line - 8, line, world * line + 16, 64 * line * world * 5 + 40, 100003, (1 << 20) + 6,
+                  (5 << 20) + 24)
+    for dtype in DTYPES:
+        es = torch.tensor([], dtype=dtype).element_size()
+        for op in ops_for(dtype)[:4] + ((R.AVG,) if dtype in FLOATS else ()):
+            for nbytes in byte_sizes:
+                numel = max(1, nbytes // es)
+                offset = (numel + len(str(op))) % 3
+                key = ("ar-ll128", str(dtype), _name(op), numel, offset)
+                out.append(_reduce_at_offset(seed, key, rank, world, numel, offset, dtype, op, dev))
+    # The region's largest message and one element more (channel two-shot); bf16 rounds once.
+    for dtype in (torch.float32, torch.bfloat16):
+        numel = (64 << 20) // torch.tensor([], dtype=dtype).element_size()
+        for n in (numel, numel + 1):
+            out.append(_large_sum(seed, ("ar-ll128-large", str(dtype), n), rank, world, n, dtype, dev))
+    # Interleaved with the channel protocol (ring, one-shot) and LL: per-CTA epochs and the
+    # stale-message check must not fire.
+    for i in range(6):
+        for algo, numel in (("twoshot", 70001), ("ring", 4099), ("twoshot", (3 << 20) + 1), ("oneshot", 5),
+                            ("oneshot", (2 << 20) + 3)):
+            set_algo(algo)
+            x = torch.full((numel,), float(rank + i), device=dev)
+            dist.all_reduce(x)
+            assert torch.all(x == sum(q + i for q in range(world))), (i, algo, numel)
+        set_algo("twoshot")
+        _check_broadcast_and_all_gather(rank, world, dev, i, 1000 + i, 3)
+    set_algo("twoshot")
+    _check_graph_replays(rank, world, [torch.zeros(n, device=dev) for n in (3, 4099, 300007, (4 << 20) + 1)])
+    set_algo("auto")
+    torch.cuda.synchronize()
+    return out
+
+
+def test_all_reduce_ll128_protocol(seed):
+    env = {"PYCOLL_CUDA_LL128_MAX_KIB": str(64 << 10), "PYCOLL_CUDA_LL128_BLOCKS": "5"}
+    _assert_same_digests(run_ranks(WORLD, _all_reduce_ll128, seed, timeout=600, pg_timeout=PG_TIMEOUT, env=env))
+
+
+def _all_reduce_ll128_grid(rank, world, seed):
+    """The LL128 two-shot with its default CTA count (up to 128) at the sizes it serves by default,
+    in place at an odd offset."""
+    dev = _setup(rank)
+    set_algo("twoshot")
+    out = []
+    for dtype in (torch.float32, torch.float16, torch.int32):
+        for nbytes in ((4 << 20) + 8, (16 << 20) - 24, 40 << 20):
+            numel = nbytes // torch.tensor([], dtype=dtype).element_size()
+            out.append(_reduce_at_offset(seed, ("ar-ll128-grid", str(dtype), numel), rank, world, numel, 1, dtype,
+                                         R.SUM, dev))
+    set_algo("auto")
+    return out
+
+
+def test_all_reduce_ll128_full_grid(seed):
+    env = {"PYCOLL_CUDA_LL128_MAX_KIB": str(64 << 10)}
+    _assert_same_digests(run_ranks(WORLD, _all_reduce_ll128_grid, seed, timeout=600, pg_timeout=PG_TIMEOUT, env=env))
+
+
 def _all_reduce_split(rank, world, seed):
     """The split one-shot (pushing and reducing CTAs apart, kernels/one_shot.cuh; two ranks only),
     forced for every one-shot call of the channel protocol (PYCOLL_CUDA_SPLIT_MIN_KIB=0, LL off)
@@ -463,7 +532,8 @@ def _two_shot_waves(rank, world, seed):
 
 def test_two_shot_waves(seed):
     env = {"PYCOLL_CUDA_TWO_SHOT_WAVES": "1", "PYCOLL_CUDA_MAX_BLOCKS": "7", "PYCOLL_CUDA_SPLIT_MIN_KIB": "0",
-           "PYCOLL_CUDA_SPLIT_CLAIMED": "0", "PYCOLL_CUDA_LL_MAX_KIB": "0", "PYCOLL_CUDA_TRACE": "1"}
+           "PYCOLL_CUDA_SPLIT_CLAIMED": "0", "PYCOLL_CUDA_LL_MAX_KIB": "0", "PYCOLL_CUDA_TRACE": "1",
+           "PYCOLL_CUDA_LL128_MAX_KIB": "0"}
     _assert_same_digests(run_ranks(WORLD, _two_shot_waves, seed, timeout=600, pg_timeout=PG_TIMEOUT, env=env))
 
 
@@ -829,6 +899,9 @@ def _mismatch(rank, world, seed):
         # Same call, different algorithms (set_algo on some ranks only): the plan is in the word.
         "algorithm": lambda: _with_algo("twoshot" if rank < last else "ring",
                                         lambda: dist.all_reduce(torch.ones(1 << 16, device=dev), group=g)),
+        # Two-shot of different sizes (LL128 on two ranks: the header's check word differs).
+        "two-shot size": lambda: _with_algo("twoshot", lambda: dist.all_reduce(
+            torch.ones((1 << 16) + (0 if rank < last else 64), device=dev), group=g)),
     }
     messages = {}
     for name, call in cases.items():
@@ -864,7 +937,7 @@ def _with_algo(name, call):
 
 def test_mismatched_calls_raise(seed):
     results = run_ranks(WORLD, _mismatch, seed, timeout=300, pg_timeout=PG_TIMEOUT)
-    for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "algorithm"):
+    for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "algorithm", "two-shot size"):
         texts = [r[name] for r in results]
         assert any("called different collectives" in t for t in texts), f"{name}: {texts}"
         assert all("unusable" in t for t in texts), f"{name}: {texts}"

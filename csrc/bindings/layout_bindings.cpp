@@ -46,12 +46,13 @@ void channel_ranges(const ChannelSetLayout& c, int n, int me, const std::string&
   }
 }
 
-py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blocks) {
+py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blocks, int64_t ll128_max_bytes) {
   if (nranks < 2 || nranks > cuda_ipc::kMaxRanks) throw py::value_error("nranks must be in 2..8");
   if (me < 0 || me >= nranks) throw py::value_error("rank must be in 0..nranks-1");
   if (coll_blocks < cuda_ipc::kCollBlocks || coll_blocks > cuda_ipc::kMaxCollBlocks)
     throw py::value_error("coll_blocks must be in 64..128");
-  const Layout L = cuda_ipc::make_layout(nranks, coll_slot_bytes, coll_blocks);
+  if (ll128_max_bytes < 0) throw py::value_error("ll128_max_bytes must be >= 0");
+  const Layout L = cuda_ipc::make_layout(nranks, coll_slot_bytes, coll_blocks, ll128_max_bytes);
   std::map<std::string, Ranges> ranges;
   ranges["abort"].push_back({L.off_abort, L.off_abort + 4});
   ranges["claim"].push_back({L.off_claim, L.off_claim + 4});
@@ -68,6 +69,26 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
         const int64_t first = L.ll.line_offset(nranks, q, me, parity, b, 0);
         const int64_t last = L.ll.line_offset(nranks, q, me, parity, b, L.ll.block_lines - 1);
         ranges["ll.data"].push_back({first, last + cuda_ipc::kLLLineBytes});
+      }
+    }
+  }
+  if (L.ll128.max_bytes > 0) {
+    for (int b = 0; b < cuda_ipc::kLL128Blocks; ++b) {
+      const int64_t e = L.ll128.epoch_offset(b);
+      ranges["ll128.epoch"].push_back({e, e + 8});
+    }
+    for (int q = 0; q < nranks; ++q) {
+      if (q == me) continue;
+      for (int kind = 0; kind < 2; ++kind) {
+        for (int b = 0; b < cuda_ipc::kLL128Blocks; ++b) {
+          const int64_t h = L.ll128.header_offset(nranks, q, me, kind, b);
+          ranges["ll128.header"].push_back({h, h + cuda_ipc::kLL128LineBytes});
+        }
+      }
+      for (int phase = 0; phase < 2; ++phase) {  // one range per (sender, phase): every line
+        const int64_t first = L.ll128.line_offset(nranks, q, me, phase, 0);
+        const int64_t last = L.ll128.line_offset(nranks, q, me, phase, L.ll128.max_lines - 1);
+        ranges["ll128.data"].push_back({first, last + cuda_ipc::kLL128LineBytes});
       }
     }
   }
@@ -100,6 +121,12 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
       {"coll.data", L.coll.off_data},  {"p2p.data", L.p2p.off_data},    {"ll.epoch", L.ll.off_epoch},
       {"ll.data", L.ll.off_data},      {"split", L.split.off},          {"split.claim", L.split.off_claim},
       {"split.tag", L.split.off_tag},  {"split.ready", L.split.off_ready}, {"trace", L.trace.off}};
+  std::vector<std::pair<std::string, int64_t>> all_starts = starts;
+  if (L.ll128.max_bytes > 0) {
+    all_starts.push_back({"ll128.epoch", L.ll128.off_epoch});
+    all_starts.push_back({"ll128.header", L.ll128.off_header});
+    all_starts.push_back({"ll128.data", L.ll128.off_data});
+  }
   py::dict d;
   d["total_bytes"] = L.total_bytes;
   d["coll_slot_bytes"] = L.coll.slot_bytes;
@@ -107,7 +134,8 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
   d["ll_block_payload_bytes"] = int64_t(L.ll.block_lines - 1) * 8;
   d["ll_blocks"] = L.ll.nblocks;
   d["ll_max_bytes"] = cuda_ipc::kLLMaxBytes;
-  d["starts"] = starts;
+  d["ll128_max_lines"] = L.ll128.max_lines;
+  d["starts"] = all_starts;
   d["ranges"] = ranges;
   return d;
 }
@@ -117,8 +145,13 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
 void register_layout(py::module_& m) {
   m.def("cuda_workspace_layout", &layout_report, py::arg("nranks"), py::arg("rank") = 0,
         py::arg("coll_slot_bytes") = 0, py::arg("coll_blocks") = cuda_ipc::kCollBlocks,
+        py::arg("ll128_max_bytes") = 0,
         "The CUDA IPC workspace layout of `rank` in a group of `nranks`: region start offsets, every byte "
         "range the layout's offset functions address in that rank's workspace, and the sizes.");
+  m.def(
+      "ll128_lines_for", [](int64_t bytes, int nranks) { return cuda_ipc::ll128_lines_for(bytes, nranks); },
+      py::arg("bytes"), py::arg("nranks"),
+      "Lines of 120 payload bytes one segment of a `bytes` all_reduce over `nranks` needs at most (layout.h).");
   m.def(
       "cuda_check_word",
       [](int op, int dtype, int reduce_op, int root, int64_t count, int plan) {

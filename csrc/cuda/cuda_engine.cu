@@ -197,6 +197,12 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //   PYCOLL_CUDA_TWO_SHOT_BLOCKS  CTAs of a two-rank two-shot all_reduce with waves up to
 //                           gpu::kTwoRankWideTwoShotMaxBytes (default 128, or 0 = the
 //                           PYCOLL_CUDA_MAX_BLOCKS cap when that is set; select.h).
+//   PYCOLL_CUDA_LL128_MAX_KIB  largest two-shot all_reduce, in KiB, that runs with the LL128
+//                           protocol (kernels/ll128_two_shot.cuh); 0 turns it off. Default
+//                           gpu::kDefaultTwoRankLL128MaxBytes for two ranks, 0 for more (not
+//                           measured). The workspace holds a whole message of this size.
+//   PYCOLL_CUDA_LL128_BLOCKS  CTAs of an LL128 kernel at most (default gpu::kLL128MaxBlocks, never
+//                           more than the GPU's SMs).
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -239,6 +245,11 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
       sms, int(env_int("PYCOLL_CUDA_TWO_SHOT_BLOCKS", max_blocks_set ? 0 : gpu::kTwoRankWideTwoShotBlocks, 0,
                        cuda_ipc::kMaxCollBlocks)));
 
+  ll128_max_bytes_ = env_int("PYCOLL_CUDA_LL128_MAX_KIB", size == 2 ? gpu::kDefaultTwoRankLL128MaxBytes / 1024 : 0, 0,
+                             int64_t(1) << 20) * 1024;
+  ll128_max_blocks_ = std::min<int>(
+      sms, int(env_int("PYCOLL_CUDA_LL128_BLOCKS", gpu::kLL128MaxBlocks, 1, cuda_ipc::kLL128Blocks)));
+
   // Every rank must plan the same launches from these (the GPUs of a group are assumed alike, as
   // the workspace size check assumes): compare them before anything is launched. Waves decide the
   // two-shot's CTA count (gpu::two_shot_max_blocks); tracing and early launch change only what a
@@ -258,6 +269,8 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
         {"PYCOLL_CUDA_SPLIT_CLAIMED", std::to_string(int(split_claimed_))},
         {"PYCOLL_CUDA_TWO_SHOT_WAVES", std::to_string(int(two_shot_waves_))},
         {"PYCOLL_CUDA_TWO_SHOT_BLOCKS", std::to_string(two_shot_wide_blocks_)},
+        {"PYCOLL_CUDA_LL128_MAX_KIB", std::to_string(ll128_max_bytes_ / 1024)},
+        {"PYCOLL_CUDA_LL128_BLOCKS", std::to_string(ll128_max_blocks_)},
         {"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured},
     };
     const std::string enc = encode_settings(mine);
@@ -278,7 +291,8 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
                                                  slot_kib * 1024,
                                                  std::max({kCollBlocks, max_blocks_,
-                                                           size == 2 ? two_shot_wide_blocks_ : 0}));
+                                                           size == 2 ? two_shot_wide_blocks_ : 0}),
+                                                 ll128_max_bytes_);
   const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
   chunk_bytes_ = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, slot_bytes) : slot_bytes;
   chunk_set_ = chunk_kib > 0;
@@ -410,7 +424,12 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
   const int64_t count = in.numel();
   const int64_t es = int64_t(dtype_size(kt.dtype));
-  const Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::AllReduce, count * es, size_) : algo;
+  Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::AllReduce, count * es, size_) : algo;
+  // Two ranks pick two-shot below the channel two-shot's crossover for its LL128 form only
+  // (select.h); where this engine's LL128 limit is lower, one-shot is the faster of the rest.
+  if (algo == Algo::Auto && chosen == Algo::TwoShot && size_ == 2 && count * es > ll128_max_bytes_ &&
+      count * es < gpu::kTwoRankChannelTwoShotAllReduceBytes)
+    chosen = Algo::OneShot;
   if (count == 0) return chosen;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   if (size_ == 1) {
@@ -477,6 +496,19 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
       break;
     }
     case Algo::TwoShot:
+      if (count * es <= ll128_max_bytes_) {
+        // Flags inside 128-byte lines, the whole message in the workspace (kernels/ll128_two_shot.cuh).
+        a.seg = round_up(ceil_div(count, size_), 16 / es);
+        a.check =
+            cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), 0, count, cuda_ipc::CheckPlan::LL128);
+        const int64_t lines = ceil_div(std::min(a.seg, count) * es, cuda_ipc::kLL128LinePayload);
+        TORCH_CHECK(lines <= a.h.layout.ll128.max_lines, "pycoll::all_reduce: ", count * es,
+                    " bytes do not fit the LL128 region (", a.h.layout.ll128.max_lines, " lines)");
+        const int grid = int(std::max<int64_t>(1, std::min<int64_t>(ll128_max_blocks_, lines / gpu::kLL128MinLinesPerBlock)));
+        PYCOLL_CUDA_OK(gpu::launch_ll128_two_shot(grid, stream, a, early_launch_), kOp, "kernel launch");
+        return chosen;
+      }
+      [[fallthrough]];
     case Algo::Ring:
       a.mode = chosen == Algo::TwoShot ? kernels::ReduceMode::AllReduceTwoShot : kernels::ReduceMode::AllReduceRing;
       if (chosen == Algo::TwoShot && two_shot_waves_) a.flags |= kernels::kArgWaves;

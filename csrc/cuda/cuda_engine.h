@@ -109,6 +109,8 @@ class CudaEngine {
   bool two_shot_waves_ = false;  // PYCOLL_CUDA_TWO_SHOT_WAVES
   bool chunk_set_ = false;        // PYCOLL_CUDA_CHUNK_KIB given
   int two_shot_wide_blocks_ = 0;  // PYCOLL_CUDA_TWO_SHOT_BLOCKS (gpu::two_shot_max_blocks)
+  int64_t ll128_max_bytes_ = 0;   // largest two-shot all_reduce run with LL128 (PYCOLL_CUDA_LL128_MAX_KIB)
+  int ll128_max_blocks_ = 0;      // its CTAs at most (PYCOLL_CUDA_LL128_BLOCKS)
   bool early_launch_ = false;  // PYCOLL_CUDA_EARLY_LAUNCH: programmatic dependent launch (sm_90+)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };

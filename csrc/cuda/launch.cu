@@ -22,7 +22,8 @@ cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& a,
 
 bool kernels_support_early_launch() {
   return compiled_with_grid_dependency(kernels::reduce_kernel) && compiled_with_grid_dependency(kernels::copy_kernel) &&
-         compiled_with_grid_dependency(kernels::p2p_kernel) && ll_kernels_support_early_launch();
+         compiled_with_grid_dependency(kernels::p2p_kernel) && ll_kernels_support_early_launch() &&
+         ll128_kernels_support_early_launch();
 }
 
 }  // namespace gpu

@@ -70,7 +70,14 @@ constexpr int64_t kTwoRankSplitAllReduceBytes = int64_t(128) << 20;
 // 64.8-65.0 us at 16 MiB (66.4-66.6 without), 210-211 at 64 MiB (220), 404 at 128 MiB (416-417),
 // against 67.6-67.9 (fused one-shot), 212-214 and 399 (claimed split) in the same launches
 // (benchmarks/results/2026-11-27-nvidia-h200-c4-*.json): these choices stand.
-constexpr int64_t kTwoRankTwoShotAllReduceBytes = int64_t(16) << 20;
+// That is the channel two-shot's crossover, kTwoRankChannelTwoShotAllReduceBytes. Below it two ranks
+// run two-shot with the LL128 protocol (kDefaultTwoRankLL128MaxBytes), which wins from 4 MiB: 18.1
+// against 24.2 us for one-shot at 4 MiB, 33.0 against 38.0 at 8 MiB, a host-bound tie at 2 MiB
+// (16.9 against 17.2) (2x H200, eager, float32, benchmarks/results/2026-11-27-nvidia-h200-s18c2-ll128.json;
+// sizes between 2 and 4 MiB not measured). An engine whose LL128 limit is below a size under
+// kTwoRankChannelTwoShotAllReduceBytes runs one-shot there instead (cuda_engine.cu).
+constexpr int64_t kTwoRankChannelTwoShotAllReduceBytes = int64_t(16) << 20;
+constexpr int64_t kTwoRankTwoShotAllReduceBytes = int64_t(4) << 20;
 // ... and up to kTwoRankWideTwoShotMaxBytes it runs with kTwoRankWideTwoShotBlocks CTAs (64 leaders,
 // 64 followers) unless PYCOLL_CUDA_MAX_BLOCKS is set (PYCOLL_CUDA_TWO_SHOT_BLOCKS overrides; the
 // workspace then has 128 channels: 134 instead of 70 MiB per GPU for two ranks). Why: the traces
@@ -88,6 +95,20 @@ constexpr int64_t kTwoRankWideTwoShotMaxBytes = int64_t(64) << 20;
 // 64 MiB 206.7 / 206.3 us against 209.8-210.2 (1.23-1.24x NCCL against 1.21-1.22x); 32 MiB
 // unchanged; sizes between 32 and 64 MiB not measured.
 constexpr int64_t kTwoRankWideTwoShotChunkBytes = int64_t(128) << 10;
+
+// Two-shot all_reduce of at most this many bytes runs with the LL128 protocol on two ranks (flags
+// inside 128-byte lines, kernels/ll128_two_shot.cuh); PYCOLL_CUDA_LL128_MAX_KIB overrides it, for
+// any world size (default 0 there: not measured). The workspace grows by about 1.07x this for two
+// ranks (the whole message's lines, both phases). With up to kLL128MaxBlocks CTAs, each at least
+// kLL128MinLinesPerBlock lines (a row of 64) of every segment. Measured on 2x H200, eager, float32,
+// LL128 against the channel two-shot in the same launch, median of 3 rounds
+// (benchmarks/results/2026-11-27-nvidia-h200-s18c2-{ll128,chan}.json): 4 MiB 18.1 against 29.2 us,
+// 8 MiB 33.0 against 39.9, 16 MiB 61.0 against 62.1, but 32 MiB 119.9 against 111.9 and 64 MiB
+// 230.5 against 205.8: LL128 moves at most ~310 GB/s of lines (290 of payload) where the channel
+// protocol reaches ~340-360, so it pays only while the channel protocol's fixed costs dominate.
+constexpr int64_t kDefaultTwoRankLL128MaxBytes = int64_t(16) << 20;
+constexpr int kLL128MaxBlocks = 128;
+constexpr int64_t kLL128MinLinesPerBlock = 64;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
 // on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).

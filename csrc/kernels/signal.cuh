@@ -148,6 +148,19 @@ __device__ __forceinline__ bool peer_in_next_ll_call(const DeviceHandle* h, int 
   return r.f0 == flag && r.f1 == flag;
 }
 
+// The same for the LL128 two-shot (kernels/ll128_two_shot.cuh): `peer`'s CTA 0 check header for
+// this rank's next LL128 epoch is here (its flag is the line's last word, the check word its first).
+__device__ __forceinline__ bool peer_in_next_ll128_call(const DeviceHandle* h, int peer, uint64_t* check) {
+  const cuda_ipc::LL128Layout& L = h->layout.ll128;
+  if (L.max_bytes == 0) return false;
+  const char* mine = h->base[h->rank];
+  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(mine + L.epoch_offset(0)) + 1;
+  const char* line = mine + L.header_offset(h->nranks, peer, h->rank, 0, 0);
+  if (*reinterpret_cast<const volatile uint64_t*>(line + cuda_ipc::kLL128LinePayload) != epoch) return false;
+  *check = *reinterpret_cast<const volatile uint64_t*>(line);
+  return true;
+}
+
 // A collective's channel wait gives a peer that is already in its next LL call this long to make
 // the awaited flag visible before the ranks are declared mismatched.
 constexpr uint64_t kLLMismatchGraceNs = 1000000;
@@ -182,7 +195,8 @@ static __device__ __noinline__ bool wait_ge_slow(const DeviceHandle* h, const ui
     if ((spin & 127u) == 0u) {
       if (!keep_waiting(h, start, site, target, v)) return false;
       uint64_t theirs = 0;
-      if (site.op != 0 && peer_in_next_ll_call(h, site.peer, &theirs)) {
+      if (site.op != 0 &&
+          (peer_in_next_ll_call(h, site.peer, &theirs) || peer_in_next_ll128_call(h, site.peer, &theirs))) {
         const uint64_t now = globaltimer_ns();
         if (peer_moved_on_at == 0) peer_moved_on_at = now;
         if (now - peer_moved_on_at > kLLMismatchGraceNs) {
@@ -196,7 +210,7 @@ static __device__ __noinline__ bool wait_ge_slow(const DeviceHandle* h, const ui
 
 // Bounded spin-wait until *flag >= target, with acquire semantics on success. Returns false (and
 // the error is already reported) when the engine's timeout expires, when this rank has been
-// aborted, or (collectives) when the awaited peer has moved on to an LL all_reduce. Called by one
+// aborted, or (collectives) when the awaited peer has moved on to an LL or LL128 all_reduce. Called by one
 // thread per flag.
 __device__ __forceinline__ bool wait_ge(const DeviceHandle* h, const uint64_t* flag, uint64_t target,
                                         const WaitSite& site, uint64_t check) {

@@ -20,6 +20,7 @@ const char* check_plan_name(int plan) {
     case CheckPlan::SplitClaimed: return "split one-shot (claimed chunks)";
     case CheckPlan::LL: return "one-shot (LL protocol)";
     case CheckPlan::Direct: return "direct";
+    case CheckPlan::LL128: return "two-shot (LL128 protocol)";
   }
   return "unknown plan";
 }

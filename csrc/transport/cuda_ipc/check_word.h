@@ -35,6 +35,7 @@ enum class CheckPlan : int {
   SplitClaimed = 6,  // split one-shot, chunks claimed from one counter (kernels/one_shot_claimed.cuh)
   LL = 7,            // one-shot with flags inside the data (kernels/ll_all_reduce.cuh)
   Direct = 8,        // one hop: reduce-scatter, all-gather and reduce
+  LL128 = 9,         // two-shot with flags inside 128-byte lines (kernels/ll128_two_shot.cuh)
 };
 
 PYCOLL_HD uint64_t collective_check_word(int op, int dtype, int reduce_op, int root, int64_t count,

@@ -20,6 +20,11 @@
 // all-reduces write 16-byte lines that carry 8 payload bytes and two copies of a 32-bit flag, so
 // the receiver needs no separate flag, no fence and no credit. Per sender and CTA it has two
 // buffers (parity of the CTA's LL epoch), which is enough: see ll_all_reduce.cuh for why.
+//
+// The LL128 region (kernels/ll128_two_shot.cuh) holds a whole two-shot all_reduce of up to
+// `max_bytes`: 128-byte lines of 120 payload bytes and a 64-bit flag, one line per 120 bytes of a
+// segment, for the scatter and for the gather phase of every sender. No slot is reused within a
+// call, so no credit flows back; why one buffer (no parity) suffices is in the kernel's comment.
 #pragma once
 
 #include <cstddef>
@@ -111,6 +116,38 @@ struct LLLayout {
   }
 };
 
+constexpr int kLL128Blocks = 128;             // CTAs of an LL128 kernel at most
+constexpr int64_t kLL128LineBytes = 128;
+constexpr int64_t kLL128LinePayload = 120;    // the last 8 bytes of a line are its flag
+
+// Lines one segment of a `bytes` all_reduce over `nranks` needs at most: the segment is
+// ceil(count/n) elements (less than ceil(bytes/n) + 8 bytes) rounded up to 16 bytes (the engine's
+// two-shot segment), so less than ceil(bytes/n) + 23 bytes.
+PYCOLL_HD int64_t ll128_lines_for(int64_t bytes, int nranks) {
+  const int64_t seg = (bytes + nranks - 1) / nranks + 23;
+  return (seg + kLL128LinePayload - 1) / kLL128LinePayload;
+}
+
+struct LL128Layout {
+  int64_t max_bytes = 0;   // largest all_reduce the region holds; 0: no region
+  int64_t max_lines = 0;   // lines per (sender, phase): ll128_lines_for(max_bytes, nranks)
+  int64_t off_epoch = 0;   // local: [block] u64, LL128 kernels CTA b has run on this rank
+  int64_t off_header = 0;  // in dst: [sender index 0..n-2][kind][block] lines: kind 0 carries the
+                           // check word, kind 1 is the ack of a CTA that has no result lines to send
+  int64_t off_data = 0;    // in dst: [sender index][phase 0 scatter, 1 gather][max_lines] lines
+
+  PYCOLL_HD int64_t epoch_offset(int b) const { return off_epoch + int64_t(b) * 8; }
+  PYCOLL_HD int64_t header_offset(int nranks, int src, int dst, int kind, int b) const {
+    const int pidx = (src - dst - 1 + 2 * nranks) % nranks;
+    return off_header + ((int64_t(pidx) * 2 + kind) * kLL128Blocks + b) * kLL128LineBytes;
+  }
+  // Line `line` of `phase` written by `src` into dst's workspace.
+  PYCOLL_HD int64_t line_offset(int nranks, int src, int dst, int phase, int64_t line) const {
+    const int pidx = (src - dst - 1 + 2 * nranks) % nranks;
+    return off_data + ((int64_t(pidx) * 2 + phase) * max_lines + line) * kLL128LineBytes;
+  }
+};
+
 // Progress of the split one-shot all_reduce (kernels/one_shot.cuh), local to each rank: for
 // channel b, how many chunks its pushing CTA has sent and its reducing CTA has reduced, since the
 // engine was created. Equal at every kernel start (both CTAs of a channel handle the same chunks),
@@ -158,6 +195,7 @@ struct Layout {
   ChannelSetLayout coll;
   ChannelSetLayout p2p;
   LLLayout ll;
+  LL128Layout ll128;
   SplitLayout split;
   TraceLayout trace;
   int64_t total_bytes = 0;
@@ -175,7 +213,9 @@ inline int64_t coll_slot_bytes_for(int nranks, int coll_blocks = kCollBlocks) {
 
 // `coll_slot_bytes` 0 picks coll_slot_bytes_for(nranks, coll_blocks); otherwise a multiple of 4 KiB.
 // `coll_blocks`: channels per peer pair of the coll set, kCollBlocks..kMaxCollBlocks.
-inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_blocks = kCollBlocks) {
+// `ll128_max_bytes`: largest all_reduce the LL128 region holds (0: none).
+inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_blocks = kCollBlocks,
+                          int64_t ll128_max_bytes = 0) {
   Layout L;
   L.nranks = nranks;
   int64_t off = 0;
@@ -213,6 +253,13 @@ inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_bloc
   L.split.off_ready = take(kMaxClaimedChunks * 4, kFlagStride);
   L.trace.off = take(int64_t(kTraceCtas) * kTraceEvents * 8, kFlagStride);
   L.ll.off_data = take(2 * npeers * kLLBlocks * L.ll.block_lines * kLLLineBytes, 4096);
+  if (ll128_max_bytes > 0 && npeers > 0) {
+    L.ll128.max_bytes = ll128_max_bytes;
+    L.ll128.max_lines = ll128_lines_for(ll128_max_bytes, nranks);
+    L.ll128.off_epoch = take(int64_t(kLL128Blocks) * 8, kFlagStride);
+    L.ll128.off_header = take(npeers * 2 * kLL128Blocks * kLL128LineBytes, 4096);
+    L.ll128.off_data = take(npeers * 2 * L.ll128.max_lines * kLL128LineBytes, 4096);
+  }
   L.total_bytes = round_up_i64(off, 2 << 20);
   return L;
 }

@@ -23,11 +23,11 @@ namespace cuda_ipc {
 class IpcWorkspace {
  public:
   // `coll_slot_bytes` 0: the layout's default for `size` ranks and `coll_blocks` channels per peer
-  // pair (make_layout). Every rank must pass the same
-  // value (the constructor throws on every rank otherwise).
+  // pair (make_layout); `ll128_max_bytes`: the LL128 region (make_layout). Every rank must pass the
+  // same values (the constructor throws on every rank otherwise).
   IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
                int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0,
-               int coll_blocks = kCollBlocks);
+               int coll_blocks = kCollBlocks, int64_t ll128_max_bytes = 0);
   ~IpcWorkspace();
   IpcWorkspace(const IpcWorkspace&) = delete;
   IpcWorkspace& operator=(const IpcWorkspace&) = delete;
@@ -48,7 +48,7 @@ class IpcWorkspace {
 
  private:
   void init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, std::chrono::milliseconds timeout,
-            int64_t coll_slot_bytes, int coll_blocks);
+            int64_t coll_slot_bytes, int coll_blocks, int64_t ll128_max_bytes);
   void release_mappings() noexcept;
 
   int rank_;
