@@ -24,6 +24,18 @@ def test_two_ranks_medium_all_reduce_is_two_shot_ll128(nbytes):
     assert choose("all_reduce", nbytes, 2) == "twoshot"
 
 
+def test_two_ranks_without_ll128_run_one_shot_below_16_mib():
+    # The engine's auto with PYCOLL_CUDA_LL128_MAX_KIB below the size: the channel two-shot lost to
+    # one-shot below 16 MiB (29.2 / 39.9 against 24.2 / 38.0 us at 4 / 8 MiB, s18c2-{chan,ll128}).
+    for nbytes in (4 * MiB, 8 * MiB, 16 * MiB - 1):
+        assert choose("all_reduce", nbytes, 2, ll128_max_bytes=0) == "oneshot"
+    assert choose("all_reduce", 8 * MiB, 2, ll128_max_bytes=4 * MiB) == "oneshot"
+    assert choose("all_reduce", 4 * MiB, 2, ll128_max_bytes=4 * MiB) == "twoshot"
+    assert choose("all_reduce", 16 * MiB, 2, ll128_max_bytes=0) == "twoshot"
+    assert choose("all_reduce", 8 * MiB, 2, ll128_max_bytes=-1) == choose("all_reduce", 8 * MiB, 2) == "twoshot"
+    assert choose("all_reduce", 64 * MiB, 4, ll128_max_bytes=0) == choose("all_reduce", 64 * MiB, 4)
+
+
 @pytest.mark.parametrize("nbytes", [16 * MiB, 32 * MiB, 64 * MiB, 127 * MiB])
 def test_two_ranks_mid_all_reduce_is_two_shot(nbytes):
     # Half the bytes per link direction from 16 MiB on: 65.2-66.1 vs 68.0-68.8 us at 16 MiB and 209 vs

@@ -381,11 +381,26 @@ def _all_reduce_ll128(rank, world, seed):
             assert torch.all(x == sum(q + i for q in range(world))), (i, algo, numel)
         set_algo("twoshot")
         _check_broadcast_and_all_gather(rank, world, dev, i, 1000 + i, 3)
+    _check_ll128_grid_changes(rank, world, dev)
     set_algo("twoshot")
     _check_graph_replays(rank, world, [torch.zeros(n, device=dev) for n in (3, 4099, 300007, (4 << 20) + 1)])
     set_algo("auto")
     torch.cuda.synchronize()
     return out
+
+
+def _check_ll128_grid_changes(rank, world, dev):
+    """Two-shot calls whose CTA count grows and shrinks with the size (a row of 64 lines per CTA:
+    about 7600 / 7700 / 11600 / 20000 float32 elements on two ranks give 1 / 2 / 3 / 5 CTAs), each
+    with values no earlier call had: which CTA owns a line changes, and a line an earlier call left
+    must never pass for this call's (the review's stale-flag case: wrong sums, no error)."""
+    set_algo("twoshot")
+    sizes = [n * world // 2 for n in (7600, 7700, 11600, 20000, 7600, 20000, 7700, 11600, 7600, 7700)]
+    for i, numel in enumerate(sizes):
+        x = torch.arange(numel, device=dev, dtype=torch.float32) + float(1000 * i + rank)
+        dist.all_reduce(x)
+        want = torch.arange(numel, device=dev, dtype=torch.float32) * world + sum(1000 * i + q for q in range(world))
+        assert torch.equal(x, want), (i, numel, (x != want).nonzero()[:4].flatten().tolist())
 
 
 def test_all_reduce_ll128_protocol(seed):
@@ -404,6 +419,7 @@ def _all_reduce_ll128_grid(rank, world, seed):
             numel = nbytes // torch.tensor([], dtype=dtype).element_size()
             out.append(_reduce_at_offset(seed, ("ar-ll128-grid", str(dtype), numel), rank, world, numel, 1, dtype,
                                          R.SUM, dev))
+    _check_ll128_grid_changes(rank, world, dev)
     set_algo("auto")
     return out
 

@@ -100,15 +100,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Chunk cap of a two-shot all_reduce of `bytes` on the CUDA engine (csrc/cuda/select.h).");
   m.def(
       "cuda_algorithm",
-      [](const std::string& op, int64_t bytes, int world, bool builtin) {
+      [](const std::string& op, int64_t bytes, int world, bool builtin, int64_t ll128_max_bytes) {
         const pycoll::OpCode o = parse_op(op);
         if (o != pycoll::OpCode::AllReduce && o != pycoll::OpCode::ReduceScatter && o != pycoll::OpCode::AllGather)
           throw py::value_error("cuda_algorithm: op must be all_reduce, all_gather or reduce_scatter, got " + op);
-        return std::string(pycoll::algo_name(builtin ? pycoll::gpu::builtin_choice(o, bytes, world)
-                                                     : pycoll::gpu::choose(o, bytes, world)));
+        if (builtin) return std::string(pycoll::algo_name(pycoll::gpu::builtin_choice(o, bytes, world)));
+        if (o != pycoll::OpCode::AllReduce) return std::string(pycoll::algo_name(pycoll::gpu::choose(o, bytes, world)));
+        const int64_t ll128 = ll128_max_bytes >= 0 ? ll128_max_bytes : pycoll::gpu::default_ll128_max_bytes(world);
+        return std::string(pycoll::algo_name(pycoll::gpu::choose_all_reduce(bytes, world, ll128)));
       },
-      py::arg("op"), py::arg("bytes"), py::arg("world"), py::arg("builtin") = false,
-      "The CUDA engine's `auto` choice; builtin=True: without this machine's measured table.");
+      py::arg("op"), py::arg("bytes"), py::arg("world"), py::arg("builtin") = false, py::arg("ll128_max_bytes") = -1,
+      "The CUDA engine's `auto` choice; builtin=True: without this machine's measured table; ll128_max_bytes: "
+      "the engine's PYCOLL_CUDA_LL128_MAX_KIB in bytes (-1: its default for `world`).");
   m.def(
       "set_cuda_choices",
       [](const std::string& op, int world, const std::vector<std::pair<int64_t, std::string>>& steps,

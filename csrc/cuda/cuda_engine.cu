@@ -245,8 +245,8 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
       sms, int(env_int("PYCOLL_CUDA_TWO_SHOT_BLOCKS", max_blocks_set ? 0 : gpu::kTwoRankWideTwoShotBlocks, 0,
                        cuda_ipc::kMaxCollBlocks)));
 
-  ll128_max_bytes_ = env_int("PYCOLL_CUDA_LL128_MAX_KIB", size == 2 ? gpu::kDefaultTwoRankLL128MaxBytes / 1024 : 0, 0,
-                             int64_t(1) << 20) * 1024;
+  ll128_max_bytes_ =
+      env_int("PYCOLL_CUDA_LL128_MAX_KIB", gpu::default_ll128_max_bytes(size) / 1024, 0, int64_t(1) << 20) * 1024;
   ll128_max_blocks_ = std::min<int>(
       sms, int(env_int("PYCOLL_CUDA_LL128_BLOCKS", gpu::kLL128MaxBlocks, 1, cuda_ipc::kLL128Blocks)));
 
@@ -424,12 +424,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
   const int64_t count = in.numel();
   const int64_t es = int64_t(dtype_size(kt.dtype));
-  Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::AllReduce, count * es, size_) : algo;
-  // Two ranks pick two-shot below the channel two-shot's crossover for its LL128 form only
-  // (select.h); where this engine's LL128 limit is lower, one-shot is the faster of the rest.
-  if (algo == Algo::Auto && chosen == Algo::TwoShot && size_ == 2 && count * es > ll128_max_bytes_ &&
-      count * es < gpu::kTwoRankChannelTwoShotAllReduceBytes)
-    chosen = Algo::OneShot;
+  const Algo chosen = algo == Algo::Auto ? gpu::choose_all_reduce(count * es, size_, ll128_max_bytes_) : algo;
   if (count == 0) return chosen;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   if (size_ == 1) {

@@ -197,5 +197,14 @@ Algo choose(OpCode op, int64_t bytes, int nranks) {
   return builtin_choice(op, bytes, nranks);
 }
 
+int64_t default_ll128_max_bytes(int nranks) { return nranks == 2 ? kDefaultTwoRankLL128MaxBytes : 0; }
+
+Algo choose_all_reduce(int64_t bytes, int nranks, int64_t ll128_max_bytes) {
+  const Algo a = choose(OpCode::AllReduce, bytes, nranks);
+  if (a == Algo::TwoShot && nranks == 2 && bytes > ll128_max_bytes && bytes < kTwoRankChannelTwoShotAllReduceBytes)
+    return Algo::OneShot;
+  return a;
+}
+
 }  // namespace gpu
 }  // namespace pycoll

@@ -140,6 +140,14 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks);
 Algo choose(OpCode op, int64_t bytes, int nranks);
 Algo builtin_choice(OpCode op, int64_t bytes, int nranks);
 
+// The LL128 limit of an engine without PYCOLL_CUDA_LL128_MAX_KIB: kDefaultTwoRankLL128MaxBytes for
+// two ranks, 0 (off) otherwise.
+int64_t default_ll128_max_bytes(int nranks);
+// The all_reduce `auto` of an engine whose LL128 limit is `ll128_max_bytes`: choose(), except that
+// two ranks run one-shot where it picked two-shot below kTwoRankChannelTwoShotAllReduceBytes for a
+// size LL128 does not cover (the channel two-shot loses to one-shot there).
+Algo choose_all_reduce(int64_t bytes, int nranks, int64_t ll128_max_bytes);
+
 // The two-rank two-shot all_reduce of `bytes` runs `wide_blocks` CTAs (the "wide" two-shot) with
 // waves up to kTwoRankWideTwoShotMaxBytes; wide_blocks <= 0: never.
 bool wide_two_shot(int64_t bytes, int nranks, bool waves, int wide_blocks);

@@ -23,9 +23,14 @@
 //     instead, and a CTA expecting no result line from a peer waits for that peer's ack.
 //   In place: the same thread reads line i of segment q (scatter, or reduce) before it writes it
 //     (gather, or reduce), so `out == in` is safe.
-//   Flags: CTA b of each rank counts the LL128 kernels it ran (epoch[b], local workspace, loaded at
-//     the start and stored at the end: CUDA graph replays work); a call's flag is its epoch (>= 1,
-//     the workspace starts zeroed). Lines of earlier calls carry smaller flags.
+//   Flags: each rank counts its LL128 calls in epoch[b] for every b < kLL128Blocks (local
+//     workspace, loaded at the start and stored at the end: CUDA graph replays work); a call's flag
+//     is that count (>= 1, the workspace starts zeroed). CTA b stores its own word and CTA 0 also
+//     those of the CTAs this grid does not have, so all words stay equal although the grid changes
+//     with the size: which CTA owns line i changes with it, and a per-CTA count of the CTA's own
+//     calls would let a CTA match a line that another CTA left with the same count (review
+//     finding). Lines of earlier calls therefore always carry smaller flags. A word is never
+//     stored by a CTA that reads it in the same call.
 //   Why one buffer suffices (no parity, no credits): rank A overwrites its lines in rank B's
 //     buffers only in a later call, which starts after A's kernel of this call ended. That kernel
 //     needed, from every CTA of B, result lines or an ack, which B sends only after it checked A's
@@ -188,6 +193,7 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
   if (threadIdx.x < 8) {
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
+      __syncwarp(0xffu);
       ll128_store(h->base[p] + L.header_offset(n, me, p, 0, b) + threadIdx.x * 16, threadIdx.x == 0 ? a.check : 0,
                   threadIdx.x == 7 ? flag : 0);
     }
@@ -211,6 +217,9 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
           x1[u] = flag_lane ? flag : ll_load_word(src + i * P, wb, bytes - i * P, in_aligned);
         }
       }
+      // The 8 lanes of a line store it in one instruction (one 128-byte write): the byte-wise
+      // loads above may have left the warp diverged.
+      __syncwarp();
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t i = r + int64_t(u) * kLL128RowLines + row_line;
@@ -234,9 +243,11 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
     const char* own = in + int64_t(me) * seg;
     char* res = out + int64_t(me) * seg;
     if (end <= lo && threadIdx.x < 8) {  // nothing of mine here: the peers' CTA b waits for an ack
-      for (int p = 0; p < n; ++p)
-        if (p != me) ll128_store(h->base[p] + L.header_offset(n, me, p, 1, b) + threadIdx.x * 16, 0,
-                                 threadIdx.x == 7 ? flag : 0);
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        __syncwarp(0xffu);
+        ll128_store(h->base[p] + L.header_offset(n, me, p, 1, b) + threadIdx.x * 16, 0, threadIdx.x == 7 ? flag : 0);
+      }
     }
     for (int64_t r = lo; r < end; r += int64_t(U) * kLL128RowLines) {
       bool act[U];
@@ -282,16 +293,27 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
           }
         }
       }
+      uint64_t y0[U];
+      uint64_t y1[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        y0[u] = ra[u].result(a.div);
+        y1[u] = flag_lane ? flag : rb[u].result(a.div);
+      }
+      __syncwarp();  // one store instruction per line, as in the scatter
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!act[u]) continue;  // the same for the 8 lanes of a line
+        const int64_t i = r + int64_t(u) * kLL128RowLines + row_line;
+        for (int p = 0; p < n; ++p)
+          if (p != me) ll128_store(h->base[p] + L.line_offset(n, me, p, 1, i) + part * 16, y0[u], y1[u]);
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (!act[u]) continue;
         const int64_t i = r + int64_t(u) * kLL128RowLines + row_line;
-        const uint64_t y0 = ra[u].result(a.div);
-        const uint64_t y1 = flag_lane ? flag : rb[u].result(a.div);
-        for (int p = 0; p < n; ++p)
-          if (p != me) ll128_store(h->base[p] + L.line_offset(n, me, p, 1, i) + part * 16, y0, y1);
-        ll_store_word(res + i * P, wa, bytes - i * P, out_aligned, y0);
-        if (!flag_lane) ll_store_word(res + i * P, wb, bytes - i * P, out_aligned, y1);
+        ll_store_word(res + i * P, wa, bytes - i * P, out_aligned, y0[u]);
+        if (!flag_lane) ll_store_word(res + i * P, wb, bytes - i * P, out_aligned, y1[u]);
       }
     }
   }
@@ -329,6 +351,10 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
     }
   }
   if (threadIdx.x == 0) *reinterpret_cast<uint64_t*>(mine + L.epoch_offset(b)) = flag;
+  if (b == 0) {  // the CTAs this grid does not have: their words must not fall behind
+    for (int c = int(gridDim.x) + int(threadIdx.x); c < cuda_ipc::kLL128Blocks; c += int(blockDim.x))
+      *reinterpret_cast<uint64_t*>(mine + L.epoch_offset(c)) = flag;
+  }
 }
 
 }  // namespace kernels
