@@ -201,7 +201,7 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //                           protocol (kernels/ll128_two_shot.cuh); 0 turns it off. Default
 //                           gpu::kDefaultTwoRankLL128MaxBytes for two ranks, 0 for more (not
 //                           measured). The workspace holds a whole message of this size.
-//   PYCOLL_CUDA_LL128_BLOCKS  CTAs of an LL128 kernel at most (default gpu::kLL128MaxBlocks, never
+//   PYCOLL_CUDA_LL128_BLOCKS  CTAs of an LL128 kernel at most (default cuda_ipc::kLL128Blocks, never
 //                           more than the GPU's SMs).
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   const char* v = std::getenv(name);
@@ -248,7 +248,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   ll128_max_bytes_ =
       env_int("PYCOLL_CUDA_LL128_MAX_KIB", gpu::default_ll128_max_bytes(size) / 1024, 0, int64_t(1) << 20) * 1024;
   ll128_max_blocks_ = std::min<int>(
-      sms, int(env_int("PYCOLL_CUDA_LL128_BLOCKS", gpu::kLL128MaxBlocks, 1, cuda_ipc::kLL128Blocks)));
+      sms, int(env_int("PYCOLL_CUDA_LL128_BLOCKS", cuda_ipc::kLL128Blocks, 1, cuda_ipc::kLL128Blocks)));
 
   // Every rank must plan the same launches from these (the GPUs of a group are assumed alike, as
   // the workspace size check assumes): compare them before anything is launched. Waves decide the

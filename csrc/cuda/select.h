@@ -99,7 +99,8 @@ constexpr int64_t kTwoRankWideTwoShotChunkBytes = int64_t(128) << 10;
 // Two-shot all_reduce of at most this many bytes runs with the LL128 protocol on two ranks (flags
 // inside 128-byte lines, kernels/ll128_two_shot.cuh); PYCOLL_CUDA_LL128_MAX_KIB overrides it, for
 // any world size (default 0 there: not measured). The workspace grows by about 1.07x this for two
-// ranks (the whole message's lines, both phases). With up to kLL128MaxBlocks CTAs, each at least
+// ranks (the whole message's lines, both phases). With up to cuda_ipc::kLL128Blocks CTAs (the workspace's
+// per-CTA words; PYCOLL_CUDA_LL128_BLOCKS lowers it), each at least
 // kLL128MinLinesPerBlock lines (a row of 64) of every segment. Measured on 2x H200, eager, float32,
 // LL128 against the channel two-shot in the same launch, median of 3 rounds
 // (benchmarks/results/2026-11-27-nvidia-h200-s18c2-{ll128,chan}.json): 4 MiB 18.1 against 29.2 us,
@@ -107,7 +108,6 @@ constexpr int64_t kTwoRankWideTwoShotChunkBytes = int64_t(128) << 10;
 // 230.5 against 205.8: LL128 moves at most ~310 GB/s of lines (290 of payload) where the channel
 // protocol reaches ~340-360, so it pays only while the channel protocol's fixed costs dominate.
 constexpr int64_t kDefaultTwoRankLL128MaxBytes = int64_t(16) << 20;
-constexpr int kLL128MaxBlocks = 128;
 constexpr int64_t kLL128MinLinesPerBlock = 64;
 
 // All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
