@@ -347,10 +347,13 @@ def _shm_normal_rank(rank, ws, exit_kind):
 def _p2p_then_destroy_rank(rank, ws):
     """Point-to-point whose tensors Python drops at once, then destroy_process_group (by
     run_ranks) while the p2p lane threads still hold on to their last requests
-    (PYCOLL_TEST_P2P_LINGER_MS). Teardown joins those threads: if one of them then released the
+    (the test hook _C._set_test_thread_linger_ms). Teardown joins those threads: if one of them then released the
     last reference to a tensor Python had seen (that takes the GIL) while the joining thread held
     the GIL, the rank would hang here (seen once in CI, test_batch_isend_irecv[4])."""
     quiet()
+    from pycollectives import _C
+
+    _C._set_test_thread_linger_ms(300)  # stays set for the teardown by run_ranks
     peer = 1 - rank
     for i in range(3):
         if rank == 0:
@@ -369,7 +372,7 @@ def _p2p_then_destroy_rank(rank, ws):
 @pytest.mark.pycoll_only
 def test_destroy_while_p2p_threads_finish():
     t0 = time.monotonic()
-    assert run_ranks(2, _p2p_then_destroy_rank, timeout=60, env={"PYCOLL_TEST_P2P_LINGER_MS": "300"}) == [True] * 2
+    assert run_ranks(2, _p2p_then_destroy_rank, timeout=60) == [True] * 2
     assert time.monotonic() - t0 < 50
 
 

@@ -5,7 +5,8 @@
 
 #include "algorithms/sync.h"
 #include "common/check.h"
-#include "common/env.h"
+#include "common/owned_thread.h"
+#include "common/test_hooks.h"
 
 namespace pycoll {
 
@@ -17,38 +18,47 @@ struct MessageHeader {
 }  // namespace
 
 PointToPoint::PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort)
-    : t_(t), timeout_(timeout), abort_(abort), linger_(env_int("PYCOLL_TEST_P2P_LINGER_MS", 0)) {
+    : t_(t), timeout_(timeout), abort_(abort) {
   send_lanes_.resize(t.size());
   recv_lanes_.resize(t.size());
 }
 
 PointToPoint::~PointToPoint() {
+  std::deque<Request> orphans;  // queued on the lane whose thread runs this destructor
   for (auto* lanes : {&send_lanes_, &recv_lanes_}) {
     for (auto& lane : *lanes) {
       if (!lane) continue;
       {
         std::lock_guard<std::mutex> g(lane->mu);
         lane->stop = true;
+        // This thread stops serving its lane here (the transport is about to go): what it has not
+        // started fails below instead of running on a destroyed object.
+        if (is_current_thread(lane->thread)) orphans.swap(lane->queue);
       }
       lane->cv.notify_all();
     }
   }
   for (auto* lanes : {&send_lanes_, &recv_lanes_}) {
     for (auto& lane : *lanes) {
-      if (lane && lane->thread.joinable()) lane->thread.join();
+      if (lane) join_unless_current(lane->thread);
     }
+  }
+  for (auto& req : orphans) {
+    req.done(std::make_exception_ptr(
+        std::runtime_error("pycoll: point-to-point request dropped: the process group was destroyed before it ran")));
   }
 }
 
-void PointToPoint::post(std::vector<std::unique_ptr<Lane>>& lanes, int peer, Request req, bool send) {
+void PointToPoint::post(Lanes& lanes, int peer, Request req, bool send) {
   Lane* lane;
   {
     std::lock_guard<std::mutex> g(lanes_mu_);
     if (!lanes[peer]) {
-      lanes[peer] = std::make_unique<Lane>();
-      Lane* l = lanes[peer].get();
+      auto l = std::make_shared<Lane>();
+      // The thread co-owns its lane: it may outlive this object (see the file comment).
       l->thread = send ? std::thread([this, peer, l] { send_loop(peer, *l); })
                        : std::thread([this, peer, l] { recv_loop(peer, *l); });
+      lanes[peer] = std::move(l);
     }
     lane = lanes[peer].get();
   }
@@ -115,16 +125,18 @@ void PointToPoint::read_stream(int src, char* p, int64_t n) {
   }
 }
 
+bool PointToPoint::next(Lane& lane, Request& req) {
+  std::unique_lock<std::mutex> lk(lane.mu);
+  lane.cv.wait(lk, [&] { return lane.stop || !lane.queue.empty(); });
+  if (lane.queue.empty()) return false;
+  req = std::move(lane.queue.front());
+  lane.queue.pop_front();
+  return true;
+}
+
 void PointToPoint::send_loop(int dst, Lane& lane) {
-  for (;;) {
-    Request req;
-    {
-      std::unique_lock<std::mutex> lk(lane.mu);
-      lane.cv.wait(lk, [&] { return lane.stop || !lane.queue.empty(); });
-      if (lane.queue.empty()) return;
-      req = std::move(lane.queue.front());
-      lane.queue.pop_front();
-    }
+  Request req;
+  while (next(lane, req)) {
     std::exception_ptr err = lane.broken;
     if (!err) {
       try {
@@ -137,20 +149,16 @@ void PointToPoint::send_loop(int dst, Lane& lane) {
       }
     }
     req.done(err);
-    if (linger_.count() > 0) std::this_thread::sleep_for(linger_);
+    test_hooks::linger_if_set();
+    // May drop the last reference to the group and destroy this object: from here on the loop
+    // touches only `lane`, which it co-owns.
+    req = Request{};
   }
 }
 
 void PointToPoint::recv_loop(int src, Lane& lane) {
-  for (;;) {
-    Request req;
-    {
-      std::unique_lock<std::mutex> lk(lane.mu);
-      lane.cv.wait(lk, [&] { return lane.stop || !lane.queue.empty(); });
-      if (lane.queue.empty()) return;
-      req = std::move(lane.queue.front());
-      lane.queue.pop_front();
-    }
+  Request req;
+  while (next(lane, req)) {
     std::exception_ptr err = lane.broken;
     auto size_error = [&](int64_t sent) {
       return std::make_exception_ptr(std::runtime_error(
@@ -193,7 +201,10 @@ void PointToPoint::recv_loop(int src, Lane& lane) {
       }
     }
     req.done(err);
-    if (linger_.count() > 0) std::this_thread::sleep_for(linger_);
+    test_hooks::linger_if_set();
+    // May drop the last reference to the group and destroy this object: from here on the loop
+    // touches only `lane`, which it co-owns.
+    req = Request{};
   }
 }
 

@@ -10,6 +10,10 @@
 // and both ranks may send before they receive. A receive whose tag does not
 // match the next message buffers that message (heap copy) until a receive
 // with its tag is posted: tags may be received in any order.
+//
+// A lane thread may destroy this object itself (its finished request held the
+// last reference to the group): lanes are shared with their threads, and the
+// destructor detaches the calling thread instead of joining it.
 #pragma once
 
 #include <atomic>
@@ -57,7 +61,10 @@ class PointToPoint {
     std::exception_ptr broken;                              // first stream error
     std::map<int64_t, std::deque<std::vector<char>>> early;  // receive lanes: messages nobody asked for yet
   };
-  void post(std::vector<std::unique_ptr<Lane>>& lanes, int peer, Request req, bool send);
+  using Lanes = std::vector<std::shared_ptr<Lane>>;
+  void post(Lanes& lanes, int peer, Request req, bool send);
+  // Waits for the next request; false once the lane is stopped and drained.
+  static bool next(Lane& lane, Request& req);
   void send_loop(int dst, Lane& lane);
   void recv_loop(int src, Lane& lane);
   void write_stream(int dst, const char* p, int64_t n);
@@ -66,12 +73,9 @@ class PointToPoint {
   Transport& t_;
   std::chrono::milliseconds timeout_;
   const std::atomic<bool>* abort_;
-  // PYCOLL_TEST_P2P_LINGER_MS (tests only): a lane thread waits this long after completing a
-  // request before it lets go of it, so that a test can tear the group down meanwhile.
-  std::chrono::milliseconds linger_{0};
   std::mutex lanes_mu_;
-  std::vector<std::unique_ptr<Lane>> send_lanes_;
-  std::vector<std::unique_ptr<Lane>> recv_lanes_;
+  Lanes send_lanes_;
+  Lanes recv_lanes_;
 };
 
 }  // namespace pycoll

@@ -1,5 +1,8 @@
 #include "backend/executor.h"
 
+#include "common/owned_thread.h"
+#include "common/test_hooks.h"
+
 namespace pycoll {
 
 namespace {
@@ -8,58 +11,81 @@ thread_local bool t_running_inline = false;
 
 bool SerialExecutor::running_inline() { return t_running_inline; }
 
-SerialExecutor::SerialExecutor() : thread_([this] { loop(); }) {}
+SerialExecutor::SerialExecutor() : state_(std::make_shared<State>()) {
+  thread_ = std::thread([s = state_] { loop(s); });
+}
 
 SerialExecutor::~SerialExecutor() { stop(); }
 
 void SerialExecutor::stop() {
+  State& s = *state_;
   {
-    std::lock_guard<std::mutex> g(mu_);
-    if (stop_) return;
-    stop_ = true;
+    std::lock_guard<std::mutex> g(s.mu);
+    if (s.stop) return;
+    s.stop = true;
   }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  s.cv.notify_all();
+  if (is_current_thread(thread_)) {
+    // Called from a task's teardown on the engine thread: no other task runs meanwhile, so the
+    // queued ones run here, in order, as the engine thread would have run them before ending.
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::lock_guard<std::mutex> g(s.mu);
+        if (s.queue.empty()) break;
+        task = std::move(s.queue.front());
+        s.queue.pop_front();
+      }
+      task();
+    }
+  }
+  join_unless_current(thread_);
 }
 
 bool SerialExecutor::submit(std::function<void()> task, bool inline_ok) {
+  State& s = *state_;
   {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!(inline_ok && !busy_ && queue_.empty())) {
-      queue_.push_back(std::move(task));
-      cv_.notify_one();
+    std::lock_guard<std::mutex> g(s.mu);
+    if (!(inline_ok && !s.busy && s.queue.empty())) {
+      s.queue.push_back(std::move(task));
+      s.cv.notify_one();
       return false;
     }
-    busy_ = true;
+    s.busy = true;
   }
   t_running_inline = true;
   task();
   t_running_inline = false;
   {
-    std::lock_guard<std::mutex> g(mu_);
-    busy_ = false;
+    std::lock_guard<std::mutex> g(s.mu);
+    s.busy = false;
   }
-  cv_.notify_all();
+  s.cv.notify_all();
   return true;
 }
 
-void SerialExecutor::loop() {
+void SerialExecutor::loop(const std::shared_ptr<State>& state) {
+  State& s = *state;
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return (stop_ && queue_.empty()) || (!busy_ && !queue_.empty()); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
+      std::unique_lock<std::mutex> lk(s.mu);
+      s.cv.wait(lk, [&] { return (s.stop && s.queue.empty()) || (!s.busy && !s.queue.empty()); });
+      if (s.queue.empty()) return;
+      task = std::move(s.queue.front());
+      s.queue.pop_front();
+      s.busy = true;
     }
     task();
+    test_hooks::linger_if_set();
+    // Still busy while the task's captures go: dropping them may destroy the group, and with it
+    // this executor (stop() then runs the rest of the queue here).
+    task = nullptr;
     {
-      std::lock_guard<std::mutex> g(mu_);
-      busy_ = false;
+      std::lock_guard<std::mutex> g(s.mu);
+      s.busy = false;
     }
-    cv_.notify_all();
+    s.cv.notify_all();
   }
 }
 

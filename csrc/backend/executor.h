@@ -4,11 +4,16 @@
 // the engine idle runs on the caller's thread instead, which saves two thread
 // hand-offs on small messages. CompletionPool runs Future callbacks on
 // threads of their own (see work.h for why).
+//
+// Teardown may happen on the engine thread itself (it dropped the last
+// reference to the group with a finished task): the thread's state is shared
+// with the thread, which the destructor then detaches (common/owned_thread.h).
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -26,15 +31,21 @@ class SerialExecutor {
   bool submit(std::function<void()> task, bool inline_ok);
   // True while this thread runs a task inline (nobody can hold its Future yet).
   static bool running_inline();
+  // Runs what is queued, then ends the engine thread. Safe on any thread, the engine's own included.
   void stop();
 
  private:
-  void loop();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> queue;
+    bool busy = false;
+    bool stop = false;
+  };
+  // Touches only `s` (never the executor): the executor may be destroyed while a task's last
+  // references are being dropped on this thread.
+  static void loop(const std::shared_ptr<State>& s);
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 

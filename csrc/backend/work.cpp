@@ -53,8 +53,21 @@ bool PycollWork::wait(std::chrono::milliseconds timeout) {
     }
     if (exception_) std::rethrow_exception(exception_);
   }
+  wait_future_marked();
   if (on_wait) on_wait();
   return true;
+}
+
+void PycollWork::wait_future_marked() {
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  {
+    std::unique_lock<std::mutex> lk(future_mu_);
+    settled_cv_.wait(lk, [&] { return settled_; });
+    f = future_;
+  }
+  // settle_future() is past its lock but may not have marked the Future yet. A CUDA Future is
+  // marked before its Work is handed out, so this never synchronises streams.
+  if (f && !f->completed()) f->wait();
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> PycollWork::getFuture() {
@@ -82,6 +95,7 @@ void PycollWork::settle_future() {
     settled_ = true;
     f = future_;
   }
+  settled_cv_.notify_all();
   if (f) complete(f);  // outside the lock: completing runs the callbacks
 }
 

@@ -4,7 +4,9 @@
 // (Work::wait returns) on its own thread, and a completion-pool thread then
 // completes the Future, which runs user callbacks. A callback that issues and
 // waits on another collective (torch's PowerSGD hook does) therefore never
-// blocks the engine that must run that collective.
+// blocks the engine that must run that collective. wait() returns once the
+// Future is marked completed too (Gloo and NCCL promise get_future().done()
+// after wait()), without waiting for the callbacks.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -54,11 +57,14 @@ class PycollWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<c10::Device> devices_;
   std::mutex future_mu_;
+  std::condition_variable settled_cv_;
   bool settled_ = false;  // settle_future() ran (what a lazy Future must show when made)
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 
   c10::intrusive_ptr<c10::ivalue::Future> make_future() const;
   void complete(const c10::intrusive_ptr<c10::ivalue::Future>& f);
+  // Blocks until settle_future() has marked the Future completed (not until its callbacks ran).
+  void wait_future_marked();
 };
 
 }  // namespace pycoll

@@ -10,6 +10,7 @@
 #include "bindings/compression_bindings.h"
 #include "bindings/layout_bindings.h"
 #include "common/settings_agreement.h"
+#include "common/test_hooks.h"
 #include "cuda/measured_choices.h"
 #include "cuda/select.h"
 #include "backend/op_stats.h"
@@ -131,6 +132,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cuda_choices_digest", &pycoll::gpu::measured_steps_digest, py::arg("world"),
         "The installed measured CUDA choices for `world` ranks, one entry per op ('' when none): "
         "what the ranks of a group compare when its CUDA engine starts.");
+  m.def(
+      "_set_test_thread_linger_ms",
+      [](int64_t ms) { pycoll::test_hooks::set_thread_linger(std::chrono::milliseconds(ms)); }, py::arg("ms"),
+      "Tests only: backend threads keep each finished task this long before dropping it (common/test_hooks.h).");
   register_compression(m);
   pycoll::register_layout(m);
   (void)backend_base;

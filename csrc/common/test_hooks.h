@@ -1,0 +1,18 @@
+// Test hooks: process-wide knobs that only tests set, through private bindings of pycollectives._C
+// (never from the environment), to widen race windows that are otherwise microseconds long.
+#pragma once
+
+#include <chrono>
+
+namespace pycoll::test_hooks {
+
+// How long a backend thread (serial executor, point-to-point lane) keeps a finished task before it
+// lets go of it: lets a test drop every other reference meanwhile, so that the backend thread
+// drops the last one (teardown on the backend's own thread). 0 in production.
+std::chrono::milliseconds thread_linger();
+void set_thread_linger(std::chrono::milliseconds ms);
+
+// Sleeps for thread_linger() when it is set.
+void linger_if_set();
+
+}  // namespace pycoll::test_hooks
