@@ -34,6 +34,7 @@ from . import checker
 from .ops import COLLECTIVES, REDUCE_OP, skip_reason
 from .progress import make_progress
 from .sizes import format_size
+from .timing import estimate_seconds, sync, time_calls
 
 # Environment variable for tests: comma-separated op names (or "all") whose result the last
 # rank corrupts before --check compares it, to prove that a wrong result fails the run.
@@ -111,40 +112,6 @@ class Control:
         if len(by_msg) == 1 and len(next(iter(by_msg.values()))) == self.world:
             return f"all ranks: {next(iter(by_msg))}"
         return "; ".join(f"rank {','.join(ranks)}: {m}" for m, ranks in by_msg.items())
-
-
-def _sync(cuda):
-    if cuda:
-        torch.cuda.synchronize()
-
-
-def _run_timed(fn, n, cuda):
-    """Seconds per call of n calls, host clock, device synchronised (warmup estimate)."""
-    _sync(cuda)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    _sync(cuda)
-    return (time.perf_counter() - t0) / max(1, n)
-
-
-def _time_eager(fn, iters, cuda, ctrl):
-    """Mean microseconds per call on this rank."""
-    _sync(cuda)
-    ctrl.barrier()
-    if cuda:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) * 1e6 / iters
 
 
 def _capture_graph(fn, calls):
@@ -268,7 +235,7 @@ class RankRunner:
             if v.algo is not None:
                 self.set_algo(v.algo)
             coll.fill(bufs, self.rank, self.world, cfg.reduce_op, cfg.root, for_timing=not cfg.check)
-            t_first = _run_timed(fn, 1, cuda)
+            t_first = estimate_seconds(fn, 1, cuda)
         except Exception as exc:  # recorded in the row, agreed by every rank
             err = f"{type(exc).__name__}: {exc}".strip()[:500]
         err = ctrl.agree_error(err)
@@ -291,14 +258,14 @@ class RankRunner:
 
         # 2. warmup, 3. timed loop, 4. max over ranks
         nwarm = cfg.warmup if cfg.warmup is not None else default_warmup(nbytes)
-        est = _run_timed(fn, nwarm, cuda) if nwarm > 0 else t_first
+        est = estimate_seconds(fn, nwarm, cuda) if nwarm > 0 else t_first
         if cfg.iters is not None:
             iters = cfg.iters
         else:
             est = ctrl.max(est)
             iters = cfg.max_iters if est <= 0 else int(round(cfg.budget_s / est))
             iters = max(cfg.min_iters, min(cfg.max_iters, iters))
-        us = ctrl.max(_time_eager(fn, iters, cuda, ctrl))
+        us = ctrl.max(time_calls(fn, iters, cuda, ctrl.barrier))
         row.update(warmup=nwarm, iters=iters, time_us=us)
         bar.update(1, f"{coll.name} {format_size(nbytes)}")
 
@@ -341,7 +308,7 @@ class RankRunner:
                     self.set_algo(v.algo)
                 for _ in range(50):
                     dist.all_reduce(t, group=v.group)
-            _sync(self.cuda)
+            sync(self.cuda)
             if self.ctrl.max(time.perf_counter() - t0) >= self.cfg.prewarm_s:
                 return
 
