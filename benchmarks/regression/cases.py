@@ -14,12 +14,21 @@ GPU_SIZES = (8, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB)
 GPU_COMPARE_EXTRA = (32 * MiB, 64 * MiB)  # make bench-compare on GPUs also covers these
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "all_to_all")
-# Algorithms a user can force (pycollectives.set_algo), per op, besides auto.
+# Algorithms a user can force (pycollectives.set_algo), per engine and op, besides auto: those
+# that run something else than auto might (the CUDA broadcast has one algorithm; its all_gather and
+# reduce_scatter have ring and direct, which set_algo names oneshot).
 FORCED_ALGOS = {
-    "all_reduce": ("ring", "tree", "oneshot", "twoshot"),
-    "all_gather": ("ring", "oneshot"),
-    "reduce_scatter": ("ring", "twoshot"),
-    "broadcast": ("tree", "oneshot"),
+    "cpu": {
+        "all_reduce": ("ring", "tree", "oneshot", "twoshot"),
+        "all_gather": ("ring", "oneshot"),
+        "reduce_scatter": ("ring", "twoshot"),
+        "broadcast": ("tree", "oneshot"),
+    },
+    "cuda": {
+        "all_reduce": ("ring", "tree", "oneshot", "twoshot"),
+        "all_gather": ("ring", "oneshot"),
+        "reduce_scatter": ("ring", "oneshot"),
+    },
 }
 SPLIT_OPS = ("all_gather", "reduce_scatter", "all_to_all")  # the buffer is cut into world chunks
 ELEM = 4  # float32
@@ -48,7 +57,7 @@ def build_cases(device, world, compare=False, pattern=None):
         for nbytes in sizes:
             if not _fits(op, nbytes, world):
                 continue
-            for algo in (None,) + FORCED_ALGOS.get(op, ()):
+            for algo in (None,) + FORCED_ALGOS[device].get(op, ()):
                 name = f"{op}-{size_label(nbytes)}" + (f"-{algo}" if algo else "")
                 cases.append(dict(name=name, kind="collective", op=op, bytes=nbytes, algo=algo))
     cases.append(dict(name="ddp-step", kind="ddp"))

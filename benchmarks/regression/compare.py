@@ -49,7 +49,7 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--rounds", type=int, default=None,
-                   help="rounds (default 24 on CPU, 12 on GPU); each times every case three times")
+                   help="rounds (default 24 on CPU, 8 on GPU); each times every case three times")
     p.add_argument("--round-ms", type=float, default=None,
                    help="target length of one timing (default 30 on CPU, 10 on GPU; at least 50 request "
                         "round trips)")
@@ -113,7 +113,7 @@ def run(args):
     base_tree, base_commit = prepare_base(args.base, log=lambda m: print(m, flush=True))
     round_s = (args.round_ms or (10.0 if device == "cuda" else 30.0)) / 1e3
     if args.rounds is None:
-        args.rounds = 12 if device == "cuda" else 24
+        args.rounds = 8 if device == "cuda" else 24
     if args.rounds < 4:
         raise SystemExit("bench-compare: --rounds must be at least 4 (the spread is an interquartile range)")
     cases = build_cases(device, args.world, compare=True, pattern=args.cases)

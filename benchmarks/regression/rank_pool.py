@@ -76,14 +76,14 @@ class RankPool:
                                 f"not from {self.library_root}")
 
     def _measure_round_trip(self, n=50):
-        """Seconds one request costs on its own (the slowest of n, after a warm one)."""
+        """Seconds one request costs on its own (the median of n, after a warm one)."""
         self.request("ping")
-        worst = 0.0
+        times = []
         for _ in range(n):
             t0 = time.perf_counter()
             self.request("ping")
-            worst = max(worst, time.perf_counter() - t0)
-        return worst
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[n // 2]
 
     def _reply(self, conn):
         t0 = time.monotonic()
@@ -130,7 +130,7 @@ class RankPool:
 
     def calls_per_round(self, name, round_s, max_calls=100_000):
         """Calls that fill about `round_s` seconds, and never fewer than make the request's own
-        cost (its slowest measured round trip) under 2% of a round. Sized from a ~50 ms sample,
+        cost (its measured round trip) under 2% of a round. Sized from a ~50 ms sample,
         not from the first (cold) calls."""
         first = self.estimate(name, 2)
         est = self.estimate(name, max(1, min(10_000, int(0.05 / max(first, 1e-7)))))
