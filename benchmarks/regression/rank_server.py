@@ -51,14 +51,16 @@ class Rank:
         self.gpu_cycles_per_us = self._gpu_clock() if self.cuda else 0.0
 
     def _share_cpus(self):
-        """Each rank on its own share of the CPUs, torch's intra-op threads within it: ranks that
-        spin while they wait for each other, and OpenMP pools of every rank on every core, make
-        one timing differ from the next by 10-20% on a 2-core machine (measured); pinned, a few %."""
+        """Each rank on one core of its own, the same core for rank r in every pool, and one torch
+        thread. Ranks that spin while they wait for each other, and OpenMP pools of every rank on
+        every core, made one timing differ from the next by 10-20% on the 2-core machine; on a
+        32-core GPU host, ranks free to move within 16 cores made two pools of one build differ by
+        15-20% on host-bound calls (docs/regression-benchmarks.md)."""
         cpus = sorted(os.sched_getaffinity(0))
         share = max(1, len(cpus) // self.world)
-        mine = cpus[(self.rank * share) % len(cpus):][:share] or cpus
-        os.sched_setaffinity(0, mine)
-        torch.set_num_threads(len(mine))
+        core = cpus[(self.rank * share + share // 2) % len(cpus)]  # mid-share: away from core 0's interrupts
+        os.sched_setaffinity(0, [core])
+        torch.set_num_threads(1)
 
     def _gpu_clock(self):
         """torch.cuda._sleep cycles per microsecond, for delays injected on the GPU stream."""
