@@ -10,16 +10,17 @@ times across rounds say little. Within one round the three timings see the same 
   the working tree's ratio  W / sqrt(B1 * B2)   (its time against BASE's around it), and
   BASE's own ratio          B2 / B1             (BASE against itself, the same distance apart)
 cancel that drift. A case is flagged when the median of the working tree's ratios exceeds 1 by more
-than BASE's own spread across its rounds: the larger of the interquartile range of BASE's ratios and
-that of BASE's raw times (relative to their median), and never less than --min-change (6%).
-Why these, measured (docs/regression-benchmarks.md has the numbers):
-  - interquartile ranges, not max - min: on the 2-core machine one timing in 24 stalls somewhere,
+than BASE's own spread across its rounds, taken as Tukey's fence of BASE's ratios (1.5 times their
+interquartile range: the usual bound beyond which a value is not a sample's own variation), and by
+at least --min-change (6%). Why these, measured (docs/regression-benchmarks.md has the numbers):
+  - an interquartile range, not max - min: on the 2-core machine one timing in 24 stalls somewhere,
     and max - min of BASE against itself was then 5-30% where its interquartile range was 1.5-10%;
-  - the raw times too: on GPUs BASE's ratios agree to 0.3% at 32-64 MiB, tighter than two pools of
-    the same build agree with each other (up to 1%), and the raw times' spread covers that;
-  - the floor: two pools of one build differed by up to 5.3% on host-bound GPU calls (a 1 MiB
-    reduce_scatter, 14 us) with BASE's spreads at 1.4-2.2%: a per-process offset that no spread
-    of one build can show. So a change of under 6% is below what one launch resolves.
+  - BASE's ratios, not its raw times: there the same call switches between two speeds 4x apart
+    every few seconds, on both builds alike; raw times mix the two, the ratios cancel them;
+  - the floor: on GPUs BASE agrees with itself to 0.1-0.9% at 16-256 MiB, tighter than two pools
+    of one build agree with each other (up to 1%; up to 5% on 10-20 us host-bound calls), a
+    per-process offset that no spread of one build can show. A change under 6% is below what one
+    launch resolves.
 
     python benchmarks/regression/compare.py --base HEAD~3 [--rounds 8] [--cases 'all_reduce-*']
     python benchmarks/regression/compare.py --base HEAD --inject all_reduce   # must flag all_reduce
@@ -86,6 +87,9 @@ def _injected(case, patterns):
     return any(p == case_op(case) or fnmatch.fnmatch(case["name"], p) for p in patterns)
 
 
+TUKEY_FENCE = 1.5
+
+
 def _iqr(xs):
     q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
     return q3 - q1
@@ -95,9 +99,8 @@ def verdict(base_before, work, base_after, min_change=0.06):
     """(change, spread, flagged) from the rounds of one case (three timings per round, see above)."""
     work_ratio = [w / math.sqrt(b1 * b2) for b1, w, b2 in zip(base_before, work, base_after)]
     base_ratio = [b2 / b1 for b1, b2 in zip(base_before, base_after)]
-    base_times = list(base_before) + list(base_after)
     change = statistics.median(work_ratio) - 1.0
-    spread = max(_iqr(base_ratio), _iqr(base_times) / statistics.median(base_times))
+    spread = TUKEY_FENCE * _iqr(base_ratio)
     return change, spread, change > max(spread, min_change)
 
 
