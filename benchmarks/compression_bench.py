@@ -112,7 +112,7 @@ def setup_hook(ddp, method, group, rank_r, device_type):
         ddp.register_comm_hook(state, signsgd_hook)
         return state
     if method == "powersgd":
-        state = PowerSGDState(process_group=group, matrix_approximation_rank=rank_r)
+        state = PowerSGDState(process_group=group, matrix_approximation_rank=rank_r, start_powerSGD_iter=2)
         ddp.register_comm_hook(state, powersgd_hook)
         return state
     if method == "torch_powersgd":

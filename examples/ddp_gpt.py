@@ -49,7 +49,7 @@ def register_hook(ddp, args, run):
     if args.hook == "pycoll-powersgd":
         state = pyhooks.PowerSGDState(process_group=run.group,
                                       matrix_approximation_rank=args.powersgd_rank,
-                                      random_seed=args.seed)
+                                      start_powerSGD_iter=2, random_seed=args.seed)
         ddp.register_comm_hook(state, pyhooks.powersgd_hook)
         return f"pycollectives PowerSGD hook, rank {args.powersgd_rank}"
     state = pyhooks.SignSGDState(process_group=run.group)

@@ -13,11 +13,12 @@ from . import _C  # noqa: F401  (the native extension)
 from .bucketing import GradientBucketer
 from .compression import compressed_all_reduce
 from .config import get_algo, load_cost_model, set_algo
-from .hooks import PowerSGDState, SignSGDState, powersgd_hook, signsgd_hook
+from .hooks import PowerSGDState, SignSGDState, powerSGD_hook, powersgd_hook, signsgd_hook
 
 __all__ = [
     "get_algo", "set_algo", "stats", "reset_stats", "cuda_built", "load_cost_model", "BACKEND_NAME",
-    "signsgd_hook", "SignSGDState", "powersgd_hook", "PowerSGDState", "compressed_all_reduce", "GradientBucketer",
+    "signsgd_hook", "SignSGDState", "powersgd_hook", "powerSGD_hook", "PowerSGDState", "compressed_all_reduce",
+    "GradientBucketer",
 ]
 
 BACKEND_NAME = "pycoll"

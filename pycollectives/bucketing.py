@@ -1,7 +1,7 @@
 """Gradient bucketing that overlaps communication with backward, without DDP.
 
     bucketer = GradientBucketer(model, bucket_mb=25)                        # plain averaging
-    bucketer = GradientBucketer(model, hook=powersgd_hook, state=PowerSGDState(matrix_approximation_rank=4))
+    bucketer = GradientBucketer(model, hook=powersgd_hook, state=PowerSGDState(matrix_approximation_rank=4, start_powerSGD_iter=0))
     for batch in data:
         loss(model(batch)).backward()     # buckets launch as they fill
         bucketer.wait()                   # averaged gradients are in p.grad

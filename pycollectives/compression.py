@@ -1,6 +1,6 @@
 """Compressed all_reduce for training loops without DDP.
 
-    state = PowerSGDState(matrix_approximation_rank=4)     # keep it across steps
+    state = PowerSGDState(matrix_approximation_rank=4, start_powerSGD_iter=0)  # keep it across steps
     for step in ...:
         loss.backward()
         compressed_all_reduce([p.grad for p in model.parameters()], "powersgd", state)
@@ -48,7 +48,8 @@ def compressed_all_reduce(tensor: Union[torch.Tensor, Sequence[torch.Tensor]], m
                          f"got {method!r}")
     cls, hook = _METHODS[method]
     if state is None:
-        state = cls(process_group=group)
+        # A one-off call compresses at once (torch's PowerSGDState default waits 1000 steps).
+        state = cls(process_group=group, start_powerSGD_iter=0) if method == "powersgd" else cls(process_group=group)
     elif not isinstance(state, cls):
         raise TypeError(f"compressed_all_reduce: method {method!r} needs a {cls.__name__}, got "
                         f"{type(state).__name__}")

@@ -103,7 +103,7 @@ def _powersgd_steps(rank, world, seed, steps, rank_r):
     from pycollectives.hooks import PowerSGDState, powersgd_bytes
     from pycollectives.hooks import _kernels as K
 
-    state = PowerSGDState(matrix_approximation_rank=rank_r)
+    state = PowerSGDState(start_powerSGD_iter=0, matrix_approximation_rank=rank_r)
     # The hook draws each group's first Q from its seeded generator, in the
     # order the groups first appear: (32,16) x2, (12,72), (40,24).
     rng = torch.Generator().manual_seed(0)
@@ -144,7 +144,8 @@ def _powersgd_low_rank(rank, world, seed, r):
     vs = [torch.randn(80, r, generator=g, dtype=torch.float64) for _ in range(world)]
     m = u @ vs[rank].t()
     want = u @ (sum(vs) / world).t()
-    state = PowerSGDState(matrix_approximation_rank=r, random_seed=seed, orthogonalization_epsilon=0.0)
+    state = PowerSGDState(start_powerSGD_iter=0, matrix_approximation_rank=r, random_seed=seed,
+                          orthogonalization_epsilon=0.0)
     out = compressed_all_reduce(m.clone(), "powersgd", state)
     (lay,) = state._layouts.values()
     p = lay.groups[0].P[0]
@@ -187,7 +188,7 @@ def _train(method, group, seed, rank, world, steps, lr=0.05):
         state = SignSGDState(process_group=group)
         ddp.register_comm_hook(state, signsgd_hook)
     elif method == "powersgd":
-        state = PowerSGDState(process_group=group, matrix_approximation_rank=2)
+        state = PowerSGDState(start_powerSGD_iter=0, process_group=group, matrix_approximation_rank=2)
         ddp.register_comm_hook(state, powersgd_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
@@ -295,7 +296,7 @@ def _bytes_rank(rank, world):
     out["plain"] = pycollectives.stats()
     shapes = [(1024, 1024), (1024,), (256, 512), (10, 10)]
     pycollectives.reset_stats()
-    compressed_all_reduce([torch.randn(s) for s in shapes], "powersgd", PowerSGDState(matrix_approximation_rank=4))
+    compressed_all_reduce([torch.randn(s) for s in shapes], "powersgd", PowerSGDState(start_powerSGD_iter=0, matrix_approximation_rank=4))
     out["powersgd"] = pycollectives.stats()
     out["powersgd_analytic"] = powersgd_bytes(shapes, rank=4)
     return out
@@ -354,7 +355,7 @@ def _bucketer_rank(rank, world, seed):
 
     # with the PowerSGD hook: trains, replicas stay identical
     b2 = GradientBucketer(model, bucket_mb=600 * 4 / (1 << 20), hook=powersgd_hook,
-                          state=PowerSGDState(matrix_approximation_rank=2))
+                          state=PowerSGDState(start_powerSGD_iter=0, matrix_approximation_rank=2))
     bucketer.remove()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x_eval = torch.randn(256, 16, generator=_gen(seed * 3))
@@ -470,7 +471,7 @@ def _ddp_gpu_rank(rank, world, seed):
     for backend, group in groups.items():
         for name, hook, state in [("signsgd", signsgd_hook, SignSGDState(process_group=group)),
                                   ("powersgd", powersgd_hook,
-                                   PowerSGDState(process_group=group, matrix_approximation_rank=2))]:
+                                   PowerSGDState(start_powerSGD_iter=0, process_group=group, matrix_approximation_rank=2))]:
             torch.manual_seed(seed)
             model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)).cuda()
             ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank], process_group=group)
@@ -492,3 +493,63 @@ def test_ddp_hooks_on_gpus(seed):
     for k in r0:
         assert np.isfinite(r0[k]).all()
         assert np.array_equal(r0[k], r1[k]), f"{k}: replicas differ"
+
+
+def test_powersgd_state_has_torchs_signature():
+    """Switching from torch's PowerSGD hook is a change of import: the same parameter names, order and
+    defaults (ours may add keyword-only extras, and give process_group a default)."""
+    import inspect
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
+
+    import pycollectives
+    from pycollectives.hooks import PowerSGDState
+
+    ours = inspect.signature(PowerSGDState.__init__).parameters
+    theirs = inspect.signature(torch_powersgd.PowerSGDState.__init__).parameters
+    positional = [n for n, p in ours.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional == list(theirs), (positional, list(theirs))
+    for name, p in theirs.items():
+        if name in ("self", "process_group"):
+            continue
+        assert ours[name].default == p.default, (name, ours[name].default, p.default)
+    extras = [n for n in ours if n not in theirs]
+    assert all(ours[n].kind == inspect.Parameter.KEYWORD_ONLY for n in extras), extras
+    assert pycollectives.powerSGD_hook is pycollectives.powersgd_hook
+    assert list(inspect.signature(pycollectives.powerSGD_hook).parameters) == \
+        list(inspect.signature(torch_powersgd.powerSGD_hook).parameters)
+    state = PowerSGDState(None, 4, 10)  # torch's positional order: group, rank, start iteration
+    assert (state.matrix_approximation_rank, state.start_powerSGD_iter) == (4, 10)
+    with pytest.raises(ValueError, match="start_iter"):
+        PowerSGDState(start_powerSGD_iter=5, start_iter=3)
+
+
+def _powersgd_start_and_stats_rank(rank, world):
+    import logging
+
+    from pycollectives.compression import compressed_all_reduce
+    from pycollectives.hooks import PowerSGDState
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("pycollectives.hooks.powersgd")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    state = PowerSGDState(None, 2, 2, compression_stats_logging_frequency=2)
+    rates = []
+    for step in range(4):
+        g = torch.full((64, 48), float(rank + step))
+        out = compressed_all_reduce(g, "powersgd", state)
+        if step < 2:  # plain averaging before start_powerSGD_iter: exact
+            assert torch.allclose(out, torch.full((64, 48), (world - 1) / 2 + step)), out[0, :3]
+        rates.append(state.compression_stats()[0])
+    log.removeHandler(handler)
+    return rates, [r.getMessage() for r in records]
+
+
+def test_powersgd_start_iter_and_compression_stats():
+    for rates, messages in run_ranks(2, _powersgd_start_and_stats_rank):
+        assert rates[0] == rates[1] == 1.0  # nothing compressed yet
+        assert rates[3] > rates[2] > 1.0  # 64 x 48 at rank 2: 3072 elements -> 224
+        assert len(messages) == 2 and "after 2 steps" in messages[0] and "after 4 steps" in messages[1], messages

@@ -336,3 +336,26 @@ def test_helper_reports_unexpected_exit_and_crash():
     # ...and an expected exit is not a failure.
     assert run_ranks(2, _exit_on_rank1, backend="gloo", init=None,
                      expect_exit={1: 3}) == [None, None]
+
+
+def _debug_detail_subgroup_rank(rank, ws):
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL as torch reads it at import: every new group is wrapped in torch's
+    # ProcessGroupWrapper, which sets and reads the backend's sequence numbers and checks each
+    # collective's fingerprint across ranks through a Gloo helper group.
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    try:
+        sub = dist.new_group(ranks=list(range(ws)), backend="pycoll")
+        got = [None] * ws
+        dist.all_gather_object(got, {"rank": rank}, group=sub)
+        t = torch.ones(3)
+        dist.all_reduce(t, group=sub)
+        dist.destroy_process_group(sub)
+        return got, t.tolist()
+    finally:
+        dist.set_debug_level(dist.DebugLevel.OFF)
+
+
+@pytest.mark.pycoll_only
+def test_debug_detail_wraps_pycoll_groups():
+    for got, t in run_ranks(2, _debug_detail_subgroup_rank):
+        assert got == [{"rank": 0}, {"rank": 1}] and t == [2.0, 2.0, 2.0]

@@ -134,7 +134,10 @@ class Rank:
         method = case["method"]
         if method == "powersgd":
             from pycollectives import PowerSGDState
-            state = PowerSGDState(process_group=None, matrix_approximation_rank=4)
+            try:
+                state = PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=0)
+            except TypeError:  # a BASE from before torch's signature: it compressed from step 0 by default
+                state = PowerSGDState(process_group=None, matrix_approximation_rank=4)
         else:
             from pycollectives import SignSGDState
             state = SignSGDState(process_group=None)

@@ -40,6 +40,9 @@ class ProcessGroupPycoll : public c10d::Backend {
   bool supportsCoalescing() const override { return false; }
   bool supportsSplitting() const override { return false; }
   uint64_t getSequenceNumberForGroup() override { return issued_.load(); }
+  // Every rank's count starts at 0 when the group is made, so there is nothing to agree on here
+  // (torch 2.11's default throws, which breaks TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper group).
+  void setSequenceNumberForGroup() override {}
   void setTimeout(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   void abort() override;

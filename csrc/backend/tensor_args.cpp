@@ -77,11 +77,4 @@ void check_rank(const char* op, int64_t rank, int size, const char* what) {
                     size);
 }
 
-void check_same_device(const char* op, const std::vector<at::Tensor>& tensors) {
-  for (size_t i = 1; i < tensors.size(); ++i) {
-    TORCH_CHECK_VALUE(tensors[i].device() == tensors[0].device(), op, ": tensor ", i, " is on ", tensors[i].device(),
-                      " but tensor 0 is on ", tensors[0].device());
-  }
-}
-
 }  // namespace pycoll

@@ -24,7 +24,5 @@ void check_one_tensor(const char* op, const std::vector<at::Tensor>& tensors);
 void check_dense(const char* op, const at::Tensor& t, const char* what);
 void check_same_type(const char* op, const at::Tensor& ref, const at::Tensor& t, const char* what);
 void check_rank(const char* op, int64_t rank, int size, const char* what);
-// All tensors on the CPU, or all on the same CUDA device.
-void check_same_device(const char* op, const std::vector<at::Tensor>& tensors);
 
 }  // namespace pycoll

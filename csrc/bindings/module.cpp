@@ -45,7 +45,8 @@ pycoll::OpCode parse_op(const std::string& s) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "pycollectives native extension";
-  py::object backend_base = py::module::import("torch._C._distributed_c10d").attr("Backend");
+  // pybind11 must know c10d::Backend before the class below names it as its base.
+  py::module::import("torch._C._distributed_c10d");
   py::class_<pycoll::ProcessGroupPycoll, c10d::Backend, c10::intrusive_ptr<pycoll::ProcessGroupPycoll>>(
       m, "ProcessGroupPycoll")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -138,5 +139,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Tests only: backend threads keep each finished task this long before dropping it (common/test_hooks.h).");
   register_compression(m);
   pycoll::register_layout(m);
-  (void)backend_base;
 }

@@ -18,7 +18,7 @@ into collectives next to what plain all_reduces would have; on pycoll
 are the native ones of ``pycollectives._C`` when built, plain torch otherwise.
 """
 from ._common import Bucket, CommStats
-from .powersgd import PowerSGDState, powersgd_bytes, powersgd_hook
+from .powersgd import PowerSGDState, powerSGD_hook, powersgd_bytes, powersgd_hook
 from .signsgd import SignSGDState, signsgd_hook
 
-__all__ = ["signsgd_hook", "SignSGDState", "powersgd_hook", "PowerSGDState", "powersgd_bytes", "CommStats", "Bucket"]
+__all__ = ["signsgd_hook", "SignSGDState", "powersgd_hook", "powerSGD_hook", "PowerSGDState", "powersgd_bytes", "CommStats", "Bucket"]

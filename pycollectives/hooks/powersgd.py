@@ -56,6 +56,7 @@ issues or waits for a collective, so a single progress thread cannot
 deadlock (torch's powerSGD_hook waits inside a callback).
 """
 
+import logging
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -65,7 +66,9 @@ import torch.distributed as dist
 from . import _kernels as K
 from ._common import CommStats, bucket_keys, check_backend, check_float, completed_future
 
-__all__ = ["PowerSGDState", "powersgd_hook", "powersgd_bytes"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["PowerSGDState", "powersgd_hook", "powerSGD_hook", "powersgd_bytes"]
 
 _HOOK = "powersgd_hook"
 
@@ -170,6 +173,8 @@ class _Layout:
                            + self.q_buf.numel() * self.q_buf.element_size())
         if not self.merged:
             self.sent_bytes += self.u_buf.numel() * self.u_buf.element_size()
+        self.raw_numel = sum(math.prod(s) for s in self.shapes)
+        self.sent_numel = self.p_buf.numel() + self.q_buf.numel() + (0 if self.merged else self.u_buf.numel())
 
 
 class _Run:
@@ -183,22 +188,37 @@ class _Run:
 
 
 class PowerSGDState:
-    """State of :func:`powersgd_hook`.
+    """State of :func:`powersgd_hook`, with the signature of torch's
+    ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.PowerSGDState`` (names, positional
+    order, defaults), so that switching from torch's hook to this one is a change of import.
 
     process_group: the group to communicate in (None: the default group).
     matrix_approximation_rank: r >= 1.
+    start_powerSGD_iter: plain averaging all_reduce for the first steps (torch's default, 1000; 0
+        compresses from the first step; torch requires > 1 with error feedback or warm start,
+        this hook does not).
     min_compression_rate: a matrix is compressed only when ``n m >= rate * r (n + m)``.
     use_error_feedback: add each matrix's residual ``M - P Q^T`` to the next step's gradient.
     warm_start: start each step's power iteration from the last step's Q
         (else from a fresh random Q).
-    orthogonalization_epsilon: eps of ``col /= |col| + eps`` (keeps an all-zero column at 0).
-    start_iter: plain averaging all_reduce for the first steps (0: compress from the first step).
+    orthogonalization_epsilon: eps of ``col /= |col| + eps``; an all-zero column stays 0 even with 0.
     random_seed: seed of the initial Q (the same on every rank, which PowerSGD needs).
+    compression_stats_logging_frequency: log :meth:`compression_stats` every this many steps.
+    batch_tensors_with_same_shape: accepted for torch compatibility; this hook always orthogonalises
+        same-shaped matrices in one batched kernel (the result is the same either way).
+    start_iter: keyword-only, this package's former name of start_powerSGD_iter.
     """
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, matrix_approximation_rank: int = 1,
-                 min_compression_rate: float = 2.0, use_error_feedback: bool = True, warm_start: bool = True,
-                 orthogonalization_epsilon: float = 1e-8, start_iter: int = 0, random_seed: int = 0) -> None:
+                 start_powerSGD_iter: int = 1_000, min_compression_rate: float = 2, use_error_feedback: bool = True,
+                 warm_start: bool = True, orthogonalization_epsilon: float = 0, random_seed: int = 0,
+                 compression_stats_logging_frequency: int = 10_000, batch_tensors_with_same_shape: bool = False,
+                 *, start_iter: Optional[int] = None) -> None:
+        if start_iter is not None:
+            if start_powerSGD_iter not in (1_000, start_iter):
+                raise ValueError(f"PowerSGDState: start_iter={start_iter} and start_powerSGD_iter={start_powerSGD_iter} "
+                                 f"name the same setting; give one")
+            start_powerSGD_iter = start_iter
         if isinstance(matrix_approximation_rank, bool) or not isinstance(matrix_approximation_rank, int):
             raise TypeError(f"PowerSGDState: matrix_approximation_rank must be an int >= 1, got "
                             f"{matrix_approximation_rank!r}")
@@ -208,23 +228,47 @@ class PowerSGDState:
             raise ValueError(f"PowerSGDState: min_compression_rate must be >= 0, got {min_compression_rate}")
         if not orthogonalization_epsilon >= 0:
             raise ValueError(f"PowerSGDState: orthogonalization_epsilon must be >= 0, got {orthogonalization_epsilon}")
-        if start_iter < 0:
-            raise ValueError(f"PowerSGDState: start_iter must be >= 0, got {start_iter}")
+        if start_powerSGD_iter < 0:
+            raise ValueError(f"PowerSGDState: start_powerSGD_iter must be >= 0, got {start_powerSGD_iter}")
+        if compression_stats_logging_frequency < 1:
+            raise ValueError(f"PowerSGDState: compression_stats_logging_frequency must be >= 1, got "
+                             f"{compression_stats_logging_frequency}")
         self.process_group = process_group
         self.rank = matrix_approximation_rank
+        self.matrix_approximation_rank = matrix_approximation_rank
         self.min_compression_rate = float(min_compression_rate)
         self.use_error_feedback = bool(use_error_feedback)
         self.warm_start = bool(warm_start)
         self.eps = float(orthogonalization_epsilon)
-        self.start_iter = int(start_iter)
+        self.start_iter = int(start_powerSGD_iter)
+        self.compression_stats_logging_frequency = int(compression_stats_logging_frequency)
+        self.batch_tensors_with_same_shape = bool(batch_tensors_with_same_shape)
         self.iter = 0  # steps completed (the last bucket of a step advances it)
         self.stats = CommStats()
+        self._numel = [0, 0]  # elements before / after compression (compression_stats)
         self._rng = torch.Generator().manual_seed(int(random_seed))
         self._layouts: Dict[tuple, _Layout] = {}
         self._where: Dict[object, Tuple[_Layout, _Group, int]] = {}  # compressed gradient key -> its slot
         self._owner: Dict[object, _Layout] = {}  # gradient key -> the layout it is in now
         self._pending: List[_Run] = []
         self._backend_checked: Dict[str, str] = {}
+
+    @property
+    def start_powerSGD_iter(self) -> int:  # torch's attribute name
+        return self.start_iter
+
+    def compression_stats(self) -> Tuple[float, int, int]:
+        """As torch's: (compression rate, elements before compression, elements after), summed
+        over the buckets of every step so far."""
+        before, after = self._numel
+        return (before / after if after else 0.0), before, after
+
+    def _step_done(self) -> None:
+        self.iter += 1
+        if self.iter % self.compression_stats_logging_frequency == 0:
+            rate, before, after = self.compression_stats()
+            logger.info("powersgd_hook: compression rate %.2f (%d -> %d elements) after %d steps",
+                        rate, before, after, self.iter)
 
     # -- state of the matrices -------------------------------------------------
 
@@ -279,6 +323,7 @@ class PowerSGDState:
         self._where.clear()
         self._owner.clear()
         self.stats.reset()
+        self._numel = [0, 0]
         self.iter = 0
 
     def _check(self, device: torch.device) -> None:
@@ -315,6 +360,8 @@ class PowerSGDState:
         if not lay.merged and lay.u_buf.numel():
             run.u_fut = dist.all_reduce(lay.u_buf, group=group, async_op=True).get_future()
         self.stats.add(raw=lay.raw_bytes, sent=lay.sent_bytes)
+        self._numel[0] += lay.raw_numel
+        self._numel[1] += lay.sent_numel
 
     def _issue_q(self, run: _Run) -> None:
         """Wait for P; orthogonalise; Q = M^T P; E = M - P Q^T; issue the all_reduce of all Q (or finish)."""
@@ -385,11 +432,13 @@ def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Te
 
     if state.iter < state.start_iter or buf.numel() == 0:
         if last:
-            state.iter += 1
+            state._step_done()
         if buf.numel() == 0:
             return completed_future(buf, buf.device)
         buf.div_(world)
         state.stats.add(raw=buf.numel() * buf.element_size(), sent=buf.numel() * buf.element_size())
+        state._numel[0] += buf.numel()
+        state._numel[1] += buf.numel()
         return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda _f: buf)
 
     grads = list(bucket.gradients())
@@ -407,10 +456,14 @@ def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Te
             pending, state._pending = state._pending, []
             for r in pending:
                 state._issue_q(r)
-            state.iter += 1
+            state._step_done()
     except BaseException as e:
         if not run.result.done():
             run.result.set_exception(e)
         state._abandon(e)
         raise
     return run.result
+
+
+# torch's name for the hook (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.powerSGD_hook).
+powerSGD_hook = powersgd_hook
