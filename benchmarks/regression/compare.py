@@ -158,8 +158,7 @@ def run(args):
                 # A first timed round on each side, discarded: warms both up to the same state.
                 base_us = base.time(case["name"], calls)
                 work.time(case["name"], calls)
-                if _injected(case, inject):
-                    row["delay_us"] = args.inject_frac * base_us
+                row["injected"] = _injected(case, inject)
                 live.append(row)
             except PoolError as exc:
                 row["error"] = str(exc).splitlines()[0][:300]
@@ -173,7 +172,12 @@ def run(args):
             for row in live:
                 name, calls = row["name"], row["calls"]
                 row["base_us"].append(base.time(name, calls))
-                row["work_us"].append(work.time(name, calls, row["delay_us"]))
+                # An injected delay is a fraction of the op's time as BASE just measured it: some CPU
+                # calls switch between two speeds 4x apart for seconds at a time, so a delay fixed
+                # beforehand could be 40% of the op's time, or 2.5%.
+                delay = args.inject_frac * row["base_us"][-1] if row["injected"] else 0.0
+                row["work_us"].append(work.time(name, calls, delay))
+                row["delay_us"] = max(row["delay_us"], delay)
                 row["base_after_us"].append(base.time(name, calls))
             print(f"bench-compare: round {r + 1}/{args.rounds} done ({time.monotonic() - t0:.0f} s)", flush=True)
         card = base.card()

@@ -130,10 +130,12 @@ class RankPool:
 
     def calls_per_round(self, name, round_s, max_calls=100_000):
         """Calls that fill about `round_s` seconds, and never fewer than make the request's own
-        cost (its measured round trip) under 2% of a round. Sized from a ~50 ms sample,
-        not from the first (cold) calls."""
+        cost (its measured round trip) under 2% of a round. Sized from the fastest of three ~20 ms
+        samples, not from the first (cold) calls: on the 2-core machine some calls run at two
+        speeds 4x apart for seconds at a time, and the slow one would shrink every timing 4x."""
         first = self.estimate(name, 2)
-        est = self.estimate(name, max(1, min(10_000, int(0.05 / max(first, 1e-7)))))
+        n = max(1, min(10_000, int(0.02 / max(first, 1e-7))))
+        est = min(self.estimate(name, n) for _ in range(3))
         floor_s = self.round_trip_s / 0.02
         return max(1, min(max_calls, round(max(round_s, floor_s) / max(est, 1e-7)))), est
 
