@@ -3,18 +3,21 @@
 ``PYCOLL_ALGO=ring|tree|oneshot|twoshot|auto`` sets the algorithm at start-up;
 ``set_algo()`` changes it for every later op of this process (all ranks must
 agree, or the op header check raises). ``PYCOLL_DEBUG=INFO`` logs one line
-per op. ``PYCOLL_COST_MODEL=path.json`` (default: ``cost_model.json`` in this
-package, written by ``pycoll-bench --calibrate``) replaces the built-in
+per op. A calibration (``pycoll-bench --calibrate``) replaces the built-in
 latency/bandwidth constants of the CPU engine's ``auto`` choice, or, for a file
 calibrated on GPUs, the CUDA engine's ``auto`` choices inside the measured sizes.
+It is read at import from ``PYCOLL_COST_MODEL=path.json``, else from this user's
+cache (``pycollectives.cache.cost_model_path()``), never from this package.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Optional
 
 from . import _C
+from .cache import cost_model_path
 
 ALGORITHMS = ("auto", "ring", "tree", "oneshot", "twoshot")
 
@@ -40,26 +43,56 @@ def load_cost_model(path: Optional[str] = None) -> int:
     A CPU file's (alpha, beta) constants replace the CPU engine's; a GPU file's measured choices
     ("cuda_choices": which algorithm won at which size, per op) become the CUDA engine's ``auto``
     inside the measured sizes (csrc/cuda/measured_choices.h), replacing any loaded before. Every
-    rank must load the same file: the CUDA engine compares the tables when a group starts."""
-    path = path or os.environ.get("PYCOLL_COST_MODEL") or os.path.join(os.path.dirname(__file__), "cost_model.json")
+    rank must load the same file: the CUDA engine compares the tables when a group starts.
+
+    Without ``path``: ``PYCOLL_COST_MODEL``, else this user's cache (``cache.cost_model_path()``,
+    where ``pycoll-bench --calibrate`` writes by default); no file there means the built-in
+    choices. With ``PYCOLL_DEBUG=INFO`` the file in use is logged to stderr, once per file."""
+    if not path:
+        _note_package_file()
+    path = path or os.environ.get("PYCOLL_COST_MODEL") or cost_model_path()
     if not os.path.exists(path):
         return 0
     with open(path) as fh:
         model = json.load(fh)
     if not isinstance(model, dict):
         raise ValueError(f"{path}: not a pycoll-bench --calibrate file (a JSON object)")
-    if model.get("device", "cpu") == "cuda":
-        return _load_cuda_choices(model.get("cuda_choices") or {})
-    if model.get("device", "cpu") != "cpu":
+    device = model.get("device", "cpu")
+    if device == "cuda":
+        n = _load_cuda_choices(model.get("cuda_choices") or {})
+    elif device == "cpu":
+        n = 0
+        for e in model.get("entries", []):
+            try:
+                _C.set_cost_entry(e["op"], e["algo"], float(e["alpha_us"]), float(e["beta_us_per_byte"]))
+                n += 1
+            except (KeyError, ValueError):
+                continue
+    else:
         return 0
-    n = 0
-    for e in model.get("entries", []):
-        try:
-            _C.set_cost_entry(e["op"], e["algo"], float(e["alpha_us"]), float(e["beta_us_per_byte"]))
-            n += 1
-        except (KeyError, ValueError):
-            continue
+    _debug_once(path, f"auto uses the calibration {os.path.abspath(path)} ({device}, "
+                      f"{model.get('card', '?')}, {model.get('date', '?')}; {n} "
+                      f"{'per-op tables' if device == 'cuda' else '(op, algorithm) constants'})")
     return n
+
+
+_logged = set()
+
+
+def _debug_once(key, message: str) -> None:
+    """One PYCOLL_DEBUG=INFO line per key and process: the backend's log says what ran, this says why."""
+    if key in _logged or os.environ.get("PYCOLL_DEBUG", "").upper() not in ("INFO", "DEBUG", "TRACE"):
+        return
+    _logged.add(key)
+    print(f"[pycoll] {message}", file=sys.stderr, flush=True)
+
+
+def _note_package_file() -> None:
+    """Older pycoll-bench versions wrote their calibration into the package; it is no longer read."""
+    old = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cost_model.json")
+    if os.path.exists(old):
+        _debug_once(old, f"ignored {old} (calibrations inside the package are not read; "
+                         f"move it to {cost_model_path()} or name it in PYCOLL_COST_MODEL)")
 
 
 def _load_cuda_choices(choices: dict) -> int:

@@ -12,9 +12,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("pycollectives") is None and _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-# The tests pin the built-in `auto` choices: a calibration left in the package
-# (pycollectives/cost_model.json, pycoll-bench --calibrate's default output) or named by the
-# environment must not change them. Set before pycollectives is imported here or in any rank.
+# The tests pin the built-in `auto` choices: a calibration in this user's cache
+# (~/.cache/pycollectives/cost_model.json, pycoll-bench --calibrate's default output) or named by
+# the environment must not change them. Set before pycollectives is imported here or in any rank.
 os.environ["PYCOLL_COST_MODEL"] = os.path.join(_REPO, "tests", "no-such-cost-model.json")
 
 from ranks import BACKEND, IS_GLOO  # noqa: E402

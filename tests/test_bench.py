@@ -279,14 +279,32 @@ def test_sizes():
             sizes.parse_size(bad)
 
 
+def _package_files():
+    """The files of the package directory tree, and the old calibration file's mtime (None when
+    absent): --calibrate must add no file there and rewrite no calibration."""
+    out = set()
+    for root, dirs, files in os.walk(PKG_DIR):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        out.update(os.path.join(root, f) for f in files if not f.endswith(".pyc"))
+    old = os.path.join(PKG_DIR, "cost_model.json")
+    return out, (os.stat(old).st_mtime_ns if os.path.exists(old) else None)
+
+
 def test_calibrate_and_wrong_result(tmp_path):
-    """--calibrate writes a schema-valid constants file; in the same run a result corrupted on
-    purpose (broadcast, on the last rank) fails --check: exit status 1, the row marked 'fail',
+    """--calibrate writes a schema-valid constants file, by default into this user's cache
+    ($XDG_CACHE_HOME/pycollectives), nothing into the package; in the same run a result corrupted
+    on purpose (broadcast, on the last rank) fails --check: exit status 1, the row marked 'fail',
     and the failing rows left out of the fit."""
-    target = tmp_path / "cost_model.json"
+    target = tmp_path / "cache" / "pycollectives" / "cost_model.json"
+    before = _package_files()
     proc = run_cli(["--backends", ",".join(BACKENDS), "--ops", "all_reduce,broadcast", "-b", "8", "-e", "32K",
-                    "-f", "4", "--budget", "0.01", "--check", "--calibrate", "--calibrate-out", str(target),
-                    "--no-save"], tmp_path, env_extra={"PYCOLL_BENCH_INJECT_FAULT": "broadcast"})
+                    "-f", "4", "--budget", "0.01", "--check", "--calibrate", "--no-save"], tmp_path,
+                   env_extra={"PYCOLL_BENCH_INJECT_FAULT": "broadcast", "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    after = _package_files()
+    assert after[0] <= before[0] and after[1] == before[1], \
+        f"pycoll-bench --calibrate wrote into the package directory: {sorted(after[0] - before[0])}"
+    assert target.exists(), _describe(proc)
+    assert f"import pycollectives loads {target}" in proc.stdout, _describe(proc)
     assert proc.returncode == 1, _describe(proc)
     assert "WRONG RESULT" in proc.stderr and "broadcast" in proc.stderr, _describe(proc)
     assert "all_reduce" not in "".join(l for l in proc.stderr.splitlines() if "WRONG RESULT" in l)
@@ -309,6 +327,47 @@ def test_calibrate_and_wrong_result(tmp_path):
         assert e["op"] == "all_reduce", e        # the broadcast rows failed --check: not fitted
         assert e["alpha_us"] >= 0 and e["beta_us_per_byte"] >= 0
         assert e["min_bytes"] == 8 and e["max_bytes"] == 32768
+
+
+def test_calibrate_out_defaults_to_the_user_cache(tmp_path, monkeypatch):
+    """--calibrate-out PATH is written as given; without it, $XDG_CACHE_HOME/pycollectives/, else
+    ~/.cache/pycollectives/: never the package directory."""
+    cli = _bench_module("cli")
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    argv = ["--backends", "gloo,gloo", "--device", "cpu", "--calibrate"]
+    cfg, _ = cli.parse_config(argv)
+    assert cfg.calibrate_out == str(tmp_path / "xdg" / "pycollectives" / "cost_model.json")
+    cfg, _ = cli.parse_config(argv + ["--calibrate-out", str(tmp_path / "mine.json")])
+    assert cfg.calibrate_out == str(tmp_path / "mine.json")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    cfg, _ = cli.parse_config(argv)
+    assert cfg.calibrate_out == str(tmp_path / "home" / ".cache" / "pycollectives" / "cost_model.json")
+    assert not cfg.calibrate_out.startswith(PKG_DIR + os.sep)
+    with pytest.raises(SystemExit) as exc:  # the file only --calibrate writes
+        cli.parse_config(["--backends", "gloo,gloo", "--device", "cpu", "--calibrate-out", "x.json"])
+    assert exc.value.code == 2
+
+
+@pytest.mark.skipif(not PYCOLL, reason="needs the built extension (import pycollectives loads the file)")
+def test_import_loads_the_calibration_from_the_user_cache(tmp_path):
+    """A fresh `import pycollectives` applies the cache's calibration and, with PYCOLL_DEBUG=INFO,
+    names the file once."""
+    path = tmp_path / "cache" / "pycollectives" / "cost_model.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"device": "cpu", "card": "test card", "date": "2026-11-27", "entries": [
+        {"op": "all_reduce", "algo": "ring", "alpha_us": 3.0, "beta_us_per_byte": 0.001}]}))
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), PYCOLL_DEBUG="INFO")
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("PYCOLL_COST_MODEL", None)
+    code = "import pycollectives; print('applied', pycollectives.load_cost_model())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 0, _describe(proc)
+    assert "applied 1" in proc.stdout, _describe(proc)
+    assert proc.stderr.count(f"[pycoll] auto uses the calibration {path} (cpu, test card") == 1, _describe(proc)
 
 
 def test_fit_alpha_beta_recovers_a_line():

@@ -1,7 +1,8 @@
 """The CUDA engine's `auto` choices (csrc/cuda/select.cpp), checked without a GPU against the
-crossovers measured on H200 (benchmarks/results/2026-11-26-nvidia-h200-x4-slot256k-np4.json and
-2026-11-26-nvidia-h200-x2-pycoll-vs-nccl-np2.json). A change to the model that moves a choice
-away from what was measured fails here."""
+crossovers measured on H200 (docs/decisions/). A change to the model that moves a choice away
+from what was measured fails here."""
+import os
+
 import pytest
 
 import pycollectives
@@ -19,14 +20,14 @@ def test_two_ranks_small_all_reduce_is_one_shot(nbytes):
 @pytest.mark.parametrize("nbytes", [4 * MiB, 8 * MiB, 16 * MiB - 1])
 def test_two_ranks_medium_all_reduce_is_two_shot_ll128(nbytes):
     # The LL128 two-shot: 4 MiB 18.1 against 24.2 us for one-shot, 8 MiB 33.0 against 38.0 (2x H200,
-    # benchmarks/results/2026-11-27-nvidia-h200-s18c2-ll128.json). Without LL128 (the engine's
+    # docs/decisions/0010-ll128-two-shot.md). Without LL128 (the engine's
     # PYCOLL_CUDA_LL128_MAX_KIB below the size) the engine runs one-shot here instead.
     assert choose("all_reduce", nbytes, 2) == "twoshot"
 
 
 def test_two_ranks_without_ll128_run_one_shot_below_16_mib():
     # The engine's auto with PYCOLL_CUDA_LL128_MAX_KIB below the size: the channel two-shot lost to
-    # one-shot below 16 MiB (29.2 / 39.9 against 24.2 / 38.0 us at 4 / 8 MiB, s18c2-{chan,ll128}).
+    # one-shot below 16 MiB (29.2 / 39.9 against 24.2 / 38.0 us at 4 / 8 MiB, decision 0010).
     for nbytes in (4 * MiB, 8 * MiB, 16 * MiB - 1):
         assert choose("all_reduce", nbytes, 2, ll128_max_bytes=0) == "oneshot"
     assert choose("all_reduce", 8 * MiB, 2, ll128_max_bytes=4 * MiB) == "oneshot"
@@ -40,7 +41,7 @@ def test_two_ranks_without_ll128_run_one_shot_below_16_mib():
 def test_two_ranks_mid_all_reduce_is_two_shot(nbytes):
     # Half the bytes per link direction from 16 MiB on: 65.2-66.1 vs 68.0-68.8 us at 16 MiB and 209 vs
     # 229 us at 64 MiB against the fused one-shot; the split one-shot ties with two-shot here
-    # (2x H200, select.h).
+    # (2x H200, docs/decisions/0006-two-shot-from-16-mib.md).
     assert choose("all_reduce", nbytes, 2) == "twoshot"
 
 
@@ -77,7 +78,7 @@ def test_unknown_op_is_rejected():
 @pytest.mark.parametrize("nbytes", [16 * MiB, 32 * MiB, 64 * MiB])
 def test_two_ranks_mid_two_shot_runs_128_ctas(nbytes):
     # 64 leaders and 64 followers: 62.4-63.1 against 64.4-65.8 us at 16 MiB, 112.5-113.0 against
-    # 116.9-117.3 at 32 MiB, a tie at 64 MiB (2x H200, select.h: kTwoRankWideTwoShotBlocks).
+    # 116.9-117.3 at 32 MiB, a tie at 64 MiB (2x H200, docs/decisions/0009-two-shot-waves.md).
     wide = pycollectives._C.cuda_two_shot_max_blocks
     assert wide(nbytes, 2, True, 64, 128) == 128
     assert wide(nbytes, 2, False, 64, 128) == 64  # without waves: not measured wide
@@ -213,10 +214,52 @@ def test_calibrated_file_installs_the_choices(tmp_path, no_measured_choices):
         pycollectives.load_cost_model(str(path))
 
 
+def test_calibration_is_loaded_from_the_user_cache(tmp_path, monkeypatch, capfd, no_measured_choices):
+    """Without PYCOLL_COST_MODEL, load_cost_model() (what import runs) reads this user's cache:
+    $XDG_CACHE_HOME/pycollectives, else ~/.cache/pycollectives, never the package directory; with
+    PYCOLL_DEBUG=INFO it names the file once; PYCOLL_COST_MODEL still wins."""
+    import json
+    from pycollectives import cache, config
+    cal = _calibrate()
+    rows = _rows("all_reduce", {4 * MiB: {"oneshot": 30.0, "twoshot": 20.0}, 8 * MiB: {"oneshot": 40.0, "twoshot": 30.0}})
+    doc = {"device": "cuda", "card": "test card", "date": "2026-11-27", "entries": []}
+    cal.add_cuda_choices(doc, rows, "float32", 2, lambda op, nb, world: "oneshot")
+    monkeypatch.delenv("PYCOLL_COST_MODEL", raising=False)
+    monkeypatch.setenv("PYCOLL_DEBUG", "INFO")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(config, "_logged", set())
+    path = tmp_path / "xdg" / "pycollectives" / "cost_model.json"
+    assert cache.cost_model_path() == str(path)
+    assert not cache.cost_model_path().startswith(os.path.dirname(pycollectives.__file__))
+    assert pycollectives.load_cost_model() == 0   # no calibration yet: the built-in choices
+    assert choose("all_reduce", 4 * MiB, 2, builtin=True) == choose("all_reduce", 4 * MiB, 2)
+
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(doc))
+    assert pycollectives.load_cost_model() == 1
+    assert choose("all_reduce", 8 * MiB, 2) == "twoshot" and pycollectives._C.cuda_choices_digest(2) != ""
+    assert pycollectives.load_cost_model() == 1
+    err = capfd.readouterr().err
+    assert err.count(f"[pycoll] auto uses the calibration {path} (cuda, test card") == 1, err
+
+    # ~/.cache without XDG_CACHE_HOME, and a relative one is ignored (the XDG spec says so).
+    for xdg in (None, "relative/cache"):
+        if xdg is None:
+            monkeypatch.delenv("XDG_CACHE_HOME")
+        else:
+            monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert cache.cost_model_path() == str(tmp_path / "home" / ".cache" / "pycollectives" / "cost_model.json")
+    pycollectives._C.clear_cuda_choices()
+    assert pycollectives.load_cost_model() == 0 and pycollectives._C.cuda_choices_digest(2) == ""
+    monkeypatch.setenv("PYCOLL_COST_MODEL", str(path))
+    assert pycollectives.load_cost_model() == 1
+
+
 def test_wide_two_shot_chunks():
     # Two ranks with waves up to 64 MiB: each CTA's share in equal chunks of at most 128 KiB unless
     # PYCOLL_CUDA_CHUNK_KIB is set (64 MiB: 206.3-206.7 against 209.8-210.2 us with 256 KiB chunks,
-    # 2x H200, select.h).
+    # 2x H200, docs/decisions/0009-two-shot-waves.md).
     f = pycollectives._C.cuda_two_shot_chunk_bytes
     KiB = 1 << 10
 

@@ -185,15 +185,17 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
 //   PYCOLL_CUDA_EARLY_LAUNCH  1 (default on sm_90 and later): collective kernels are launched with
 //                           programmatic stream serialization (kernels/grid_dependency.cuh), so
 //                           back-to-back collectives do not wait for a full kernel launch between
-//                           them; 0: plain launches. Local to a rank.
+//                           them; 0: plain launches. Local to a rank. docs/decisions/0005-early-launch.md
 //   PYCOLL_CUDA_SPLIT_TAPER  1 (default): the split one-shot cuts each channel's last chunk at half a
 //                           chunk (less reduction left after the last data landed); 0: it does not.
+//                           docs/decisions/0004-split-one-shot.md
 //   PYCOLL_CUDA_SPLIT_CLAIMED  1 (default): the split one-shot's pushers claim chunks from one
 //                           counter (kernels/one_shot_claimed.cuh) when the message has at most
 //                           cuda_ipc::kMaxClaimedChunks chunks; 0: each channel pushes a fixed range.
+//                           docs/decisions/0008-claimed-split.md
 //   PYCOLL_CUDA_TWO_SHOT_WAVES  1: two-shot all_reduce starts half of its CTAs after the other
 //                           half (kernels/two_shot.cuh); 0: all at once. Default: 1 for two ranks
-//                           (measured there), 0 otherwise.
+//                           (measured there), 0 otherwise. docs/decisions/0009-two-shot-waves.md
 //   PYCOLL_CUDA_TWO_SHOT_BLOCKS  CTAs of a two-rank two-shot all_reduce with waves up to
 //                           gpu::kTwoRankWideTwoShotMaxBytes (default 128, or 0 = the
 //                           PYCOLL_CUDA_MAX_BLOCKS cap when that is set; select.h).
@@ -481,8 +483,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
                     "launch geometry (", g.blocks, " channels)");
         set_check(a, count, 0);
         // Never launched early: with its CTAs placed while the kernel before it drained, its 2C CTAs
-        // (all but a few SMs) took 2-3% longer at 64-256 MiB on 2x H200 (s13c1-early-*; trace 227
-        // against 220 us at 64 MiB).
+        // (all but a few SMs) ran longer. docs/decisions/0005-early-launch.md
         PYCOLL_CUDA_OK(gpu::launch_reduce(2 * g.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
         return chosen;
       }

@@ -113,16 +113,13 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks) {
   return std::numeric_limits<double>::infinity();
 }
 
-// Measured on 4x H200 (benchmarks/results/2026-11-26-nvidia-h200-gpu4.json): with more than two
-// ranks the ring beats the direct algorithms for large messages (all_reduce 32-128 MiB by 6-14%,
-// reduce_scatter from 2 MiB per rank by 15-27%), which the alpha-beta model above, fitted on two
-// GPUs, does not predict: reading from every peer at once reaches less of the link than one
-// neighbour at a time. Until the model is calibrated on more GPUs, these measured crossovers rule.
+// With more than two ranks the ring beats the direct algorithms for large messages, which the
+// alpha-beta model above, fitted on two GPUs, does not predict: reading from every peer at once
+// reaches less of the link than one neighbour at a time. Until the model is calibrated on more
+// GPUs, these measured crossovers rule.
+// docs/decisions/0003-ring-crossovers-beyond-two-ranks.md
 constexpr int64_t kManyRanksRingAllReduceBytes = int64_t(16) << 20;
 constexpr int64_t kManyRanksRingReduceScatterBytesPerRank = int64_t(2) << 20;
-// Same for all_gather, measured on 4x H200 with 256 KiB slots (2026-11-26-nvidia-h200-x4-slot256k-np4):
-// ring 93 / 309 / 1207 us against direct 98 / 346 / 1267 us at 8 / 32 / 128 MiB per rank; direct
-// still wins at 2 MiB per rank (35 against 40 us).
 constexpr int64_t kManyRanksRingAllGatherBytesPerRank = int64_t(8) << 20;
 
 namespace {

@@ -1,8 +1,8 @@
 // Programmatic dependent launch (sm_90 and later). The host may launch a collective kernel with
 // cudaLaunchAttributeProgrammaticStreamSerialization (cuda/launch.cu): the GPU then schedules its
 // CTAs before the kernel ahead of it on the stream has finished, instead of only after that
-// kernel's end and memory flush. Measured on 2x H200: about 1 us less per call for small and
-// medium collectives replayed in a CUDA graph (docs/algorithms.md, "early launch").
+// kernel's end and memory flush: about 1 us less per call for small and medium collectives
+// replayed in a CUDA graph (docs/decisions/0005-early-launch.md).
 //
 // The contract every kernel launched that way keeps: nothing but its own arguments is read or
 // written before wait_for_previous_grid(), which returns once every earlier kernel on the stream

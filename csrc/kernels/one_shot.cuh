@@ -23,7 +23,7 @@
 //   that an odd channel's first chunk is half as long (channels that all cut at the same offsets
 //   would publish at the same moments), and with the taper a last chunk longer than half a chunk
 //   is cut in two (less reduction left after the last data landed). Neither changed the measured
-//   time (docs/algorithms.md); both are cheap and kept as the documented plan.
+//   time (docs/decisions/0004-split-one-shot.md); both are cheap and kept as the documented plan.
 //   The pusher's poster warp publishes chunk k while its data warps store chunk k+1 (split_push),
 //   so the fence a publication needs overlaps data movement.
 //   Two ranks only (the engine's choice); written for n, as the fused kernel.

@@ -118,10 +118,8 @@ __device__ __noinline__ void reduce_run(const ReduceJob* job) {
   using T = typename Tr::T;
   using A = typename Tr::Acc;
   constexpr int E = kPack<T>;
-  // Packs in flight per thread and source. 8 for 4- and 8-byte types spilled registers (ptxas,
-  // 600-800 bytes of spill loads per call), so 4. A separate two-source loop with 8 packs in
-  // flight spilled too inside the reduce kernel (300+ bytes) and made all_reduce 16 MiB 87 us
-  // instead of 68 (2x H200, benchmarks/results/2026-11-26-nvidia-h200-s13c2-*).
+  // Packs in flight per thread and source: more spilled registers and ran slower.
+  // docs/decisions/0004-split-one-shot.md
   constexpr int U = sizeof(T) == 1 ? 2 : 4;
   const int nt = blockDim.x;
   const int ns = job->ns;

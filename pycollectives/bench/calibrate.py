@@ -1,5 +1,6 @@
 """--calibrate: fit time(bytes) = alpha + beta * bytes per (op, algorithm) and write the
-constants the backend's ``auto`` cost model reads.
+constants the backend's ``auto`` cost model reads (to --calibrate-out, by default this user's
+cache, ``pycollectives.cache.cost_model_path()``).
 
 The fit is least squares on the *relative* error, sum(((alpha + beta*b - t) / t)^2), so that
 8-byte and 64-MiB points count alike (plain least squares would let the largest sizes decide
@@ -9,6 +10,8 @@ largest buffer, as everywhere in pycoll-bench.
 import json
 import math
 import os
+
+from ..cache import cost_model_path
 
 UNITS = {
     "alpha_us": "microseconds per call",
@@ -122,7 +125,7 @@ CUDA_CHOICE_ALGOS = {"all_reduce": ("oneshot", "twoshot", "ring", "tree"),
 # Another algorithm replaces the built-in choice at a size only when it measured this much faster
 # (relative to the built-in choice's time): the built-in choices are themselves measured
 # (csrc/cuda/select.h), and eager calls up to ~1 MiB are host-bound, every algorithm within noise
-# of the others (one 2x H200 calibration, s17c3, had 3%-margin winners flip between 8 B and 2 MiB).
+# of the others: docs/decisions/0007-calibration-margin.md.
 CUDA_CHOICE_MARGIN = 0.05
 # A winner at one size only must beat its neighbours' choice there by this many margins: in that
 # calibration such one-size wins were 5-10% (host-bound sizes), real crossovers span sizes.
@@ -206,6 +209,13 @@ def add_cuda_choices(doc, rows, dtype, world, builtin, margin=CUDA_CHOICE_MARGIN
         "ops": ops,
     }
     return ops
+
+
+def how_it_is_used(path):
+    """One line for the report: whether a later ``import pycollectives`` reads ``path`` by itself."""
+    if os.path.abspath(path) == os.path.abspath(cost_model_path()):
+        return f"import pycollectives loads {path} (unless PYCOLL_COST_MODEL names another file)"
+    return f"not read by default: set PYCOLL_COST_MODEL={path} on every rank to use it"
 
 
 def write_constants(path, doc):

@@ -12,6 +12,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+from ..cache import cost_model_path
 from . import checker
 from .config import BenchConfig
 from .ops import COLLECTIVES, DEFAULT_OPS
@@ -27,7 +28,7 @@ examples:
   pycoll-bench                                   # pycoll vs gloo on 2 CPU ranks (vs nccl, one rank per GPU)
   pycoll-bench --ops all_reduce -b 8 -e 1G -f 2 --check
   pycoll-bench --backends pycoll,gloo --algo ring,tree,auto --nproc 4
-  pycoll-bench --calibrate --rounds 3            # calibrate auto on this machine -> pycollectives/cost_model.json
+  pycoll-bench --calibrate --rounds 3            # calibrate auto on this machine -> ~/.cache/pycollectives/cost_model.json
   torchrun --nproc-per-node 8 -m pycollectives.bench --backends pycoll,nccl
 
 sizes are bytes of the op's largest buffer (all_gather: output, reduce_scatter: input), with
@@ -147,8 +148,9 @@ def build_parser():
                         "cost model; on GPUs also which algorithm won at each size, which the CUDA engine's "
                         f"auto then follows (default algorithms: {','.join(CALIBRATE_ALGOS['cuda'])})")
     g.add_argument("--calibrate-out", default=None,
-                   help="constants file (default: cost_model.json in the pycollectives package, i.e. "
-                        "pycollectives/cost_model.json in a source checkout)")
+                   help="constants file (default: this user's cache, $XDG_CACHE_HOME/pycollectives/cost_model.json "
+                        "or ~/.cache/pycollectives/cost_model.json, which import pycollectives loads; "
+                        "another path takes PYCOLL_COST_MODEL=PATH to be used)")
     return p
 
 
@@ -263,9 +265,11 @@ def parse_config(argv, parser=None):
     if a.calibrate and not algos and "pycoll" in backends and hasattr(pyc, "set_algo"):
         algos = list(CALIBRATE_ALGOS[device])
     calibrate_out = a.calibrate_out
-    if a.calibrate and calibrate_out is None:
-        import pycollectives
-        calibrate_out = os.path.join(list(pycollectives.__path__)[0], "cost_model.json")
+    if a.calibrate_out is not None and not a.calibrate:
+        err("--calibrate-out names the file --calibrate writes: add --calibrate")
+    if a.calibrate:
+        # Never into the installed package: a file there would change every later import's auto.
+        calibrate_out = os.path.abspath(calibrate_out or cost_model_path())
 
     if launched and a.nproc and a.nproc != world:
         print(f"pycoll-bench: --nproc {a.nproc} ignored: launched with WORLD_SIZE={world}", file=sys.stderr)

@@ -213,6 +213,7 @@ def finish(cfg, world, data):
         files["calibration"] = cfg.calibrate_out
         doc["calibration"] = cdoc
         print(f"\n# calibration ({cfg.dtypes[0]}): time_us = alpha_us + beta_us_per_byte * bytes", flush=True)
+        print(f"#   {calibrate.how_it_is_used(cfg.calibrate_out)}", flush=True)
         if not entries:
             print("#   no pycoll row with a forced algorithm (ring, tree, oneshot, twoshot): "
                   "\"entries\" is empty; fits of the other rows are under \"reference_entries\"", flush=True)

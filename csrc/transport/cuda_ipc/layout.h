@@ -40,6 +40,7 @@ namespace pycoll {
 namespace cuda_ipc {
 
 constexpr int kMaxRanks = 8;        // world sizes 1..8 (one host)
+// kCollBlocks, kMaxCollBlocks: docs/decisions/0002-slots-ctas-and-chunks.md
 constexpr int kCollBlocks = 64;     // CTAs (= channels per peer pair) a collective may use, by default
 constexpr int kMaxCollBlocks = 128; // ... and at most (PYCOLL_CUDA_MAX_BLOCKS; the workspace grows with it)
 constexpr int kCollSlots = 4;       // FIFO depth of a collective channel
@@ -49,12 +50,9 @@ constexpr int64_t kP2PSlotBytes = 64 << 10;
 // Collective slot size: the data budget below is shared by the n-1 inbound peers; the slot is the
 // largest power of two that fits, clamped to [16 KiB, 256 KiB]: 2..4 ranks -> 256 KiB slots (64,
 // 128, 192 MiB of workspace per rank and group), 5..7 -> 128 KiB, 8 -> 64 KiB. Every pipeline step
-// of a CTA costs a few us of flags and fences, so large slots pay: 64 CTAs with 256 KiB slots
-// measured best for large messages on 2x H200 (128 KiB slots 5-10% slower at 64 MiB..1 GiB), and on
-// 4x H200 256 KiB slots instead of the earlier 64 KiB made ring all_reduce at 512 MiB 1.38x faster
-// (3182 -> 2312 us; NCCL 2410) and reduce_scatter/all_gather 512 MiB 1.43x/1.34x
-// (benchmarks/results/2026-11-26-nvidia-h200-x4-slot{64,128,256,512}k-np4.json; 512 KiB was no
-// better). make_layout() takes an explicit slot size instead (PYCOLL_CUDA_SLOT_KIB, see cuda_engine.cu).
+// of a CTA costs a few us of flags and fences, so large slots pay. make_layout() takes an explicit
+// slot size instead (PYCOLL_CUDA_SLOT_KIB, see cuda_engine.cu).
+// docs/decisions/0002-slots-ctas-and-chunks.md
 constexpr int64_t kCollDataBudget = int64_t(192) << 20;
 constexpr int64_t kMinCollSlotBytes = 16 << 10;
 constexpr int64_t kMaxCollSlotBytes = 256 << 10;
@@ -116,6 +114,7 @@ struct LLLayout {
   }
 };
 
+// docs/decisions/0010-ll128-two-shot.md
 constexpr int kLL128Blocks = 128;             // CTAs of an LL128 kernel at most
 constexpr int64_t kLL128LineBytes = 128;
 constexpr int64_t kLL128LinePayload = 120;    // the last 8 bytes of a line are its flag
