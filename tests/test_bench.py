@@ -298,8 +298,8 @@ def test_calibrate_and_wrong_result(tmp_path):
     target = tmp_path / "cache" / "pycollectives" / "cost_model.json"
     before = _package_files()
     proc = run_cli(["--backends", ",".join(BACKENDS), "--ops", "all_reduce,broadcast", "-b", "8", "-e", "32K",
-                    "-f", "4", "--budget", "0.01", "--check", "--calibrate", "--no-save"], tmp_path,
-                   env_extra={"PYCOLL_BENCH_INJECT_FAULT": "broadcast", "XDG_CACHE_HOME": str(tmp_path / "cache")})
+                    "-f", "4", "--budget", "0.01", "--check", "--calibrate", "--no-save",
+                    "--inject-fault", "broadcast"], tmp_path, env_extra={"XDG_CACHE_HOME": str(tmp_path / "cache")})
     after = _package_files()
     assert after[0] <= before[0] and after[1] == before[1], \
         f"pycoll-bench --calibrate wrote into the package directory: {sorted(after[0] - before[0])}"

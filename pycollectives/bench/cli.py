@@ -128,6 +128,9 @@ def build_parser():
                    help="verify every result against a plain torch reference; exit 1 on a wrong result")
     g.add_argument("--graph", action="store_true",
                    help="CUDA only: also time CUDA-graph replay of the calls (extra rows)")
+    # Tests only (hidden): the last rank corrupts one element of these ops' results before --check
+    # compares them, to prove that a wrong result fails the run.
+    g.add_argument("--inject-fault", default="", help=argparse.SUPPRESS)
     g = p.add_argument_group("ranks")
     g.add_argument("--nproc", type=_positive_int, default=None,
                    help="ranks to spawn (default: one per GPU with >= 2 GPUs, else 2); ignored under torchrun")
@@ -277,7 +280,7 @@ def parse_config(argv, parser=None):
         device=device, nproc=world, backends=backends, algos=algos, ops=ops, sizes=sizes, dtypes=dtypes,
         reduce_op=a.reduce_op, root=a.root, warmup=a.warmup, prewarm_s=max(0.0, a.prewarm), iters=a.iters,
         budget_s=a.budget, rounds=a.rounds,
-        inplace=a.inplace, check=a.check, graph=a.graph, out_dir=a.out, name=a.name,
+        inplace=a.inplace, check=a.check, graph=a.graph, inject_fault=a.inject_fault, out_dir=a.out, name=a.name,
         save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out,
         timeout_s=a.timeout, progress=not a.no_progress, command=_command(argv), argv=list(argv),
         launcher="torchrun" if launched else "spawn")

@@ -24,6 +24,7 @@ class BenchConfig:
     inplace: bool = False
     check: bool = False
     graph: bool = False
+    inject_fault: str = ""           # tests only: comma-separated ops (or "all") whose result the last rank corrupts
     out_dir: str = "benchmarks/results"
     name: Optional[str] = None       # <what> in the file names
     save: bool = True

@@ -36,9 +36,6 @@ from .progress import make_progress
 from .sizes import format_size
 from .timing import estimate_seconds, sync, time_calls
 
-# Environment variable for tests: comma-separated op names (or "all") whose result the last
-# rank corrupts before --check compares it, to prove that a wrong result fails the run.
-INJECT_FAULT_ENV = "PYCOLL_BENCH_INJECT_FAULT"
 
 
 def default_warmup(nbytes):
@@ -185,8 +182,7 @@ class RankRunner:
         self.cuda = cfg.device == "cuda"
         self.device = torch.device("cuda", local_rank) if self.cuda else torch.device("cpu")
         self.pyc = None
-        faults = os.environ.get(INJECT_FAULT_ENV, "")
-        self.faults = {f.strip() for f in faults.split(",") if f.strip()}
+        self.faults = {f.strip() for f in cfg.inject_fault.split(",") if f.strip()}
 
     # -- setup ---------------------------------------------------------------------------
     def init_groups(self, store):
