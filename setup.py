@@ -125,9 +125,10 @@ def _extension():
             define_macros=macros, extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         )
     else:
-        # The CUDA engine's choices (cuda/select.cpp, cuda/measured_choices.cpp) are plain C++:
+        # The CUDA engine's choices and settings (cuda/select.cpp, cuda/measured_choices.cpp,
+        # cuda/cuda_settings.cpp) are plain C++:
         # kept, so that they are testable without a GPU.
-        keep = {os.path.join("csrc", "cuda", f) for f in ("select.cpp", "measured_choices.cpp")}
+        keep = {os.path.join("csrc", "cuda", f) for f in ("select.cpp", "measured_choices.cpp", "cuda_settings.cpp")}
         sources = [s for s in sources if os.sep + "cuda" + os.sep not in s or s in keep]
         ext = cpp_extension.CppExtension(
             "pycollectives._C", sources, include_dirs=[os.path.join(here, "csrc")],

@@ -21,6 +21,15 @@ from .cache import cost_model_path
 
 ALGORITHMS = ("auto", "ring", "tree", "oneshot", "twoshot")
 
+# The package's own settings (the extension's are declared in C++: csrc/common/setting.h);
+# pycollectives.settings lists both.
+PACKAGE_SETTINGS = (
+    {"name": "PYCOLL_COST_MODEL", "default": "this user's cache (pycollectives.cache)", "range": "a path",
+     "scope": "python package", "ranks_agree": True, "audience": "user",
+     "doc": "The pycoll-bench --calibrate file that auto follows (CPU: alpha-beta constants; CUDA: measured "
+            "per-size winners). PYCOLL_DEBUG=INFO names the file in use."},
+)
+
 
 def set_algo(name: Optional[str]) -> None:
     """Force an algorithm (ring, tree, oneshot, twoshot) or return to the cost model (None or "auto")."""

@@ -9,17 +9,25 @@
 #include "algorithms/tree.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "common/setting.h"
 #include "transport/shm/shm_transport.h"
 
 namespace pycoll {
 
 namespace {
 
-// Workspace per rank: PYCOLL_SHM_BYTES of collective data (two halves) and
-// PYCOLL_P2P_CHANNEL_BYTES per peer for point-to-point. 8 MiB halves keep
-// large ops at a few barriers per MiB while 4 ranks use < 64 MiB of /dev/shm.
-size_t shm_data_bytes() { return static_cast<size_t>(env_int("PYCOLL_SHM_BYTES", 16 << 20)); }
-size_t p2p_channel_bytes() { return static_cast<size_t>(env_int("PYCOLL_P2P_CHANNEL_BYTES", 4 << 20)); }
+// Workspace per rank: collective data (two halves) and one point-to-point channel per peer.
+// 8 MiB halves keep large ops at a few barriers per MiB while 4 ranks use < 64 MiB of /dev/shm.
+const IntSetting kShmBytes("PYCOLL_SHM_BYTES", 16 << 20, 1 << 16, int64_t(1) << 34, "cpu engine", true, Audience::User,
+                           "Shared memory per rank for the CPU engine's collectives (two halves).", nullptr,
+                           /*bytes=*/true);
+const IntSetting kP2PChannelBytes("PYCOLL_P2P_CHANNEL_BYTES", 4 << 20, 1 << 12, int64_t(1) << 32, "cpu engine", true,
+                                  Audience::User,
+                                  "Shared memory per peer for the CPU engine's send/recv channel.", nullptr,
+                                  /*bytes=*/true);
+
+size_t shm_data_bytes() { return static_cast<size_t>(kShmBytes.get()); }
+size_t p2p_channel_bytes() { return static_cast<size_t>(kP2PChannelBytes.get()); }
 
 std::string describe(const OpHeader& h) {
   std::string s = str(op_name(static_cast<OpCode>(h.op)), " #", h.seq);
@@ -148,7 +156,8 @@ Algo CpuEngine::all_reduce(const char* in, char* out, int64_t count, DType t, Re
     case Algo::TwoShot: twoshot_all_reduce(c, spec, in, out, count); break;
     case Algo::Ring: ring_all_reduce(c, spec, in, out, count); break;
     case Algo::Tree: tree_all_reduce(c, spec, in, out, count); break;
-    case Algo::Auto: break;
+    case Algo::Auto:
+    case Algo::Direct: break;  // resolve() never returns these for all_reduce
   }
   return a;
 }

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common/env.h"
+#include "common/setting.h"
 
 namespace pycoll {
 
@@ -28,9 +28,15 @@ struct Tree {
   ControlBlock& ctl(int r) { return c.t.control(r); }
 };
 
+const IntSetting kTreeSegmentBytes("PYCOLL_TREE_SEGMENT_BYTES", 256 << 10, 64, int64_t(1) << 30, "cpu engine", true,
+                                   Audience::Developer,
+                                   "Segment of the CPU tree's pipeline, in bytes (at most a slot): small enough that "
+                                   "the tree levels overlap.",
+                                   nullptr, /*bytes=*/true);
+
 // Segment size in elements: small enough that the tree levels overlap.
 int64_t segment_elems(size_t slot_bytes, size_t elem) {
-  static const int64_t want = env_int("PYCOLL_TREE_SEGMENT_BYTES", 256 << 10);
+  static const int64_t want = kTreeSegmentBytes.get();
   const size_t bytes = std::min<size_t>(slot_bytes, static_cast<size_t>(std::max<int64_t>(want, 64)));
   return static_cast<int64_t>(bytes / elem);
 }

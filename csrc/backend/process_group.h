@@ -2,12 +2,15 @@
 //
 // Contract (as for every c10d backend): every rank of the group issues the
 // same collectives in the same order; point-to-point calls match by
-// (peer, tag) in issue order. Each entry point has the same shape: argument
-// checks with "pycoll::<op>:" messages, then a Work, then the task goes to
-// the group's serial executor (collectives) or the p2p threads (send/recv).
-// One backend object serves CPU and CUDA tensors: CPU tensors run on the CPU
-// engine; CUDA tensors run on the CUDA engine when it is built and the peers
-// are reachable, otherwise they are staged through host memory.
+// (peer, tag) in issue order.
+//
+// Every collective takes one path: argument checks with "pycoll::<op>:"
+// messages (<op> is the c10d entry's name, the word the stats and the debug
+// log use), then an OpCall (op_call.h), then run(): one sequence number, the
+// engine that serves the call (engines/engine.h: the CUDA engine, the staged
+// engine for CUDA tensors it cannot take, the CPU engine), one Work. The
+// entry points live by concern: collectives.cpp, coalesced.cpp,
+// point_to_point.cpp; this file's .cpp holds the runner and the lifecycle.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -22,13 +25,13 @@
 #include <vector>
 
 #include "algorithms/cpu_engine.h"
+#include "backend/device_queue.h"
 #include "backend/executor.h"
+#include "backend/op_call.h"
 #include "backend/self_p2p.h"
 #include "backend/work.h"
 
 namespace pycoll {
-
-class CudaOps;  // defined in backend/cuda_ops.h when built with CUDA
 
 class ProcessGroupPycoll : public c10d::Backend {
  public:
@@ -102,29 +105,35 @@ class ProcessGroupPycoll : public c10d::Backend {
   CpuEngine& cpu() { return *cpu_; }
 
  private:
-  using Body = std::function<void()>;
-  // Creates the Work, wraps body with error handling, logging and stats,
-  // and hands it to the executor (inline if the caller blocks anyway).
-  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
-                                        bool async_op, Body body);
+  // The one runner: sequence number, engine, Work (see the top of this file).
+  c10::intrusive_ptr<c10d::Work> run(OpCall call);
+  // prepare → pre-scale → the engine runs each part → finish → stats (on the op's thread/stream).
+  void execute(OpCall& call, Engine& engine, const c10::Stream& stream);
+  // The engine that runs `call`: the first of CUDA engine, staged, CPU that serves it.
+  Engine& engine_for(const OpCall& call);
+  // Creates the Work, wraps body with error handling, and hands it to the
+  // executor (inline if the caller blocks anyway).
+  c10::intrusive_ptr<c10d::Work> launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,
+                                                    std::vector<at::Tensor> outputs, bool async_op,
+                                                    std::function<void()> body);
   void check_usable(const char* op);
-  // Runs a CUDA op through host memory: copies in, runs the CPU path to the
-  // end, copies results back. The fallback for ops or groups the CUDA engine
-  // does not serve (and for builds without it).
-  using StagedCall = std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>& host)>;
-  c10::intrusive_ptr<c10d::Work> staged(c10d::OpType type, const char* op, std::vector<at::Tensor> device_tensors,
-                                        const StagedCall& call);
-  // True when t is a CUDA tensor that the CUDA engine serves.
-  bool on_engine(const at::Tensor& t);
+  // A finished Work for a call with nothing to move (an empty coalesced list on every rank).
+  c10::intrusive_ptr<c10d::Work> nothing_to_do(c10d::OpType type, const char* op);
+  // For CUDA tensors: the device the group is bound to (init_process_group(device_id=)) must be t's.
+  void check_bound_device(const at::Tensor& t) const;
+  // A CUDA tensor that the CUDA engine serves (the device queue runs its point-to-point).
+  bool on_cuda_engine(const at::Tensor& t);
+  // Point-to-point on the CPU engine's channels (CPU tensors, and CUDA tensors through host memory).
+  c10::intrusive_ptr<c10d::Work> host_p2p(bool is_send, const char* op, const at::Tensor& t, int peer, int tag);
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::string group_name_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<CpuEngine> cpu_;
+  std::unique_ptr<Engine> cpu_tensors_;     // CPU tensors, on cpu_
+  std::unique_ptr<Engine> staged_;          // CUDA tensors through host memory, on cpu_tensors_
+  std::unique_ptr<DeviceQueue> cuda_;       // nullptr in a build without CUDA
   std::unique_ptr<SerialExecutor> executor_;
-#ifdef PYCOLL_WITH_CUDA
-  std::unique_ptr<CudaOps> cuda_;
-#endif
   std::atomic<uint64_t> issued_{0};
   SelfP2P self_p2p_{rank_};
   std::mutex broken_mu_;

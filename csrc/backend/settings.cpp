@@ -3,13 +3,17 @@
 #include <atomic>
 #include <stdexcept>
 
-#include "common/env.h"
+#include "common/setting.h"
 
 namespace pycoll {
 
 namespace {
+const TextSetting kAlgo("PYCOLL_ALGO", "auto", "auto, ring, tree, oneshot, twoshot", "backend", true, Audience::User,
+                        "The algorithm of every collective that has a choice; auto asks the cost model. "
+                        "pycollectives.set_algo() changes it at run time. Checked across ranks per op.");
+
 std::atomic<int>& algo_slot() {
-  static std::atomic<int> slot{static_cast<int>(parse_algo(env_string("PYCOLL_ALGO", "auto")))};
+  static std::atomic<int> slot{static_cast<int>(parse_algo(kAlgo.get()))};
   return slot;
 }
 }  // namespace

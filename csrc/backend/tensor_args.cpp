@@ -1,27 +1,12 @@
 #include "backend/tensor_args.h"
 
 #include "common/check.h"
+#include "engines/dtypes.h"
 
 namespace pycoll {
 
-DType to_dtype(const char* op, at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::Float32;
-    case at::kDouble: return DType::Float64;
-    case at::kHalf: return DType::Float16;
-    case at::kBFloat16: return DType::BFloat16;
-    case at::kChar: return DType::Int8;
-    case at::kByte: return DType::UInt8;
-    case at::kInt: return DType::Int32;
-    case at::kLong: return DType::Int64;
-    case at::kBool: return DType::Bool;
-    default:
-      TORCH_CHECK_TYPE(false, op, ": unsupported dtype ", t,
-                       "; supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool");
-  }
-}
-
-ReduceKind to_reduce(const char* op, const c10d::ReduceOp& r, DType t) {
+ReduceKind to_reduce(const char* op, const c10d::ReduceOp& r, at::ScalarType dtype) {
+  const DType t = reducible_dtype_or_throw(op, dtype);
   ReduceKind k;
   switch (r.op_) {
     case c10d::ReduceOp::SUM: k = ReduceKind::Sum; break;
@@ -35,7 +20,7 @@ ReduceKind to_reduce(const char* op, const c10d::ReduceOp& r, DType t) {
     case c10d::ReduceOp::PREMUL_SUM: k = ReduceKind::PremulSum; break;
     default: TORCH_CHECK_VALUE(false, op, ": unknown reduce op ", static_cast<int>(r.op_));
   }
-  const bool is_float = t == DType::Float32 || t == DType::Float64 || t == DType::Float16 || t == DType::BFloat16;
+  const bool is_float = is_floating(t);
   if (k == ReduceKind::BAnd || k == ReduceKind::BOr || k == ReduceKind::BXor) {
     TORCH_CHECK_VALUE(!is_float, op, ": reduce op ", reduce_name(k), " is not supported for dtype ", dtype_name(t),
                       " (bitwise ops need an integer or bool dtype)");

@@ -13,10 +13,10 @@
 
 namespace pycoll {
 
-DType to_dtype(const char* op, at::ScalarType t);
-// Maps the c10d reduce op; rejects combinations the engines cannot do
-// (bitwise ops on floats, AVG/PREMUL_SUM on integers, AVG on bool).
-ReduceKind to_reduce(const char* op, const c10d::ReduceOp& r, DType t);
+// Maps the c10d reduce op for a reduction on dtype t; rejects dtypes no engine reduces
+// (TypeError) and combinations the engines cannot do (bitwise ops on floats, AVG/PREMUL_SUM on
+// integers, AVG on bool).
+ReduceKind to_reduce(const char* op, const c10d::ReduceOp& r, at::ScalarType t);
 // PREMUL_SUM's factor (scalar or one-element tensor), as a double.
 at::Tensor premul_factor(const c10d::ReduceOp& r);
 

@@ -9,6 +9,7 @@
 #include "algorithms/select.h"
 #include "bindings/compression_bindings.h"
 #include "bindings/layout_bindings.h"
+#include "common/setting.h"
 #include "common/settings_agreement.h"
 #include "common/test_hooks.h"
 #include "cuda/measured_choices.h"
@@ -75,6 +76,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
   m.def("reset_stats", &pycoll::reset_op_stats);
+  m.def("settings", []() {
+    py::list out;
+    for (const auto& s : pycoll::registered_settings()) {
+      py::dict d;
+      d["name"] = s.name;
+      d["default"] = s.default_text;
+      d["range"] = s.range_text;
+      d["doc"] = s.doc;
+      d["scope"] = s.scope;
+      d["ranks_agree"] = s.ranks_agree;
+      d["audience"] = s.audience == pycoll::Audience::User ? "user" : "developer";
+      out.append(d);
+    }
+    return out;
+  }, "Every PYCOLL_* setting the extension reads (common/setting.h), sorted by name.");
+  m.def("read_setting", &pycoll::read_setting, py::arg("name"),
+        "A setting's value now (the default when unset), parsed and range-checked; ValueError when bad.");
   m.def("settings_disagreement", &pycoll::settings_disagreement, py::arg("encoded_per_rank"),
         "Empty if every rank's 'name=value' lines agree, else one line per setting that differs "
         "(what the CUDA engine checks when it starts).");

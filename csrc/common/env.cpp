@@ -1,32 +1,23 @@
 #include "common/env.h"
 
+#include "common/setting.h"
+
 #include <cstdlib>
 #include <strings.h>
 
 namespace pycoll {
 
-std::string env_string(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? std::string(v) : fallback;
-}
-
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long long x = std::strtoll(v, &end, 10);
-  if (end == v) return fallback;
-  // Accept K/M/G suffixes for byte sizes.
-  if (*end == 'k' || *end == 'K') x <<= 10;
-  if (*end == 'm' || *end == 'M') x <<= 20;
-  if (*end == 'g' || *end == 'G') x <<= 30;
-  return x;
-}
+namespace {
+const TextSetting kDebug("PYCOLL_DEBUG", "", "INFO (or DEBUG, TRACE)", "backend", false, Audience::User,
+                         "INFO: one line per op on stderr (op, algorithm, bytes, time), and which calibration "
+                         "auto uses.");
+}  // namespace
 
 bool debug_info_enabled() {
   static const bool on = [] {
-    const char* v = std::getenv("PYCOLL_DEBUG");
-    return v && (strcasecmp(v, "INFO") == 0 || strcasecmp(v, "DEBUG") == 0 || strcasecmp(v, "TRACE") == 0);
+    const std::string v = kDebug.get();
+    const char* c = v.c_str();
+    return strcasecmp(c, "INFO") == 0 || strcasecmp(c, "DEBUG") == 0 || strcasecmp(c, "TRACE") == 0;
   }();
   return on;
 }

@@ -58,6 +58,7 @@ const char* algo_name(Algo a) {
     case Algo::Tree: return "tree";
     case Algo::OneShot: return "oneshot";
     case Algo::TwoShot: return "twoshot";
+    case Algo::Direct: return "direct";
   }
   return "unknown";
 }

@@ -42,6 +42,9 @@ enum class Algo : int32_t {
   Tree = 2,
   OneShot = 3,
   TwoShot = 4,
+  // Not a choice: what ran when an op has one schedule only (every rank reads or writes each
+  // peer once: gather, scatter, all_to_all, barrier).
+  Direct = 5,
 };
 
 // Operation codes carried in the per-op header (mismatch detection, logging).
@@ -56,6 +59,10 @@ enum class OpCode : int32_t {
   Scatter = 8,
   Barrier = 9,
 };
+
+inline bool is_floating(DType t) {
+  return t == DType::Float32 || t == DType::Float64 || t == DType::Float16 || t == DType::BFloat16;
+}
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);

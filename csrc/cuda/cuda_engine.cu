@@ -12,7 +12,10 @@
 
 #include "common/cuda_check.h"
 #include "common/settings_agreement.h"
+#include "common/arith.h"
+#include "cuda/cuda_settings.h"
 #include "cuda/launch.h"
+#include "engines/dtypes.h"
 #include "cuda/measured_choices.h"
 #include "cuda/select.h"
 #include "kernels/args.h"
@@ -30,30 +33,6 @@ using cuda_ipc::kP2PSlotBytes;
 using KOp = kernels::ReduceOp;
 
 #define PYCOLL_CUDA_OK(expr, op, what) PYCOLL_CUDA_CHECK(expr, "pycoll::", op, ": ", what)
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
-
-DType to_dtype(at::ScalarType t, const char* op) {
-  switch (t) {
-    case at::kFloat: return DType::Float32;
-    case at::kDouble: return DType::Float64;
-    case at::kHalf: return DType::Float16;
-    case at::kBFloat16: return DType::BFloat16;
-    case at::kChar: return DType::Int8;
-    case at::kByte: return DType::UInt8;
-    case at::kInt: return DType::Int32;
-    case at::kLong: return DType::Int64;
-    case at::kBool: return DType::Bool;
-    default: break;
-  }
-  TORCH_CHECK(false, "pycoll::", op, ": unsupported dtype ", t,
-              " (supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool)");
-}
-
-bool is_floating(DType d) {
-  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
-}
 
 // What the kernels run for a (dtype, reduce op): Bool runs as UInt8 with OR/AND/XOR, Int8 bitwise
 // ops as UInt8 (sign does not matter), Avg as Sum with a final division by the world size.
@@ -100,11 +79,17 @@ KernelType kernel_type(DType d, ReduceKind r, int nranks, const char* op) {
   TORCH_CHECK(false, "pycoll::", op, ": unsupported reduce op ", reduce_name(r));
 }
 
+// The backend checked the user's arguments (backend/tensor_args.h) and made them dense; what
+// reaches the engine otherwise is a bug of ours, not of the caller.
 void check_tensor(const at::Tensor& t, const char* op, const char* name, int device) {
-  TORCH_CHECK(t.defined(), "pycoll::", op, ": ", name, " is undefined");
-  TORCH_CHECK(t.is_cuda() && t.get_device() == device, "pycoll::", op, ": ", name, " must be on cuda:", device,
-              ", got ", t.device());
-  TORCH_CHECK(t.is_contiguous(), "pycoll::", op, ": ", name, " must be contiguous");
+  TORCH_INTERNAL_ASSERT(t.defined() && t.is_cuda() && t.get_device() == device && t.is_contiguous(), "pycoll::", op,
+                        ": ", name, " must be a contiguous tensor on cuda:", device);
+}
+
+DType kernel_dtype(const at::Tensor& t, const char* op) {
+  const auto d = reducible_dtype(t.scalar_type());
+  TORCH_INTERNAL_ASSERT(d.has_value(), "pycoll::", op, ": the engine cannot reduce ", t.scalar_type());
+  return *d;
 }
 
 void copy_local(void* dst, const void* src, int64_t bytes, cudaStream_t stream, const char* op) {
@@ -157,100 +142,36 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
   }
 }
 
-// Environment settings of the CUDA engine, read once per engine. They shape the workspace and the
-// launches, so they must be identical on every rank (a different slot size makes the constructor
-// throw on every rank; a different CTA cap would desynchronise the ranks' channels).
-//   PYCOLL_CUDA_MAX_BLOCKS  CTAs one collective uses at most, 1..cuda_ipc::kMaxCollBlocks (default
-//                           gpu::kDefaultMaxBlocks; never more than the GPU's SMs, since every CTA
-//                           of a collective must be resident at once). Above kCollBlocks the
-//                           workspace gets that many channels per peer pair.
-//   PYCOLL_CUDA_SMALL_MAX_BLOCKS  the same cap for messages up to gpu::kSmallMessageBytes (default
-//                           gpu::kSmallMaxBlocks).
-//   PYCOLL_CUDA_LL_MAX_KIB  largest all_reduce, in KiB, that one-shot runs with the LL protocol
-//                           (kernels/ll_all_reduce.cuh), 0..cuda_ipc::kLLMaxBytes/1024; 0 turns LL
-//                           off (default gpu::kDefaultLLMaxBytes).
-//   PYCOLL_CUDA_SLOT_KIB    collective slot size in KiB, a multiple of 4 (default: by world size,
-//                           see transport/cuda_ipc/layout.h).
-//   PYCOLL_CUDA_CHUNK_KIB   largest chunk one step of a CTA moves, in KiB, a multiple of 4 (default
-//                           and cap: the slot size). Smaller chunks mean more, shorter pipeline
-//                           steps per CTA: less fill time, more flag hops.
-//   PYCOLL_CUDA_SPLIT_MIN_KIB  two ranks: one-shot all_reduce of at least this many KiB runs split,
-//                           pushing and reducing CTAs apart (kernels/one_shot.cuh; default
-//                           gpu::kDefaultSplitMinBytes; 0 always, beyond the largest message never).
-//   PYCOLL_CUDA_TRACE       1: kernels that support it (the split one-shot) record their timeline
-//                           in the workspace (kernels/trace.cuh); read it with trace().
-//   PYCOLL_CUDA_SPLIT_CHUNK_KIB  chunk of the split one-shot, in KiB, a multiple of 4, at most a slot
-//                           (default gpu::kDefaultClaimedChunkBytes for the claimed split,
-//                           gpu::kDefaultSplitChunkBytes for the static one).
-//   PYCOLL_CUDA_EARLY_LAUNCH  1 (default on sm_90 and later): collective kernels are launched with
-//                           programmatic stream serialization (kernels/grid_dependency.cuh), so
-//                           back-to-back collectives do not wait for a full kernel launch between
-//                           them; 0: plain launches. Local to a rank. docs/decisions/0005-early-launch.md
-//   PYCOLL_CUDA_SPLIT_TAPER  1 (default): the split one-shot cuts each channel's last chunk at half a
-//                           chunk (less reduction left after the last data landed); 0: it does not.
-//                           docs/decisions/0004-split-one-shot.md
-//   PYCOLL_CUDA_SPLIT_CLAIMED  1 (default): the split one-shot's pushers claim chunks from one
-//                           counter (kernels/one_shot_claimed.cuh) when the message has at most
-//                           cuda_ipc::kMaxClaimedChunks chunks; 0: each channel pushes a fixed range.
-//                           docs/decisions/0008-claimed-split.md
-//   PYCOLL_CUDA_TWO_SHOT_WAVES  1: two-shot all_reduce starts half of its CTAs after the other
-//                           half (kernels/two_shot.cuh); 0: all at once. Default: 1 for two ranks
-//                           (measured there), 0 otherwise. docs/decisions/0009-two-shot-waves.md
-//   PYCOLL_CUDA_TWO_SHOT_BLOCKS  CTAs of a two-rank two-shot all_reduce with waves up to
-//                           gpu::kTwoRankWideTwoShotMaxBytes (default 128, or 0 = the
-//                           PYCOLL_CUDA_MAX_BLOCKS cap when that is set; select.h).
-//   PYCOLL_CUDA_LL128_MAX_KIB  largest two-shot all_reduce, in KiB, that runs with the LL128
-//                           protocol (kernels/ll128_two_shot.cuh); 0 turns it off. Default
-//                           gpu::kDefaultTwoRankLL128MaxBytes for two ranks, 0 for more (not
-//                           measured). The workspace holds a whole message of this size.
-//   PYCOLL_CUDA_LL128_BLOCKS  CTAs of an LL128 kernel at most (default cuda_ipc::kLL128Blocks, never
-//                           more than the GPU's SMs).
-int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long long x = std::strtoll(v, &end, 10);
-  TORCH_CHECK(end != v && *end == '\0' && x >= lo && x <= hi, "pycoll: ", name, "=", v, " must be an integer in ",
-              lo, "..", hi);
-  return x;
-}
-
 }  // namespace
 
 CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int size, int device,
                        std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), device_(device) {
   TORCH_CHECK(device >= 0, "pycoll::CudaEngine: device must be a CUDA device index, got ", device);
-  const int64_t max_blocks_env = env_int("PYCOLL_CUDA_MAX_BLOCKS", gpu::kDefaultMaxBlocks, 1, cuda_ipc::kMaxCollBlocks);
+  const int64_t max_blocks_env = cuda_settings::kMaxBlocks.get();
   int sms = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "engine", "SM count");
   max_blocks_ = std::max(1, std::min(int(max_blocks_env), sms));
   sms_ = sms;
-  small_max_blocks_ = int(env_int("PYCOLL_CUDA_SMALL_MAX_BLOCKS", gpu::kSmallMaxBlocks, 1, cuda_ipc::kMaxCollBlocks));
-  ll_max_bytes_ = env_int("PYCOLL_CUDA_LL_MAX_KIB", gpu::kDefaultLLMaxBytes / 1024, 0, cuda_ipc::kLLMaxBytes / 1024) * 1024;
-  const int64_t slot_kib = env_int("PYCOLL_CUDA_SLOT_KIB", 0, 0, 16384);
-  TORCH_CHECK(slot_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SLOT_KIB=", slot_kib, " must be a multiple of 4");
-  const int64_t chunk_kib = env_int("PYCOLL_CUDA_CHUNK_KIB", 0, 0, 16384);
-  TORCH_CHECK(chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_CHUNK_KIB=", chunk_kib, " must be a multiple of 4");
-  split_min_bytes_ = env_int("PYCOLL_CUDA_SPLIT_MIN_KIB", gpu::kDefaultSplitMinBytes / 1024, 0, int64_t(1) << 40) * 1024;
-  const int64_t split_chunk_kib = env_int("PYCOLL_CUDA_SPLIT_CHUNK_KIB", 0, 0, 16384);
-  TORCH_CHECK(split_chunk_kib % 4 == 0, "pycoll: PYCOLL_CUDA_SPLIT_CHUNK_KIB=", split_chunk_kib,
-              " must be a multiple of 4");
-  trace_ = env_int("PYCOLL_CUDA_TRACE", 0, 0, 1) != 0;
-  split_taper_ = env_int("PYCOLL_CUDA_SPLIT_TAPER", 1, 0, 1) != 0;
-  split_claimed_ = env_int("PYCOLL_CUDA_SPLIT_CLAIMED", 1, 0, 1) != 0;
-  two_shot_waves_ = env_int("PYCOLL_CUDA_TWO_SHOT_WAVES", size == 2 ? 1 : 0, 0, 1) != 0;
+  small_max_blocks_ = int(cuda_settings::kSmallMaxBlocks.get());
+  ll_max_bytes_ = cuda_settings::kLLMaxKiB.get() * 1024;
+  const int64_t slot_kib = cuda_settings::kSlotKiB.get();
+  const int64_t chunk_kib = cuda_settings::kChunkKiB.get();
+  split_min_bytes_ = cuda_settings::kSplitMinKiB.get() * 1024;
+  const int64_t split_chunk_kib = cuda_settings::kSplitChunkKiB.get();
+  trace_ = cuda_settings::kTrace.get() != 0;
+  split_taper_ = cuda_settings::kSplitTaper.get() != 0;
+  split_claimed_ = cuda_settings::kSplitClaimed.get() != 0;
+  two_shot_waves_ = cuda_settings::kTwoShotWaves.get_or(size == 2 ? 1 : 0) != 0;
   // A set PYCOLL_CUDA_MAX_BLOCKS caps two-shot too, unless PYCOLL_CUDA_TWO_SHOT_BLOCKS says otherwise.
-  const char* mb = std::getenv("PYCOLL_CUDA_MAX_BLOCKS");
-  const bool max_blocks_set = mb != nullptr && *mb != '\0';
+  const bool max_blocks_set = cuda_settings::kMaxBlocks.is_set();
   two_shot_wide_blocks_ = std::min<int>(
-      sms, int(env_int("PYCOLL_CUDA_TWO_SHOT_BLOCKS", max_blocks_set ? 0 : gpu::kTwoRankWideTwoShotBlocks, 0,
-                       cuda_ipc::kMaxCollBlocks)));
+      sms, int(cuda_settings::kTwoShotBlocks.get_or(max_blocks_set ? 0 : gpu::kTwoRankWideTwoShotBlocks)));
 
   ll128_max_bytes_ =
-      env_int("PYCOLL_CUDA_LL128_MAX_KIB", gpu::default_ll128_max_bytes(size) / 1024, 0, int64_t(1) << 20) * 1024;
+      cuda_settings::kLL128MaxKiB.get_or(gpu::default_ll128_max_bytes(size) / 1024) * 1024;
   ll128_max_blocks_ = std::min<int>(
-      sms, int(env_int("PYCOLL_CUDA_LL128_BLOCKS", cuda_ipc::kLL128Blocks, 1, cuda_ipc::kLL128Blocks)));
+      sms, int(cuda_settings::kLL128Blocks.get()));
 
   // Every rank must plan the same launches from these (the GPUs of a group are assumed alike, as
   // the workspace size check assumes): compare them before anything is launched. Waves decide the
@@ -260,19 +181,19 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
     const std::string measured = gpu::measured_steps_digest(size);
     const SettingList mine = {
         {"GPU SM count", std::to_string(sms)},
-        {"PYCOLL_CUDA_MAX_BLOCKS", std::to_string(max_blocks_env)},
-        {"PYCOLL_CUDA_SMALL_MAX_BLOCKS", std::to_string(small_max_blocks_)},
-        {"PYCOLL_CUDA_LL_MAX_KIB", std::to_string(ll_max_bytes_ / 1024)},
-        {"PYCOLL_CUDA_SLOT_KIB", std::to_string(slot_kib)},
-        {"PYCOLL_CUDA_CHUNK_KIB", std::to_string(chunk_kib)},
-        {"PYCOLL_CUDA_SPLIT_MIN_KIB", std::to_string(split_min_bytes_ / 1024)},
-        {"PYCOLL_CUDA_SPLIT_CHUNK_KIB", std::to_string(split_chunk_kib)},
-        {"PYCOLL_CUDA_SPLIT_TAPER", std::to_string(int(split_taper_))},
-        {"PYCOLL_CUDA_SPLIT_CLAIMED", std::to_string(int(split_claimed_))},
-        {"PYCOLL_CUDA_TWO_SHOT_WAVES", std::to_string(int(two_shot_waves_))},
-        {"PYCOLL_CUDA_TWO_SHOT_BLOCKS", std::to_string(two_shot_wide_blocks_)},
-        {"PYCOLL_CUDA_LL128_MAX_KIB", std::to_string(ll128_max_bytes_ / 1024)},
-        {"PYCOLL_CUDA_LL128_BLOCKS", std::to_string(ll128_max_blocks_)},
+        {cuda_settings::kMaxBlocks.name(), std::to_string(max_blocks_env)},
+        {cuda_settings::kSmallMaxBlocks.name(), std::to_string(small_max_blocks_)},
+        {cuda_settings::kLLMaxKiB.name(), std::to_string(ll_max_bytes_ / 1024)},
+        {cuda_settings::kSlotKiB.name(), std::to_string(slot_kib)},
+        {cuda_settings::kChunkKiB.name(), std::to_string(chunk_kib)},
+        {cuda_settings::kSplitMinKiB.name(), std::to_string(split_min_bytes_ / 1024)},
+        {cuda_settings::kSplitChunkKiB.name(), std::to_string(split_chunk_kib)},
+        {cuda_settings::kSplitTaper.name(), std::to_string(int(split_taper_))},
+        {cuda_settings::kSplitClaimed.name(), std::to_string(int(split_claimed_))},
+        {cuda_settings::kTwoShotWaves.name(), std::to_string(int(two_shot_waves_))},
+        {cuda_settings::kTwoShotBlocks.name(), std::to_string(two_shot_wide_blocks_)},
+        {cuda_settings::kLL128MaxKiB.name(), std::to_string(ll128_max_bytes_ / 1024)},
+        {cuda_settings::kLL128Blocks.name(), std::to_string(ll128_max_blocks_)},
         {"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured},
     };
     const std::string enc = encode_settings(mine);
@@ -305,7 +226,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   int major = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "engine",
                  "compute capability");
-  early_launch_ = env_int("PYCOLL_CUDA_EARLY_LAUNCH", major >= 9 ? 1 : 0, 0, 1) != 0 && major >= 9 &&
+  early_launch_ = cuda_settings::kEarlyLaunch.get_or(major >= 9 ? 1 : 0) != 0 && major >= 9 &&
                   gpu::kernels_support_early_launch();
 }
 
@@ -322,12 +243,8 @@ std::vector<int64_t> CudaEngine::trace() const {
 CudaEngine::~CudaEngine() = default;
 
 bool CudaEngine::peers_reachable() const { return ws_->reachable(); }
-std::string CudaEngine::unreachable_reason() const { return ws_->unreachable_reason(); }
 int CudaEngine::device_error() const { return ws_->error_code(); }
 std::string CudaEngine::device_error_message() const { return ws_->error_message(); }
-int64_t CudaEngine::workspace_bytes() const {
-  return size_ > 1 && ws_->reachable() ? ws_->layout().total_bytes : 0;
-}
 
 void CudaEngine::check_usable(const char* op) const {
   TORCH_CHECK(ws_->reachable(), "pycoll::", op, ": the CUDA engine cannot reach every peer (",
@@ -416,14 +333,14 @@ kernels::CopyArgs make_copy_args(const cuda_ipc::DeviceHandle& h, OpCode op, ker
 }  // namespace
 
 Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream) {
-  const char* kOp = "all_reduce";
+  const char* kOp = "allreduce";
   check_tensor(in, kOp, "input", device_);
   check_tensor(out, kOp, "output", device_);
-  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::all_reduce: output dtype ", out.scalar_type(),
+  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::allreduce: output dtype ", out.scalar_type(),
               " differs from input dtype ", in.scalar_type());
-  TORCH_CHECK(in.numel() == out.numel(), "pycoll::all_reduce: output has ", out.numel(), " elements, input ",
+  TORCH_CHECK(in.numel() == out.numel(), "pycoll::allreduce: output has ", out.numel(), " elements, input ",
               in.numel());
-  const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
+  const KernelType kt = kernel_type(kernel_dtype(in, kOp), op, size_, kOp);
   const int64_t count = in.numel();
   const int64_t es = int64_t(dtype_size(kt.dtype));
   const Algo chosen = algo == Algo::Auto ? gpu::choose_all_reduce(count * es, size_, ll128_max_bytes_) : algo;
@@ -469,7 +386,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
           a.nchunks = claimed_chunks;
           a.flags = (trace_ ? kernels::kArgTrace : 0) | kernels::kArgClaimed;
           TORCH_CHECK(channels <= a.h.layout.coll.nblocks && 2 * channels <= sms_,
-                      "pycoll::all_reduce: bad split launch geometry (", channels, " channels)");
+                      "pycoll::allreduce: bad split launch geometry (", channels, " channels)");
           set_check(a, count, 0);
           PYCOLL_CUDA_OK(gpu::launch_reduce(2 * channels, stream, a, /*early=*/false), kOp, "kernel launch");
           return chosen;
@@ -479,7 +396,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.chunk = g.chunk;
         a.nchunks = 0;  // per channel, from seg and chunk (kernels/one_shot.cuh: SplitChunks)
         a.flags = (trace_ ? kernels::kArgTrace : 0) | (split_taper_ ? kernels::kArgTaper : 0);
-        TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::all_reduce: bad split ",
+        TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::allreduce: bad split ",
                     "launch geometry (", g.blocks, " channels)");
         set_check(a, count, 0);
         // Never launched early: with its CTAs placed while the kernel before it drained, its 2C CTAs
@@ -498,7 +415,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
         a.check =
             cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), 0, count, cuda_ipc::CheckPlan::LL128);
         const int64_t lines = ceil_div(std::min(a.seg, count) * es, cuda_ipc::kLL128LinePayload);
-        TORCH_CHECK(lines <= a.h.layout.ll128.max_lines, "pycoll::all_reduce: ", count * es,
+        TORCH_CHECK(lines <= a.h.layout.ll128.max_lines, "pycoll::allreduce: ", count * es,
                     " bytes do not fit the LL128 region (", a.h.layout.ll128.max_lines, " lines)");
         const int grid = int(std::max<int64_t>(1, std::min<int64_t>(ll128_max_blocks_, lines / gpu::kLL128MinLinesPerBlock)));
         PYCOLL_CUDA_OK(gpu::launch_ll128_two_shot(grid, stream, a, early_launch_), kOp, "kernel launch");
@@ -535,7 +452,8 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
       break;
     }
     case Algo::Auto:
-      TORCH_CHECK(false, "pycoll::all_reduce: no algorithm chosen");
+    case Algo::Direct:
+      TORCH_CHECK(false, "pycoll::allreduce: no algorithm chosen");
   }
   set_check(a, count, 0);
   launch_reduce_checked(g, stream, a, early_launch_, kOp);
@@ -551,7 +469,7 @@ Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKin
   const int64_t m = out.numel();
   TORCH_CHECK(in.numel() == m * size_, "pycoll::reduce_scatter: input has ", in.numel(),
               " elements, expected world size (", size_, ") x output (", m, ")");
-  const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
+  const KernelType kt = kernel_type(kernel_dtype(in, kOp), op, size_, kOp);
   const int64_t es = int64_t(dtype_size(kt.dtype));
   Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::ReduceScatter, m * es, size_) : algo;
   if (chosen != Algo::Ring) chosen = Algo::OneShot;
@@ -574,12 +492,12 @@ Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKin
 }
 
 Algo CudaEngine::all_gather(const at::Tensor& in, at::Tensor& out, Algo algo, cudaStream_t stream) {
-  const char* kOp = "all_gather";
+  const char* kOp = "allgather";
   check_tensor(in, kOp, "input", device_);
   check_tensor(out, kOp, "output", device_);
-  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::all_gather: output dtype ", out.scalar_type(),
+  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::allgather: output dtype ", out.scalar_type(),
               " differs from input dtype ", in.scalar_type());
-  TORCH_CHECK(out.numel() == in.numel() * size_, "pycoll::all_gather: output has ", out.numel(),
+  TORCH_CHECK(out.numel() == in.numel() * size_, "pycoll::allgather: output has ", out.numel(),
               " elements, expected world size (", size_, ") x input (", in.numel(), ")");
   const int64_t bytes = int64_t(in.nbytes());
   Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::AllGather, bytes, size_) : algo;
@@ -636,7 +554,7 @@ void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceK
     TORCH_CHECK(in.numel() == out.numel(), "pycoll::reduce: output has ", out.numel(), " elements, input ",
                 in.numel());
   }
-  const KernelType kt = kernel_type(to_dtype(in.scalar_type(), kOp), op, size_, kOp);
+  const KernelType kt = kernel_type(kernel_dtype(in, kOp), op, size_, kOp);
   const int64_t count = in.numel();
   const int64_t es = int64_t(dtype_size(kt.dtype));
   if (count == 0) return;
@@ -659,26 +577,26 @@ void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceK
 void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& send_bytes,
                             const std::vector<int64_t>& send_offsets, const std::vector<int64_t>& recv_bytes,
                             const std::vector<int64_t>& recv_offsets, cudaStream_t stream) {
-  const char* kOp = "all_to_all";
+  const char* kOp = "alltoall";
   check_tensor(in, kOp, "input", device_);
   check_tensor(out, kOp, "output", device_);
   const size_t n = size_t(size_);
   TORCH_CHECK(send_bytes.size() == n && send_offsets.size() == n && recv_bytes.size() == n &&
                   recv_offsets.size() == n,
-              "pycoll::all_to_all: byte counts and offsets need one entry per rank (", size_, ")");
+              "pycoll::alltoall: byte counts and offsets need one entry per rank (", size_, ")");
   const int64_t in_bytes = int64_t(in.nbytes());
   const int64_t out_bytes = int64_t(out.nbytes());
   int64_t total = 0;
   for (size_t q = 0; q < n; ++q) {
     TORCH_CHECK(send_bytes[q] >= 0 && send_offsets[q] >= 0 && send_offsets[q] + send_bytes[q] <= in_bytes,
-                "pycoll::all_to_all: send slice for rank ", q, " (", send_bytes[q], " bytes at ", send_offsets[q],
+                "pycoll::alltoall: send slice for rank ", q, " (", send_bytes[q], " bytes at ", send_offsets[q],
                 ") is outside the input (", in_bytes, " bytes)");
     TORCH_CHECK(recv_bytes[q] >= 0 && recv_offsets[q] >= 0 && recv_offsets[q] + recv_bytes[q] <= out_bytes,
-                "pycoll::all_to_all: receive slice for rank ", q, " (", recv_bytes[q], " bytes at ", recv_offsets[q],
+                "pycoll::alltoall: receive slice for rank ", q, " (", recv_bytes[q], " bytes at ", recv_offsets[q],
                 ") is outside the output (", out_bytes, " bytes)");
     total += send_bytes[q] + recv_bytes[q];
   }
-  TORCH_CHECK(send_bytes[rank_] == recv_bytes[rank_], "pycoll::all_to_all: this rank sends ", send_bytes[rank_],
+  TORCH_CHECK(send_bytes[rank_] == recv_bytes[rank_], "pycoll::alltoall: this rank sends ", send_bytes[rank_],
               " bytes to itself but receives ", recv_bytes[rank_]);
   if (total == 0) return;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));

@@ -49,8 +49,6 @@ class CudaEngine {
 
   // False if some peer is on another host or lacks P2P access (the backend then stages through host memory).
   bool peers_reachable() const;
-  // Why peers_reachable() is false (empty otherwise).
-  std::string unreachable_reason() const;
 
   // Every call enqueues on `stream` (whose device is `device`) and returns without blocking the host;
   // tensors are contiguous, same dtype on all ranks, on `device`. Returns the algorithm used (for logging).
@@ -81,8 +79,6 @@ class CudaEngine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int device() const { return device_; }
-  // Bytes of device memory this rank's workspace holds (0 for one rank or unreachable peers).
-  int64_t workspace_bytes() const;
   // The timeline rows of the last traced kernel (PYCOLL_CUDA_TRACE=1, kernels/trace.cuh):
   // cuda_ipc::kTraceCtas rows of cuda_ipc::kTraceEvents values. Synchronises the device.
   std::vector<int64_t> trace() const;

@@ -10,6 +10,7 @@
 // which then replace these choices: measured_choices.h).
 #include "cuda/select.h"
 
+#include "common/arith.h"
 #include "cuda/measured_choices.h"
 
 #include <algorithm>
@@ -20,6 +21,14 @@ namespace gpu {
 
 namespace {
 
+struct CostConstants {
+  double launch_us;
+  double hop_us;
+  double link_gbps;
+  double hbm_gbps;
+  int64_t min_chunk_bytes;
+};
+
 constexpr CostConstants kCost{
     /*launch_us=*/6.0,        // us: launch + the first and last step of a kernel (2x H200, fitted)
     /*hop_us=*/5.5,           // us: one more dependent step (flag hop + fence + syncs) (2x H200, fitted)
@@ -28,8 +37,6 @@ constexpr CostConstants kCost{
     /*min_chunk_bytes=*/8192  // bytes: smallest chunk handed to one CTA (512 threads x 16 B); not tuned
 };
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 int ceil_log2(int n) {
   int d = 0;
@@ -39,7 +46,6 @@ int ceil_log2(int n) {
 
 }  // namespace
 
-const CostConstants& cost_constants() { return kCost; }
 
 Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks,
                        int small_max_blocks) {
@@ -99,7 +105,8 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks) {
           return L + 2 * (n - 1) * h + 2 * (n - 1) / n * N / link + 2 * N / hbm;
         case Algo::Tree:  // up and down the depth of the tree; ~N out per rank
           return L + 2 * ceil_log2(nranks) * h + N / link + 2 * N / hbm;
-        case Algo::Auto: break;
+        case Algo::Auto:
+        case Algo::Direct: break;
       }
       break;
     case OpCode::ReduceScatter:

@@ -129,15 +129,5 @@ int two_shot_max_blocks(int64_t bytes, int nranks, bool waves, int max_blocks, i
 int64_t two_shot_chunk_bytes(int64_t bytes, int64_t seg_bytes, int nranks, bool waves, int wide_blocks,
                              int64_t chunk_bytes, bool chunk_set);
 
-// Model constants, exposed for docs/logging.
-struct CostConstants {
-  double launch_us;
-  double hop_us;
-  double link_gbps;
-  double hbm_gbps;
-  int64_t min_chunk_bytes;
-};
-const CostConstants& cost_constants();
-
 }  // namespace gpu
 }  // namespace pycoll

@@ -7,7 +7,10 @@
 #include "backend/cuda/event_pool.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
+#include "backend/op_call_helpers.h"
+#include "backend/op_stats.h"
 #include "cuda/cuda_engine.h"
+#include "engines/cuda/cuda_tensor_engine.h"
 
 namespace pycoll {
 
@@ -17,9 +20,28 @@ CudaOps::CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, 
                  std::chrono::milliseconds timeout)
     : store_(std::move(store)), group_name_(std::move(group_name)), rank_(rank), size_(size), timeout_(timeout) {}
 
+std::unique_ptr<DeviceQueue> make_cuda_queue(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank,
+                                             int size, std::chrono::milliseconds timeout) {
+  return std::make_unique<CudaOps>(std::move(store), std::move(group_name), rank, size, timeout);
+}
+
 CudaOps::~CudaOps() = default;
 
-CudaEngine& CudaOps::engine(const at::Device& device) {
+Engine* CudaOps::engine(const at::Device& device) {
+  if (Engine* e = bound_tensor_engine_.load(std::memory_order_acquire)) {
+    if (bound_device_.load(std::memory_order_relaxed) == device.index()) return e;
+  }
+  CudaEngine& eng = cuda_engine(device);
+  if (!eng.peers_reachable()) return nullptr;
+  std::lock_guard<std::mutex> g(mu_);
+  if (!tensor_engine_) {
+    tensor_engine_ = std::make_unique<CudaTensorEngine>(eng);
+    bound_tensor_engine_.store(tensor_engine_.get(), std::memory_order_release);
+  }
+  return tensor_engine_.get();
+}
+
+CudaEngine& CudaOps::cuda_engine(const at::Device& device) {
   const int idx = device.index();
   if (CudaEngine* e = bound_engine_.load(std::memory_order_acquire)) {
     if (bound_device_.load(std::memory_order_relaxed) == idx) return *e;
@@ -44,8 +66,6 @@ CudaEngine& CudaOps::engine(const at::Device& device) {
   }
   return *it->second;
 }
-
-bool CudaOps::usable(const at::Device& device) { return engine(device).peers_reachable(); }
 
 std::vector<int64_t> CudaOps::trace() {
   CudaEngine* e = bound_engine_.load(std::memory_order_acquire);
@@ -95,7 +115,7 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
   TORCH_INTERNAL_ASSERT(!tensors.empty());
   const at::Device device = tensors[0].device();
   c10::cuda::CUDAGuard guard(device);
-  CudaEngine& eng = engine(device);
+  CudaEngine& eng = cuda_engine(device);
   if (int code = eng.device_error()) {
     C10_THROW_ERROR(DistBackendError, str(op, ": the group is unusable after a GPU-side error (code ", code,
                                           "): ", eng.device_error_message()));
@@ -116,7 +136,7 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
     // a ~15 us small all_reduce). The tensors are used only on the caller's
     // stream, so the allocator needs no recordStream.
     order_after_last_collective(current.stream(), device, op);
-    body(eng, current.stream());
+    body(current);
     auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices, /*lazy_future=*/true);
     const cudaStream_t s = current.stream();
     // Conservative: the stream is idle only once this op (and what followed) ran.
@@ -141,7 +161,7 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
   }
   {
     c10::cuda::CUDAStreamGuard sg(comm);  // temporaries made by body live on the comm stream
-    body(eng, comm.stream());
+    body(comm);
   }
   EventPool::Event end = pool.get();
   PYCOLL_CHECK_CUDA(cudaEventRecord(end.get(), comm.stream()), op);
@@ -167,6 +187,29 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
     work->settle_future();
   }
   return work;
+}
+
+c10::intrusive_ptr<c10d::Work> CudaOps::send(const at::Tensor& t, int dst, uint64_t seq) {
+  static constexpr const char* kOp = "pycoll::send";
+  return launch(
+      c10d::OpType::SEND, kOp, seq, {t}, {t}, /*async_op=*/true,
+      [this, t, dst](const c10::Stream& s) {
+        cuda_engine(t.device()).send(dense(t), dst, c10::cuda::CUDAStream(s).stream());
+        record_op("send", static_cast<int64_t>(t.nbytes()), Algo::Direct, OpTimer(), -1, size_);
+      },
+      Lane::Send);
+}
+
+c10::intrusive_ptr<c10d::Work> CudaOps::recv(const at::Tensor& t, int src, uint64_t seq) {
+  static constexpr const char* kOp = "pycoll::recv";
+  return launch(
+      c10d::OpType::RECV, kOp, seq, {t}, {t}, /*async_op=*/true,
+      [this, t, src](const c10::Stream& s) {
+        at::Tensor buf = dense(t);
+        cuda_engine(t.device()).recv(buf, src, c10::cuda::CUDAStream(s).stream());
+        write_back(t, buf);
+      },
+      Lane::Recv);
 }
 
 }  // namespace pycoll

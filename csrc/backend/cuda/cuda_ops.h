@@ -23,43 +23,44 @@
 #include <string>
 #include <vector>
 
+#include "backend/device_queue.h"
 #include "common/types.h"
 
 namespace pycoll {
 
 class CudaEngine;
+class CudaTensorEngine;
 class EventPool;
 
-class CudaOps {
+class CudaOps : public DeviceQueue {
  public:
   CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank, int size,
           std::chrono::milliseconds timeout);
-  ~CudaOps();
+  ~CudaOps() override;
 
-  // True when the engine serves this device (every peer on this host with
-  // peer access). Creating the engine is collective: the first CUDA op of the
-  // group does it on every rank, in the same order.
-  bool usable(const at::Device& device);
-  // The last traced kernel's timeline (CudaEngine::trace); empty before the first CUDA collective.
-  std::vector<int64_t> trace();
+  // The engine when it serves this device (every peer on this host with peer access), else
+  // nullptr. Creating the engine is collective: the first CUDA op of the group does it on
+  // every rank, in the same order.
+  Engine* engine(const at::Device& device) override;
+  std::vector<int64_t> trace() override;
 
   // Collectives share one stream per device; sends and receives get one
   // each, so a send never waits behind a receive that depends on it.
-  enum class Lane { Collective = 0, Send = 1, Recv = 2 };
-  using Body = std::function<void(CudaEngine&, cudaStream_t)>;
   // Async (or point-to-point): orders the comm stream after the caller's
   // stream, runs body there, records tensors, and returns the Work (see
   // above). A synchronous collective (torch passes asyncOp=false) runs body
   // on the caller's current stream instead. `outputs` is what the Future holds.
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* op, uint64_t seq,
                                         const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& outputs,
-                                        bool async_op, const Body& body, Lane lane = Lane::Collective);
+                                        bool async_op, const Body& body, Lane lane) override;
+  c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, uint64_t seq) override;
+  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, uint64_t seq) override;
 
-  CudaEngine& engine(const at::Device& device);
+ private:
+  CudaEngine& cuda_engine(const at::Device& device);
   c10::cuda::CUDAStream comm_stream(const at::Device& device, Lane lane);
   EventPool& events(const at::Device& device);
 
- private:
   c10::intrusive_ptr<c10d::Store> store_;
   std::string group_name_;
   int rank_;
@@ -67,8 +68,10 @@ class CudaOps {
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::map<int, std::unique_ptr<CudaEngine>> engines_;
+  std::unique_ptr<CudaTensorEngine> tensor_engine_;  // on the one engine, when its peers are reachable
   // The one engine a rank has (engines_ never holds two): read without the lock on every call.
   std::atomic<CudaEngine*> bound_engine_{nullptr};
+  std::atomic<Engine*> bound_tensor_engine_{nullptr};
   std::atomic<int> bound_device_{-1};
   std::map<std::pair<int, int>, c10::cuda::CUDAStream> streams_;
   std::map<int, std::unique_ptr<EventPool>> event_pools_;

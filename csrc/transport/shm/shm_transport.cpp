@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <unistd.h>
 
+#include "common/arith.h"
 #include "common/check.h"
 
 namespace pycoll {
@@ -16,7 +17,6 @@ namespace pycoll {
 namespace {
 
 constexpr size_t kAlign = 4096;
-size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 std::string random_token() {
   // /dev/urandom so two jobs started in the same second still differ.

@@ -1,0 +1,168 @@
+// The coalesced forms: several tensors in one call, one sequence number and one Work. The
+// all_reduce form runs as one all_reduce of the tensors laid end to end; the all_gather and
+// reduce_scatter forms run one engine call per tensor (their layouts do not concatenate).
+#include "backend/process_group.h"
+
+#include "backend/op_call_helpers.h"
+#include "backend/settings.h"
+#include "backend/tensor_args.h"
+#include "common/check.h"
+
+namespace pycoll {
+
+namespace {
+
+Collective part(OpCode op, at::Tensor in, at::Tensor out, ReduceKind rk = ReduceKind::Sum) {
+  Collective c;
+  c.op = op;
+  c.input = std::move(in);
+  c.output = std::move(out);
+  c.reduce = rk;
+  c.algo = algo_override();
+  return c;
+}
+
+int64_t total_bytes(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                       const c10d::AllreduceCoalescedOptions& opts) {
+  static constexpr const char* kOp = "pycoll::allreduce_coalesced";
+  TORCH_CHECK_VALUE(!tensors.empty(), kOp, ": expected at least one tensor");
+  for (const auto& t : tensors) {
+    check_dense(kOp, t, "tensor");
+    check_same_type(kOp, tensors[0], t, "a tensor");
+  }
+  const ReduceKind rk = to_reduce(kOp, opts.reduceOp, tensors[0].scalar_type());
+  const std::vector<at::Tensor> ts = tensors;
+  OpCall call = new_call(c10d::OpType::ALLREDUCE_COALESCED, OpCode::AllReduce, kOp, "allreduce_coalesced", ts[0],
+                         opts.asyncOp);
+  call.tensors = call.outputs = ts;
+  call.premul_factor = rk == ReduceKind::PremulSum ? premul_factor(opts.reduceOp) : at::Tensor();
+  call.logged_bytes = total_bytes(ts);
+  call.prepare = [ts, rk] {
+    at::Tensor flat = flat_cat(ts);
+    return std::vector<Collective>{part(OpCode::AllReduce, flat, flat, rk)};
+  };
+  call.finish = [ts](const std::vector<Collective>& p) { split_into(p[0].output, ts); };
+  return run(std::move(call));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  static constexpr const char* kOp = "pycoll::allgather_coalesced";
+  TORCH_CHECK_VALUE(output_lists.size() == static_cast<size_t>(size_), kOp, ": expected ", size_,
+                    " output lists (one per rank), got ", output_lists.size());
+  for (const auto& in : inputs) {
+    check_dense(kOp, in, "input");
+  }
+  for (const auto& list : output_lists) {
+    TORCH_CHECK_VALUE(list.size() == inputs.size(), kOp, ": each output list must have ", inputs.size(),
+                      " tensors, got ", list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      check_dense(kOp, list[i], "output");
+      check_same_type(kOp, inputs[i], list[i], "an output tensor");
+      TORCH_CHECK_VALUE(list[i].numel() == inputs[i].numel(), kOp, ": output ", i, " has ", list[i].numel(),
+                        " elements, input has ", inputs[i].numel());
+    }
+  }
+  if (inputs.empty()) return nothing_to_do(c10d::OpType::ALLGATHER_COALESCED, kOp);
+  const std::vector<at::Tensor> ins = inputs;
+  const auto lists = output_lists;
+  OpCall call = new_call(c10d::OpType::ALLGATHER_COALESCED, OpCode::AllGather, kOp, "allgather_coalesced", ins[0],
+                         opts.asyncOp);
+  for (const auto& l : lists) call.outputs.insert(call.outputs.end(), l.begin(), l.end());
+  call.tensors = call.outputs;
+  call.tensors.insert(call.tensors.end(), ins.begin(), ins.end());
+  call.logged_bytes = total_bytes(ins);
+  const int n = size_;
+  call.prepare = [ins, n] {
+    std::vector<Collective> parts;
+    for (const auto& in : ins) parts.push_back(part(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options())));
+    return parts;
+  };
+  call.finish = [lists](const std::vector<Collective>& p) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      std::vector<at::Tensor> column;
+      for (const auto& l : lists) column.push_back(l[i]);
+      split_into(p[i].output, column);
+    }
+  };
+  return run(std::move(call));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  static constexpr const char* kOp = "pycoll::allgather_into_tensor_coalesced";
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), kOp, ": got ", outputs.size(), " outputs for ", inputs.size(),
+                    " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_dense(kOp, inputs[i], "input");
+    check_dense(kOp, outputs[i], "output");
+    check_same_type(kOp, inputs[i], outputs[i], "an output");
+    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_, kOp, ": output ", i, " has ",
+                      outputs[i].numel(), " elements but must have world_size * input = ", inputs[i].numel() * size_);
+  }
+  if (inputs.empty()) return nothing_to_do(c10d::OpType::COALESCED, kOp);
+  const std::vector<at::Tensor> ins = inputs, outs = outputs;
+  OpCall call = new_call(c10d::OpType::COALESCED, OpCode::AllGather, kOp, "allgather_coalesced", ins[0],
+                         opts.asyncOp);
+  call.outputs = outs;
+  call.tensors = outs;
+  call.tensors.insert(call.tensors.end(), ins.begin(), ins.end());
+  call.logged_bytes = total_bytes(ins);
+  call.prepare = [ins, outs] {
+    std::vector<Collective> parts;
+    for (size_t i = 0; i < ins.size(); ++i) parts.push_back(part(OpCode::AllGather, dense(ins[i]), dense(outs[i])));
+    return parts;
+  };
+  call.finish = [outs](const std::vector<Collective>& p) {
+    for (size_t i = 0; i < p.size(); ++i) write_back(outs[i], p[i].output);
+  };
+  return run(std::move(call));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  static constexpr const char* kOp = "pycoll::reduce_scatter_tensor_coalesced";
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), kOp, ": got ", outputs.size(), " outputs for ", inputs.size(),
+                    " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_dense(kOp, inputs[i], "input");
+    check_dense(kOp, outputs[i], "output");
+    check_same_type(kOp, inputs[i], outputs[i], "an output");
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_, kOp, ": input ", i, " has ",
+                      inputs[i].numel(), " elements but must have world_size * output = ", outputs[i].numel() * size_);
+  }
+  if (inputs.empty()) return nothing_to_do(c10d::OpType::COALESCED, kOp);
+  std::vector<ReduceKind> kinds;  // the tensors may differ in dtype
+  for (const auto& in : inputs) kinds.push_back(to_reduce(kOp, opts.reduceOp, in.scalar_type()));
+  const ReduceKind rk = kinds[0];
+  const std::vector<at::Tensor> ins = inputs, outs = outputs;
+  OpCall call = new_call(c10d::OpType::COALESCED, OpCode::ReduceScatter, kOp, "reduce_scatter_coalesced", ins[0],
+                         opts.asyncOp);
+  call.outputs = outs;
+  call.tensors = outs;
+  call.tensors.insert(call.tensors.end(), ins.begin(), ins.end());
+  call.premul_factor = rk == ReduceKind::PremulSum ? premul_factor(opts.reduceOp) : at::Tensor();
+  call.logged_bytes = total_bytes(ins);
+  call.prepare = [ins, outs, kinds] {
+    std::vector<Collective> parts;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      parts.push_back(part(OpCode::ReduceScatter, dense(ins[i]), dense(outs[i]), kinds[i]));
+    }
+    return parts;
+  };
+  call.finish = [outs](const std::vector<Collective>& p) {
+    for (size_t i = 0; i < p.size(); ++i) write_back(outs[i], p[i].output);
+  };
+  return run(std::move(call));
+}
+
+}  // namespace pycoll

@@ -1,0 +1,50 @@
+// Small pieces the entry points share when they build an OpCall.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "backend/op_call.h"
+
+namespace pycoll {
+
+// A contiguous tensor holding t's values (t itself when already contiguous).
+inline at::Tensor dense(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// Copies the result back when the op had to work on a contiguous copy.
+inline void write_back(const at::Tensor& user, const at::Tensor& buf) {
+  if (user.defined() && buf.defined() && !user.is_same(buf)) user.copy_(buf);
+}
+
+// The user's tensors (any shape, same dtype) as one flat, contiguous tensor.
+inline at::Tensor flat_cat(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (const auto& t : ts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Copies consecutive pieces of flat (numel() of each target) into the targets.
+inline void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& targets) {
+  int64_t off = 0;
+  for (const auto& t : targets) {
+    t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
+}
+
+inline OpCall new_call(c10d::OpType type, OpCode op, const char* name, const char* stats_name, const at::Tensor& ref,
+                       bool async) {
+  OpCall call;
+  call.type = type;
+  call.op = op;
+  call.name = name;
+  call.stats_name = stats_name;
+  call.async = async;
+  call.device = ref.device();
+  call.dtype = ref.scalar_type();
+  return call;
+}
+
+}  // namespace pycoll

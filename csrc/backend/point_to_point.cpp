@@ -1,0 +1,84 @@
+// send / recv: matched by (peer, tag) in posting order. A rank to itself goes through SelfP2P,
+// CUDA tensors the CUDA engine serves through the device queue, everything else through the CPU
+// engine's point-to-point channels (CUDA tensors staged through host memory).
+#include "backend/process_group.h"
+
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <optional>
+
+#include "backend/op_stats.h"
+#include "backend/tensor_args.h"
+#include "common/check.h"
+
+namespace pycoll {
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  static constexpr const char* kOp = "pycoll::send";
+  check_one_tensor(kOp, tensors);
+  check_rank(kOp, dst, size_, "destination rank");
+  const at::Tensor t = tensors[0];
+  check_dense(kOp, t, "tensor");
+  check_usable(kOp);
+  if (dst == rank_) return self_p2p_.send(t, tag, ++issued_);
+  if (on_cuda_engine(t)) return cuda_->send(t, dst, ++issued_);
+  return host_p2p(/*is_send=*/true, kOp, t, dst, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  static constexpr const char* kOp = "pycoll::recv";
+  check_one_tensor(kOp, tensors);
+  check_rank(kOp, src, size_, "source rank");
+  const at::Tensor t = tensors[0];
+  check_dense(kOp, t, "tensor");
+  check_usable(kOp);
+  if (src == rank_) return self_p2p_.recv(t, tag, ++issued_);
+  if (on_cuda_engine(t)) return cuda_->recv(t, src, ++issued_);
+  return host_p2p(/*is_send=*/false, kOp, t, src, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {
+  TORCH_CHECK(false, "pycoll::recv: receiving from any source is not supported; pass src=");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const char* op, const at::Tensor& t,
+                                                            int peer, int tag) {
+  // The channel reads or writes `buf`: t itself when it is a contiguous CPU tensor, else a host
+  // copy. A send copies before returning (the caller's stream as it is now); a receive copies
+  // back on the channel's thread, on the caller's stream as it was when the receive was posted.
+  const bool in_place = t.is_cpu() && t.is_contiguous();
+  at::Tensor buf = in_place ? t : at::empty(t.sizes(), t.options().device(at::kCPU));
+  if (is_send && !in_place) buf.copy_(t);
+  std::optional<c10::Stream> stream;
+  if (!t.is_cpu()) stream = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+  auto work = c10::make_intrusive<PycollWork>(rank_, is_send ? c10d::OpType::SEND : c10d::OpType::RECV, op,
+                                              ++issued_, std::vector<at::Tensor>{t}, std::vector<c10::Device>{});
+  const int64_t bytes = static_cast<int64_t>(buf.nbytes());
+  char* data = static_cast<char*>(buf.data_ptr());
+  if (is_send) {
+    record_op("send", bytes, Algo::Direct, OpTimer(), -1, size_);
+    // The caller must not modify t before wait(), as with every backend; buf lives until then.
+    cpu_->p2p().post_send(peer, tag, data, bytes, [work, buf](std::exception_ptr err) {
+      work->mark_done(err);
+      CompletionPool::instance().post([work] { work->settle_future(); });
+    });
+  } else {
+    cpu_->p2p().post_recv(peer, tag, data, bytes, [work, buf, t, stream](std::exception_ptr err) {
+      if (!err && !buf.is_same(t)) {
+        try {
+          std::optional<c10::StreamGuard> on_stream;
+          if (stream) on_stream.emplace(*stream);
+          t.copy_(buf);
+        } catch (...) {
+          err = std::current_exception();
+        }
+      }
+      work->mark_done(err);
+      CompletionPool::instance().post([work] { work->settle_future(); });
+    });
+  }
+  return work;
+}
+
+}  // namespace pycoll

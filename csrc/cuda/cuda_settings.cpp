@@ -1,0 +1,68 @@
+#include "cuda/cuda_settings.h"
+
+#include "cuda/select.h"
+#include "transport/cuda_ipc/layout.h"
+
+namespace pycoll::cuda_settings {
+
+namespace {
+constexpr const char* kScope = "cuda engine";
+constexpr int64_t kMaxKiB = 16384;
+}  // namespace
+
+const IntSetting kMaxBlocks("PYCOLL_CUDA_MAX_BLOCKS", gpu::kDefaultMaxBlocks, 1, cuda_ipc::kMaxCollBlocks, kScope, true,
+                            Audience::Developer,
+                            "CTAs one collective uses at most (never more than the GPU's SMs); above the workspace's "
+                            "channel count the workspace grows with it. Also caps the two-shot unless "
+                            "PYCOLL_CUDA_TWO_SHOT_BLOCKS is set.");
+const IntSetting kSmallMaxBlocks("PYCOLL_CUDA_SMALL_MAX_BLOCKS", gpu::kSmallMaxBlocks, 1, cuda_ipc::kMaxCollBlocks,
+                                 kScope, true, Audience::Developer,
+                                 "The same cap for messages up to gpu::kSmallMessageBytes.");
+const IntSetting kLLMaxKiB("PYCOLL_CUDA_LL_MAX_KIB", gpu::kDefaultLLMaxBytes / 1024, 0, cuda_ipc::kLLMaxBytes / 1024,
+                           kScope, true, Audience::Developer,
+                           "Largest all_reduce (KiB) that the one-shot runs with the LL protocol; 0 turns LL off. "
+                           "docs/decisions/0001-ll-protocol-small-all-reduce.md");
+const IntSetting kSlotKiB("PYCOLL_CUDA_SLOT_KIB", 0, 0, kMaxKiB, kScope, true, Audience::Developer,
+                          "Collective slot size in KiB; 0 = by world size (transport/cuda_ipc/layout.h).",
+                          "0 (by world size)", false, 4);
+const IntSetting kChunkKiB("PYCOLL_CUDA_CHUNK_KIB", 0, 0, kMaxKiB, kScope, true, Audience::Developer,
+                           "Largest chunk one CTA step moves, in KiB; 0 = the slot size (and the cap).",
+                           "0 (the slot size)", false, 4);
+const IntSetting kSplitMinKiB("PYCOLL_CUDA_SPLIT_MIN_KIB", gpu::kDefaultSplitMinBytes / 1024, 0, int64_t(1) << 40,
+                              kScope, true, Audience::Developer,
+                              "Two ranks: a one-shot all_reduce of at least this many KiB runs split (pushing and "
+                              "reducing CTAs apart). docs/decisions/0004-split-one-shot.md");
+const IntSetting kSplitChunkKiB("PYCOLL_CUDA_SPLIT_CHUNK_KIB", 0, 0, kMaxKiB, kScope, true, Audience::Developer,
+                                "Chunk of the split one-shot in KiB; 0 = the measured default of the claimed or "
+                                "static split.",
+                                "0 (measured default)", false, 4);
+const IntSetting kSplitTaper("PYCOLL_CUDA_SPLIT_TAPER", 1, 0, 1, kScope, true, Audience::Developer,
+                             "1: the split one-shot cuts each channel's last chunk at half a chunk. "
+                             "docs/decisions/0004-split-one-shot.md");
+const IntSetting kSplitClaimed("PYCOLL_CUDA_SPLIT_CLAIMED", 1, 0, 1, kScope, true, Audience::Developer,
+                               "1: the split one-shot's pushers claim chunks from one counter. "
+                               "docs/decisions/0008-claimed-split.md");
+const IntSetting kTwoShotWaves("PYCOLL_CUDA_TWO_SHOT_WAVES", 1, 0, 1, kScope, true, Audience::Developer,
+                               "1: the two-shot all_reduce starts half of its CTAs after the other half. "
+                               "docs/decisions/0009-two-shot-waves.md",
+                               "1 for two ranks, else 0");
+const IntSetting kTwoShotBlocks("PYCOLL_CUDA_TWO_SHOT_BLOCKS", gpu::kTwoRankWideTwoShotBlocks, 0,
+                                cuda_ipc::kMaxCollBlocks, kScope, true, Audience::Developer,
+                                "CTAs of a two-rank two-shot all_reduce with waves up to "
+                                "gpu::kTwoRankWideTwoShotMaxBytes; 0 = the PYCOLL_CUDA_MAX_BLOCKS cap.",
+                                "128 (0 when PYCOLL_CUDA_MAX_BLOCKS is set)");
+const IntSetting kLL128MaxKiB("PYCOLL_CUDA_LL128_MAX_KIB", 0, 0, int64_t(1) << 20, kScope, true, Audience::Developer,
+                              "Largest two-shot all_reduce (KiB) run with the LL128 protocol; 0 turns it off. The "
+                              "workspace holds a whole message of this size. docs/decisions/0010-ll128-two-shot.md",
+                              "gpu::default_ll128_max_bytes (two ranks: 16 MiB; more ranks: 0)");
+const IntSetting kLL128Blocks("PYCOLL_CUDA_LL128_BLOCKS", cuda_ipc::kLL128Blocks, 1, cuda_ipc::kLL128Blocks, kScope,
+                              true, Audience::Developer, "CTAs of an LL128 kernel at most (never more than the SMs).");
+const IntSetting kEarlyLaunch("PYCOLL_CUDA_EARLY_LAUNCH", 1, 0, 1, kScope, false, Audience::Developer,
+                              "1: collective kernels use programmatic dependent launch (sm_90+), so back-to-back "
+                              "collectives do not wait for a full launch. docs/decisions/0005-early-launch.md",
+                              "1 on sm_90 and later, else 0");
+const IntSetting kTrace("PYCOLL_CUDA_TRACE", 0, 0, 1, kScope, false, Audience::Developer,
+                        "1: kernels that support it record their timeline in the workspace "
+                        "(pycollectives cuda_trace(); kernels/trace.cuh).");
+
+}  // namespace pycoll::cuda_settings

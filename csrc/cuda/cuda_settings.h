@@ -1,0 +1,27 @@
+// The CUDA engine's settings (common/setting.h), read once per engine in its constructor. They
+// shape the workspace and the launches, so every rank must use the same values (the engine
+// compares them before the first launch). Compiled into CPU-only builds too, so that
+// pycollectives.settings() lists them everywhere.
+#pragma once
+
+#include "common/setting.h"
+
+namespace pycoll::cuda_settings {
+
+extern const IntSetting kMaxBlocks;
+extern const IntSetting kSmallMaxBlocks;
+extern const IntSetting kLLMaxKiB;
+extern const IntSetting kSlotKiB;
+extern const IntSetting kChunkKiB;
+extern const IntSetting kSplitMinKiB;
+extern const IntSetting kSplitChunkKiB;
+extern const IntSetting kSplitTaper;
+extern const IntSetting kSplitClaimed;
+extern const IntSetting kTwoShotWaves;
+extern const IntSetting kTwoShotBlocks;
+extern const IntSetting kLL128MaxKiB;
+extern const IntSetting kLL128Blocks;
+extern const IntSetting kEarlyLaunch;
+extern const IntSetting kTrace;
+
+}  // namespace pycoll::cuda_settings

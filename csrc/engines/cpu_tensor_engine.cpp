@@ -1,0 +1,49 @@
+#include "engines/cpu_tensor_engine.h"
+
+#include "algorithms/cpu_engine.h"
+#include "engines/dtypes.h"
+
+namespace pycoll {
+
+namespace {
+char* bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<char*>(t.data_ptr()) : nullptr; }
+}  // namespace
+
+bool CpuTensorEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& device) {
+  return device.is_cpu() && (moves_as_bytes(op) || reducible_dtype(dtype).has_value());
+}
+
+Algo CpuTensorEngine::run(const Collective& c, const c10::Stream& /*stream*/) {
+  // Ops that only move data see bytes (any dtype); reductions see the element type.
+  const at::Tensor& ref = c.input.defined() ? c.input : c.output;
+  const DType dt = moves_as_bytes(c.op) ? DType::UInt8 : *reducible_dtype(ref.scalar_type());
+  const auto count = [&](const at::Tensor& t) { return moves_as_bytes(c.op) ? t.nbytes() : t.numel(); };
+  switch (c.op) {
+    case OpCode::AllReduce:
+      return cpu_.all_reduce(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, c.algo);
+    case OpCode::Reduce:
+      return cpu_.reduce(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.reduce, c.root, c.algo);
+    case OpCode::Broadcast:
+      return cpu_.broadcast(bytes_of(c.output), count(c.output), dt, c.root, c.algo);
+    case OpCode::AllGather:
+      return cpu_.all_gather(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.algo);
+    case OpCode::ReduceScatter:
+      return cpu_.reduce_scatter(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, c.algo);
+    case OpCode::Gather:
+      cpu_.gather(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.root);
+      return Algo::Direct;
+    case OpCode::Scatter:
+      cpu_.scatter(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.root);
+      return Algo::Direct;
+    case OpCode::AllToAll:
+      cpu_.all_to_all(bytes_of(c.input), bytes_of(c.output), c.splits.send_bytes, c.splits.send_offsets,
+                      c.splits.recv_bytes, c.splits.recv_offsets, dt);
+      return Algo::Direct;
+    case OpCode::Barrier:
+      cpu_.barrier();
+      return Algo::Direct;
+  }
+  TORCH_INTERNAL_ASSERT(false, "pycoll: the CPU engine got an unknown op");
+}
+
+}  // namespace pycoll

@@ -1,0 +1,23 @@
+// The CPU engine behind the engine interface: CPU tensors, shared memory between the ranks of
+// one host (algorithms/cpu_engine.h does the work on raw pointers).
+#pragma once
+
+#include "engines/engine.h"
+
+namespace pycoll {
+
+class CpuEngine;
+
+class CpuTensorEngine : public Engine {
+ public:
+  explicit CpuTensorEngine(CpuEngine& cpu) : cpu_(cpu) {}
+  const char* name() const override { return "cpu"; }
+  bool serves(OpCode op, at::ScalarType dtype, const at::Device& device) override;
+  bool enqueues_on_device() const override { return false; }
+  Algo run(const Collective& c, const c10::Stream& stream) override;
+
+ private:
+  CpuEngine& cpu_;
+};
+
+}  // namespace pycoll

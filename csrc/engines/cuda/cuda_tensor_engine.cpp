@@ -1,0 +1,41 @@
+#include "engines/cuda/cuda_tensor_engine.h"
+
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/cuda_engine.h"
+#include "engines/dtypes.h"
+
+namespace pycoll {
+
+bool CudaTensorEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& device) {
+  if (!device.is_cuda() || device.index() != cuda_.device()) return false;
+  switch (op) {
+    case OpCode::Broadcast:
+    case OpCode::AllGather:
+    case OpCode::AllToAll: return true;
+    case OpCode::AllReduce:
+    case OpCode::Reduce:
+    case OpCode::ReduceScatter: return reducible_dtype(dtype).has_value();
+    default: return false;
+  }
+}
+
+Algo CudaTensorEngine::run(const Collective& c, const c10::Stream& stream) {
+  const cudaStream_t s = c10::cuda::CUDAStream(stream).stream();
+  at::Tensor out = c.output;
+  switch (c.op) {
+    case OpCode::AllReduce: return cuda_.all_reduce(c.input, out, c.reduce, c.algo, s);
+    case OpCode::ReduceScatter: return cuda_.reduce_scatter(c.input, out, c.reduce, c.algo, s);
+    case OpCode::AllGather: return cuda_.all_gather(c.input, out, c.algo, s);
+    case OpCode::Broadcast: cuda_.broadcast(out, c.root, s); return Algo::OneShot;
+    case OpCode::Reduce: cuda_.reduce(c.input, out, c.root, c.reduce, s); return Algo::OneShot;
+    case OpCode::AllToAll:
+      cuda_.all_to_all(c.input, out, c.splits.send_bytes, c.splits.send_offsets, c.splits.recv_bytes,
+                       c.splits.recv_offsets, s);
+      return Algo::Direct;
+    default: break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "pycoll: the CUDA engine got an op it does not serve: ", op_name(c.op));
+}
+
+}  // namespace pycoll

@@ -1,0 +1,25 @@
+// The CUDA engine behind the engine interface: CUDA tensors of one host's GPUs, through CUDA IPC
+// peer memory (cuda/cuda_engine.h does the work). run() enqueues on the stream it is given.
+#pragma once
+
+#include "engines/engine.h"
+
+namespace pycoll {
+
+class CudaEngine;
+
+class CudaTensorEngine : public Engine {
+ public:
+  explicit CudaTensorEngine(CudaEngine& cuda) : cuda_(cuda) {}
+  const char* name() const override { return "cuda"; }
+  // all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all; gather, scatter and
+  // barrier go through host memory.
+  bool serves(OpCode op, at::ScalarType dtype, const at::Device& device) override;
+  bool enqueues_on_device() const override { return true; }
+  Algo run(const Collective& c, const c10::Stream& stream) override;
+
+ private:
+  CudaEngine& cuda_;
+};
+
+}  // namespace pycoll

@@ -1,0 +1,99 @@
+"""Data-movement ops move any dtype as bytes (issue 21 item 2): float8, int16, uint16/32/64,
+complex, on CPU tensors (and CUDA tensors through the same backend path). Gloo has none of the
+float8 or unsigned wide types, so the reference is a plain torch computation: every rank's
+input is a known function of its rank. Reductions on dtypes no engine reduces raise a TypeError
+naming the dtype."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ranks import run_ranks
+
+MOVE_DTYPES = ["float8_e4m3fn", "float8_e5m2", "int16", "uint16", "uint32", "uint64", "complex64"]
+
+
+def _values(dtype, rank, n, salt=0):
+    """n values that identify (rank, salt, position) and survive a round trip through dtype."""
+    base = (torch.arange(n, dtype=torch.int64) * 7 + rank * 13 + salt * 5) % 61
+    if dtype.is_complex:
+        return torch.complex(base.float(), -base.float()).to(dtype)
+    return base.to(torch.float32).to(dtype) if dtype.is_floating_point else base.to(dtype)
+
+
+def _same(a, b):
+    # float8 has no equality kernel on CPU: compare the bytes.
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _moves_any_dtype(rank, ws, name):
+    dt = getattr(torch, name)
+    n = 37
+    # all_gather_into_tensor and the list form
+    out = torch.empty(n * ws, dtype=dt)
+    dist.all_gather_into_tensor(out, _values(dt, rank, n))
+    assert _same(out, torch.cat([_values(dt, r, n) for r in range(ws)])), name
+    outs = [torch.empty(n, dtype=dt) for _ in range(ws)]
+    dist.all_gather(outs, _values(dt, rank, n, 1))
+    assert all(_same(outs[r], _values(dt, r, n, 1)) for r in range(ws)), name
+    # broadcast from the last rank, non-contiguous on every rank
+    t = torch.empty(2 * n, dtype=dt)[::2]
+    t.copy_(_values(dt, rank, n, 2))
+    dist.broadcast(t, src=ws - 1)
+    assert _same(t, _values(dt, ws - 1, n, 2)), name
+    # uneven all_to_all_single: rank r sends r + q + 1 rows to rank q, zero rows to itself on rank 0
+    send_splits = [0 if (rank == 0 and q == 0) else rank + q + 1 for q in range(ws)]
+    recv_splits = [0 if (rank == 0 and q == 0) else q + rank + 1 for q in range(ws)]
+    src = _values(dt, rank, sum(send_splits), 3)
+    dst = torch.empty(sum(recv_splits), dtype=dt)
+    dist.all_to_all_single(dst, src, recv_splits, send_splits)
+    off = 0
+    for q in range(ws):
+        their = _values(dt, q, sum(0 if (q == 0 and p == 0) else q + p + 1 for p in range(ws)), 3)
+        start = sum(0 if (q == 0 and p == 0) else q + p + 1 for p in range(rank))
+        assert _same(dst[off:off + recv_splits[q]], their[start:start + recv_splits[q]]), (name, q)
+        off += recv_splits[q]
+    # all_to_all (lists)
+    ins = [_values(dt, rank, 3, 10 + q) for q in range(ws)]
+    outs = [torch.empty(3, dtype=dt) for _ in range(ws)]
+    dist.all_to_all(outs, ins)
+    assert all(_same(outs[q], _values(dt, q, 3, 10 + rank)) for q in range(ws)), name
+    # scatter and gather with root 0
+    got = torch.empty(n, dtype=dt)
+    dist.scatter(got, [_values(dt, 0, n, 20 + q) for q in range(ws)] if rank == 0 else None, src=0)
+    assert _same(got, _values(dt, 0, n, 20 + rank)), name
+    gl = [torch.empty(n, dtype=dt) for _ in range(ws)] if rank == 0 else None
+    dist.gather(_values(dt, rank, n, 30), gl, dst=0)
+    if rank == 0:
+        assert all(_same(gl[r], _values(dt, r, n, 30)) for r in range(ws)), name
+    # send/recv around a ring
+    if ws > 1:
+        nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+        r = torch.empty(n, dtype=dt)
+        reqs = [dist.isend(_values(dt, rank, n, 40), nxt), dist.irecv(r, prv)]
+        for q in reqs:
+            q.wait()
+        assert _same(r, _values(dt, prv, n, 40)), name
+    return True
+
+
+@pytest.mark.parametrize("ws", [1, 2, 3])
+def test_data_movement_takes_any_dtype(ws):
+    for name in MOVE_DTYPES:
+        assert run_ranks(ws, _moves_any_dtype, name) == [True] * ws
+
+
+def _reduction_rejects(rank, ws, name):
+    dt = getattr(torch, name)
+    t = _values(dt, rank, 5)
+    for call in (lambda: dist.all_reduce(t), lambda: dist.reduce_scatter_tensor(torch.empty(5, dtype=dt),
+                                                                                 _values(dt, rank, 5 * ws))):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert "unsupported dtype" in str(info.value) and "reduction" in str(info.value), str(info.value)
+    dist.barrier()  # the group is still usable after the rejected calls
+    return True
+
+
+def test_reductions_name_an_unsupported_dtype():
+    assert run_ranks(2, _reduction_rejects, "uint32") == [True, True]
