@@ -15,7 +15,7 @@ MOVE_DTYPES = ["float8_e4m3fn", "float8_e5m2", "int16", "uint16", "uint32", "uin
 
 def _values(dtype, rank, n, salt=0):
     """n values that identify (rank, salt, position) and survive a round trip through dtype."""
-    base = (torch.arange(n, dtype=torch.int64) * 7 + rank * 13 + salt * 5) % 61
+    base = (torch.arange(n, dtype=torch.int64, device=torch.get_default_device()) * 7 + rank * 13 + salt * 5) % 61
     if dtype.is_complex:
         return torch.complex(base.float(), -base.float()).to(dtype)
     return base.to(torch.float32).to(dtype) if dtype.is_floating_point else base.to(dtype)
@@ -26,7 +26,10 @@ def _same(a, b):
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-def _moves_any_dtype(rank, ws, name):
+def _moves_any_dtype(rank, ws, name, device="cpu"):
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        torch.set_default_device(f"cuda:{rank}")  # every tensor below, and _values, on this rank's GPU
     dt = getattr(torch, name)
     n = 37
     # all_gather_into_tensor and the list form
@@ -81,6 +84,14 @@ def _moves_any_dtype(rank, ws, name):
 def test_data_movement_takes_any_dtype(ws):
     for name in MOVE_DTYPES:
         assert run_ranks(ws, _moves_any_dtype, name) == [True] * ws
+
+
+@pytest.mark.gpu
+@pytest.mark.pycoll_only
+def test_data_movement_takes_any_dtype_on_cuda():
+    # all_gather, broadcast and all_to_all run on the CUDA engine; scatter, gather through host memory.
+    for name in MOVE_DTYPES:
+        assert run_ranks(2, _moves_any_dtype, name, "cuda") == [True, True]
 
 
 def _reduction_rejects(rank, ws, name):

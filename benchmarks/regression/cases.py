@@ -11,7 +11,7 @@ KiB = 1 << 10
 
 CPU_SIZES = (8, 64 * KiB, 1 * MiB, 16 * MiB)
 GPU_SIZES = (8, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB)
-GPU_COMPARE_EXTRA = (32 * MiB, 64 * MiB)  # make bench-compare on GPUs also covers these
+GPU_COMPARE_EXTRA = (4 * MiB, 32 * MiB, 64 * MiB, 1024 * MiB)  # make bench-compare on GPUs also covers these
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "all_to_all")
 # Algorithms a user can force (pycollectives.set_algo), per engine and op, besides auto: those
