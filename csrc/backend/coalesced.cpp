@@ -4,7 +4,6 @@
 #include "backend/process_group.h"
 
 #include "backend/op_call_helpers.h"
-#include "backend/settings.h"
 #include "backend/tensor_args.h"
 #include "common/check.h"
 
@@ -12,15 +11,6 @@ namespace pycoll {
 
 namespace {
 
-Collective part(OpCode op, at::Tensor in, at::Tensor out, ReduceKind rk = ReduceKind::Sum) {
-  Collective c;
-  c.op = op;
-  c.input = std::move(in);
-  c.output = std::move(out);
-  c.reduce = rk;
-  c.algo = algo_override();
-  return c;
-}
 
 int64_t total_bytes(const std::vector<at::Tensor>& ts) {
   int64_t n = 0;
@@ -47,7 +37,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce_coalesced(std::vect
   call.logged_bytes = total_bytes(ts);
   call.prepare = [ts, rk] {
     at::Tensor flat = flat_cat(ts);
-    return std::vector<Collective>{part(OpCode::AllReduce, flat, flat, rk)};
+    return std::vector<Collective>{engine_call(OpCode::AllReduce, flat, flat, rk)};
   };
   call.finish = [ts](const std::vector<Collective>& p) { split_into(p[0].output, ts); };
   return run(std::move(call));
@@ -84,7 +74,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_coalesced(
   const int n = size_;
   call.prepare = [ins, n] {
     std::vector<Collective> parts;
-    for (const auto& in : ins) parts.push_back(part(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options())));
+    for (const auto& in : ins) parts.push_back(engine_call(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options())));
     return parts;
   };
   call.finish = [lists](const std::vector<Collective>& p) {
@@ -119,7 +109,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_into_tensor_coalesc
   call.logged_bytes = total_bytes(ins);
   call.prepare = [ins, outs] {
     std::vector<Collective> parts;
-    for (size_t i = 0; i < ins.size(); ++i) parts.push_back(part(OpCode::AllGather, dense(ins[i]), dense(outs[i])));
+    for (size_t i = 0; i < ins.size(); ++i) parts.push_back(engine_call(OpCode::AllGather, dense(ins[i]), dense(outs[i])));
     return parts;
   };
   call.finish = [outs](const std::vector<Collective>& p) {
@@ -155,7 +145,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter_tensor_coalesc
   call.prepare = [ins, outs, kinds] {
     std::vector<Collective> parts;
     for (size_t i = 0; i < ins.size(); ++i) {
-      parts.push_back(part(OpCode::ReduceScatter, dense(ins[i]), dense(outs[i]), kinds[i]));
+      parts.push_back(engine_call(OpCode::ReduceScatter, dense(ins[i]), dense(outs[i]), kinds[i]));
     }
     return parts;
   };

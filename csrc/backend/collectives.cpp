@@ -2,7 +2,6 @@
 #include "backend/process_group.h"
 
 #include "backend/op_call_helpers.h"
-#include "backend/settings.h"
 #include "backend/tensor_args.h"
 #include "common/check.h"
 
@@ -14,16 +13,6 @@ at::Tensor premul_factor_of(const c10d::ReduceOp& op, ReduceKind rk) {
   return rk == ReduceKind::PremulSum ? premul_factor(op) : at::Tensor();
 }
 
-Collective part(OpCode op, at::Tensor in, at::Tensor out, ReduceKind rk = ReduceKind::Sum, int root = 0) {
-  Collective c;
-  c.op = op;
-  c.input = std::move(in);
-  c.output = std::move(out);
-  c.reduce = rk;
-  c.root = root;
-  c.algo = algo_override();
-  return c;
-}
 
 }  // namespace
 
@@ -38,11 +27,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce(std::vector<at::Ten
   call.tensors = call.outputs = {t};
   call.premul_factor = premul_factor_of(opts.reduceOp, rk);
   call.logged_bytes = static_cast<int64_t>(t.nbytes());
-  call.prepare = [t, rk] {
-    at::Tensor buf = dense(t);
-    return std::vector<Collective>{part(OpCode::AllReduce, buf, buf, rk)};
-  };
-  call.finish = [t](const std::vector<Collective>& p) { write_back(t, p[0].output); };
+  call.direct = engine_call(OpCode::AllReduce, t, t, rk);
   return run(std::move(call));
 }
 
@@ -58,13 +43,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::broadcast(std::vector<at::Ten
   OpCall call = new_call(c10d::OpType::BROADCAST, OpCode::Broadcast, kOp, "broadcast", t, opts.asyncOp);
   call.tensors = call.outputs = {t};
   call.logged_bytes = rank_ == root ? static_cast<int64_t>(t.nbytes()) : 0;
-  call.prepare = [t, root] {
-    at::Tensor buf = dense(t);
-    return std::vector<Collective>{part(OpCode::Broadcast, buf, buf, ReduceKind::Sum, root)};
-  };
-  call.finish = [this, t, root](const std::vector<Collective>& p) {
-    if (rank_ != root) write_back(t, p[0].output);
-  };
+  call.direct = engine_call(OpCode::Broadcast, t, t, ReduceKind::Sum, root);
+  call.write_back = rank_ != root;
   return run(std::move(call));
 }
 
@@ -81,13 +61,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce(std::vector<at::Tensor
   call.tensors = call.outputs = {t};
   call.premul_factor = premul_factor_of(opts.reduceOp, rk);
   call.logged_bytes = static_cast<int64_t>(t.nbytes());
-  call.prepare = [t, rk, root] {
-    at::Tensor buf = dense(t);
-    return std::vector<Collective>{part(OpCode::Reduce, buf, buf, rk, root)};
-  };
-  call.finish = [this, t, root](const std::vector<Collective>& p) {
-    if (rank_ == root) write_back(t, p[0].output);
-  };
+  call.direct = engine_call(OpCode::Reduce, t, t, rk, root);
+  call.write_back = rank_ == root;
   return run(std::move(call));
 }
 
@@ -115,7 +90,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather(std::vector<std::ve
   call.logged_bytes = static_cast<int64_t>(in.nbytes());
   const int n = size_;
   call.prepare = [in, n] {
-    return std::vector<Collective>{part(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options()))};
+    return std::vector<Collective>{engine_call(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options()))};
   };
   call.finish = [outs](const std::vector<Collective>& p) { split_into(p[0].output, outs); };
   return run(std::move(call));
@@ -134,8 +109,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_allgather_base(at::Tensor& o
   call.tensors = {in, out};
   call.outputs = {out};
   call.logged_bytes = static_cast<int64_t>(in.nbytes());
-  call.prepare = [in, out] { return std::vector<Collective>{part(OpCode::AllGather, dense(in), dense(out))}; };
-  call.finish = [out](const std::vector<Collective>& p) { write_back(out, p[0].output); };
+  call.direct = engine_call(OpCode::AllGather, in, out);
   return run(std::move(call));
 }
 
@@ -172,7 +146,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::gather(std::vector<std::vecto
   const int n = size_;
   call.prepare = [in, is_root, n, root] {
     at::Tensor flat = is_root ? at::empty({in.numel() * n}, in.options()) : at::Tensor();
-    return std::vector<Collective>{part(OpCode::Gather, dense(in), flat, ReduceKind::Sum, root)};
+    return std::vector<Collective>{engine_call(OpCode::Gather, dense(in), flat, ReduceKind::Sum, root)};
   };
   call.finish = [outs, is_root](const std::vector<Collective>& p) {
     if (is_root) split_into(p[0].output, outs);
@@ -222,7 +196,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::scatter(std::vector<at::Tenso
   call.logged_bytes = rank_ == root ? static_cast<int64_t>(out.nbytes()) * size_ : 0;
   call.prepare = [ins, out, root] {
     at::Tensor flat = ins.empty() ? at::Tensor() : flat_cat(ins);
-    return std::vector<Collective>{part(OpCode::Scatter, flat, dense(out), ReduceKind::Sum, root)};
+    return std::vector<Collective>{engine_call(OpCode::Scatter, flat, dense(out), ReduceKind::Sum, root)};
   };
   call.finish = [out](const std::vector<Collective>& p) { write_back(out, p[0].output); };
   return run(std::move(call));
@@ -253,7 +227,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter(std::vector<at
   call.premul_factor = premul_factor_of(opts.reduceOp, rk);
   call.logged_bytes = static_cast<int64_t>(out.nbytes()) * size_;
   call.prepare = [ins, out, rk] {
-    return std::vector<Collective>{part(OpCode::ReduceScatter, flat_cat(ins), dense(out), rk)};
+    return std::vector<Collective>{engine_call(OpCode::ReduceScatter, flat_cat(ins), dense(out), rk)};
   };
   call.finish = [out](const std::vector<Collective>& p) { write_back(out, p[0].output); };
   return run(std::move(call));
@@ -275,10 +249,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_reduce_scatter_base(at::Tens
   call.outputs = {out};
   call.premul_factor = premul_factor_of(opts.reduceOp, rk);
   call.logged_bytes = static_cast<int64_t>(in.nbytes());
-  call.prepare = [in, out, rk] {
-    return std::vector<Collective>{part(OpCode::ReduceScatter, dense(in), dense(out), rk)};
-  };
-  call.finish = [out](const std::vector<Collective>& p) { write_back(out, p[0].output); };
+  call.direct = engine_call(OpCode::ReduceScatter, in, out, rk);
   return run(std::move(call));
 }
 
@@ -331,12 +302,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::alltoall_base(at::Tensor& out
   call.tensors = {in, out};
   call.outputs = {out};
   call.logged_bytes = static_cast<int64_t>(in.nbytes());
-  call.prepare = [in, out, splits] {
-    Collective c = part(OpCode::AllToAll, dense(in), dense(out));
-    c.splits = splits;
-    return std::vector<Collective>{c};
-  };
-  call.finish = [out](const std::vector<Collective>& p) { write_back(out, p[0].output); };
+  call.direct = engine_call(OpCode::AllToAll, in, out);
+  call.direct.splits = std::move(splits);
   return run(std::move(call));
 }
 
@@ -370,7 +337,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::alltoall(std::vector<at::Tens
   call.logged_bytes = sent;
   const int64_t received_elems = received / static_cast<int64_t>(ins[0].element_size());
   call.prepare = [ins, splits, received_elems] {
-    Collective c = part(OpCode::AllToAll, flat_cat(ins), at::empty({received_elems}, ins[0].options()));
+    Collective c = engine_call(OpCode::AllToAll, flat_cat(ins), at::empty({received_elems}, ins[0].options()));
     c.splits = splits;
     return std::vector<Collective>{c};
   };
@@ -387,7 +354,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::barrier(const c10d::BarrierOp
   call.stats_name = "barrier";
   call.async = opts.asyncOp;
   call.dtype = at::kByte;
-  call.prepare = [] { return std::vector<Collective>{part(OpCode::Barrier, at::Tensor(), at::Tensor())}; };
+  call.direct = engine_call(OpCode::Barrier, at::Tensor(), at::Tensor());
   return run(std::move(call));
 }
 

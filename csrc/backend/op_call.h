@@ -27,7 +27,12 @@ struct OpCall {
   at::Tensor premul_factor;
   std::vector<at::Tensor> tensors;  // every user tensor the op reads or writes (kept alive)
   std::vector<at::Tensor> outputs;  // what the Work's Future holds
-  // Builds the engine calls from the user's tensors: flat dense views, or copies when the user's
+  // The simple form, used when prepare is empty: one engine call on the user's own tensors. The
+  // runner makes them dense where they are not (an in-place call stays in place) and, when
+  // write_back is set, copies the dense output back into the user's tensor.
+  Collective direct;
+  bool write_back = true;
+  // The general form (lists, coalesced calls). Builds the engine calls from the user's tensors: flat dense views, or copies when the user's
   // tensors are not contiguous or come as lists. Runs where the op runs (after the caller's
   // stream), so copies made here are ordered like the op.
   std::function<std::vector<Collective>()> prepare;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/op_call.h"
+#include "backend/settings.h"
 
 namespace pycoll {
 
@@ -32,6 +33,19 @@ inline void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& ta
     t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
     off += t.numel();
   }
+}
+
+// One engine call; the algorithm is the user's forced one (pycollectives.set_algo) or auto.
+inline Collective engine_call(OpCode op, at::Tensor in, at::Tensor out, ReduceKind rk = ReduceKind::Sum,
+                              int root = 0) {
+  Collective c;
+  c.op = op;
+  c.input = std::move(in);
+  c.output = std::move(out);
+  c.reduce = rk;
+  c.root = root;
+  c.algo = algo_override();
+  return c;
 }
 
 inline OpCall new_call(c10d::OpType type, OpCode op, const char* name, const char* stats_name, const at::Tensor& ref,

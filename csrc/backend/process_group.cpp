@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "backend/gil_release.h"
+#include "backend/op_call_helpers.h"
 #include "backend/op_stats.h"
 #include "common/check.h"
 #include "engines/cpu_tensor_engine.h"
@@ -135,17 +136,30 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   // on the executor thread, whose current stream is not the caller's.
   std::optional<c10::StreamGuard> on_stream;
   if (!engine.enqueues_on_device() && stream.device_type() != at::kCPU) on_stream.emplace(stream);
-  std::vector<Collective> parts = call.prepare();
+  const auto prescale = [&call](Collective& c) {
+    if (c.reduce != ReduceKind::PremulSum) return;
+    c.input = c.input * call.premul_factor.to(c.input.device());
+    c.reduce = ReduceKind::Sum;
+  };
   OpTimer timer;
   Algo algo = Algo::Direct;
-  for (Collective& c : parts) {
-    if (c.reduce == ReduceKind::PremulSum) {
-      c.input = c.input * call.premul_factor.to(c.input.device());
-      c.reduce = ReduceKind::Sum;
-    }
+  if (!call.prepare) {
+    Collective& c = call.direct;
+    const at::Tensor user_output = c.output;
+    const bool in_place = c.input.defined() && c.input.is_same(c.output);
+    if (c.input.defined()) c.input = dense(c.input);
+    if (c.output.defined()) c.output = in_place ? c.input : dense(c.output);
+    prescale(c);
     algo = engine.run(c, stream);
+    if (call.write_back) write_back(user_output, c.output);
+  } else {
+    std::vector<Collective> parts = call.prepare();
+    for (Collective& c : parts) {
+      prescale(c);
+      algo = engine.run(c, stream);
+    }
+    if (call.finish) call.finish(parts);
   }
-  if (call.finish) call.finish(parts);
   record_op(call.stats_name, call.logged_bytes, algo, timer, rank_, size_);
 }
 
@@ -154,8 +168,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   Engine& engine = engine_for(call);
   const uint64_t seq = ++issued_;
   if (engine.enqueues_on_device()) {
+    // launch() runs the body before it returns: pass it a pointer (a one-pointer lambda fits
+    // std::function's inline storage, so the hot path allocates nothing for it).
+    struct Job {
+      ProcessGroupPycoll* pg;
+      OpCall* call;
+      Engine* engine;
+    } job{this, &call, &engine};
+    const Job* j = &job;
     return cuda_->launch(call.type, call.name, seq, call.tensors, call.outputs, call.async,
-                         [&](const c10::Stream& s) { execute(call, engine, s); }, DeviceQueue::Lane::Collective);
+                         [j](const c10::Stream& s) { j->pg->execute(*j->call, *j->engine, s); },
+                         DeviceQueue::Lane::Collective);
   }
   // Host-side engines run on the executor; a staged op's copies follow the caller's stream as it was now.
   const c10::Stream stream = current_stream(call.device);
