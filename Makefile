@@ -5,7 +5,7 @@ export PYTHON
 
 BASE ?= HEAD
 
-.PHONY: install bench test test-gpu gpu-check bench-regression bench-compare clean
+.PHONY: install bench test test-gpu gpu-check bench-regression bench-compare soak clean
 
 install:
 	bash scripts/install.sh
@@ -34,6 +34,13 @@ bench-regression: install
 # Is the working tree slower than BASE? Both built, timed in one launch, interleaved round by round.
 bench-compare: install
 	$(PYTHON) benchmarks/regression/compare.py --base $(BASE) $(ARGS)
+
+# Soak (benchmarks/soak.py, docs/testing.md): 100,000 random ops on 2 ranks, each checked against
+# Gloo; fails on a mismatch or error, on RSS growth of 1% or more after a 1,000-op warm-up, on fd or
+# thread growth, or on pycoll files left in /dev/shm. Prints a JSON summary. ARGS: more options,
+# e.g. --ops 5000, --nproc 3, --seed 7, --warmup 20000.
+soak: install
+	$(PYTHON) benchmarks/soak.py $(ARGS)
 
 clean:
 	rm -rf build pycollectives/_C*.so *.egg-info

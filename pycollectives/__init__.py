@@ -13,6 +13,7 @@ from . import _C  # noqa: F401  (the native extension)
 from .bucketing import GradientBucketer
 from .compression import compressed_all_reduce
 from .config import get_algo, load_cost_model, set_algo
+from .hosts import make_backend
 from .hooks import PowerSGDState, SignSGDState, powerSGD_hook, powersgd_hook, signsgd_hook
 
 __all__ = [
@@ -26,7 +27,8 @@ BACKEND_NAME = "pycoll"
 
 def _create_backend(dist_backend_opts, backend_options):
     """The creator torch.distributed calls for every group using "pycoll"."""
-    return _C.ProcessGroupPycoll(
+    return make_backend(
+        _C.ProcessGroupPycoll,
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,

@@ -161,6 +161,7 @@ def _child_main(rank, world_size, fn, args, cfg, conn):
 
     try:
         os.environ.update(cfg["env"])
+        os.environ.update(cfg["rank_env"][rank] if cfg["rank_env"] else {})
         os.environ["PYCOLL_TEST_RANK"] = str(rank)
         os.environ["PYCOLL_TEST_LOG"] = cfg["log"] % rank  # this rank's stdout+stderr
         import torch
@@ -260,6 +261,7 @@ def run_ranks(
     grace=5.0,
     start_method=None,
     backend=None,
+    rank_env=None,
 ):
     """Run ``fn(rank, world_size, *args)`` in `world_size` processes.
 
@@ -271,6 +273,8 @@ def run_ranks(
         without returning (os._exit(code) -> code, SIGKILL -> -9).
     destroy: call destroy_process_group after fn returns.
     backend: override $PYCOLL_TEST_BACKEND (e.g. "gloo" for a reference run).
+    rank_env: one dict per rank of environment variables set in that rank only (e.g.
+        PYCOLL_HOSTID, to place ranks on simulated hosts).
     grace: seconds the other ranks get to finish after a rank fails.
     Returns the list of return values (None for ranks in expect_exit).
     """
@@ -279,6 +283,7 @@ def run_ranks(
     cfg = {
         "backend": backend or BACKEND,
         "env": {k: str(v) for k, v in (env or {}).items()},
+        "rank_env": [{k: str(v) for k, v in e.items()} for e in rank_env] if rank_env else None,
         "init": init,
         "pg_timeout": pg_timeout,
         "destroy": destroy,

@@ -157,7 +157,9 @@ Algo CpuEngine::all_reduce(const char* in, char* out, int64_t count, DType t, Re
     case Algo::Ring: ring_all_reduce(c, spec, in, out, count); break;
     case Algo::Tree: tree_all_reduce(c, spec, in, out, count); break;
     case Algo::Auto:
-    case Algo::Direct: break;  // resolve() never returns these for all_reduce
+    case Algo::Direct:
+    case Algo::Hierarchical:
+    case Algo::Flat: break;  // resolve() never returns these for all_reduce
   }
   return a;
 }

@@ -107,8 +107,10 @@ void CompletionPool::post(std::function<void()> fn) {
   std::lock_guard<std::mutex> g(mu_);
   queue_.push_back(std::move(fn));
   // A callback may block on a later collective's Future: never let every
-  // thread be busy while work is queued.
-  if (idle_ == 0 && threads_.size() < 256) {
+  // thread be busy while work is queued. A thread still starting counts as
+  // free (it will take work), else bursts of posts start threads that then idle.
+  if (queue_.size() > static_cast<size_t>(idle_ + starting_) && threads_.size() < 256) {
+    ++starting_;
     threads_.emplace_back([this] { loop(); });
     threads_.back().detach();
   } else {
@@ -117,6 +119,10 @@ void CompletionPool::post(std::function<void()> fn) {
 }
 
 void CompletionPool::loop() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    --starting_;  // from here on counted in idle_ while it waits
+  }
   for (;;) {
     std::function<void()> fn;
     {

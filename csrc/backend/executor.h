@@ -63,6 +63,7 @@ class CompletionPool {
   std::deque<std::function<void()>> queue_;
   std::vector<std::thread> threads_;
   int idle_ = 0;
+  int starting_ = 0;  // started, not yet waiting for work
   bool stop_ = false;
 };
 

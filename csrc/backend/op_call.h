@@ -21,6 +21,9 @@ struct OpCall {
   const char* name = "";          // "pycoll::allreduce": the prefix of every message about this call
   const char* stats_name = "";    // its key in pycollectives.stats() and the debug log
   bool async = false;
+  // The user's forced algorithm (pycollectives.set_algo) or Auto, read when the op is issued, so
+  // that a set_algo() between issue and run cannot make ranks run one op differently.
+  Algo algo = Algo::Auto;
   at::Device device{at::kCPU};
   at::ScalarType dtype = at::kFloat;
   // PREMUL_SUM: the runner multiplies each part's input by this factor and runs SUM (as NCCL).

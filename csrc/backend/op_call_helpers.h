@@ -35,7 +35,7 @@ inline void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& ta
   }
 }
 
-// One engine call; the algorithm is the user's forced one (pycollectives.set_algo) or auto.
+// One engine call; the runner sets its algorithm from OpCall::algo.
 inline Collective engine_call(OpCode op, at::Tensor in, at::Tensor out, ReduceKind rk = ReduceKind::Sum,
                               int root = 0) {
   Collective c;
@@ -44,7 +44,6 @@ inline Collective engine_call(OpCode op, at::Tensor in, at::Tensor out, ReduceKi
   c.output = std::move(out);
   c.reduce = rk;
   c.root = root;
-  c.algo = algo_override();
   return c;
 }
 
@@ -56,6 +55,7 @@ inline OpCall new_call(c10d::OpType type, OpCode op, const char* name, const cha
   call.name = name;
   call.stats_name = stats_name;
   call.async = async;
+  call.algo = algo_override();
   call.device = ref.device();
   call.dtype = ref.scalar_type();
   return call;

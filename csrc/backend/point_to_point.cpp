@@ -42,8 +42,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
   TORCH_CHECK(false, "pycoll::recv: receiving from any source is not supported; pass src=");
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::inter_host_p2p(bool is_send, const at::Tensor& t, int peer,
+                                                                  int tag) {
+  // Gloo moves CPU tensors; a CUDA tensor goes through a host copy and this call blocks.
+  at::Tensor buf = t.is_cpu() && t.is_contiguous() ? t : at::empty(t.sizes(), t.options().device(at::kCPU));
+  if (is_send && !buf.is_same(t)) buf.copy_(t);
+  std::vector<at::Tensor> ts{buf.reshape({-1}).view(at::kByte)};
+  auto work = is_send ? hosts_->flat->send(ts, peer, tag) : hosts_->flat->recv(ts, peer, tag);
+  if (buf.is_same(t)) return work;
+  work->wait();
+  if (!is_send) t.copy_(buf);
+  return work;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const char* op, const at::Tensor& t,
                                                             int peer, int tag) {
+  if (hosts_) {
+    const int local_peer = hosts_->local_rank(peer);
+    if (local_peer < 0) return inter_host_p2p(is_send, t, peer, tag);
+    peer = local_peer;  // the CPU engine's channels are numbered by local rank
+  }
   // The channel reads or writes `buf`: t itself when it is a contiguous CPU tensor, else a host
   // copy. A send copies before returning (the caller's stream as it is now); a receive copies
   // back on the channel's thread, on the caller's stream as it was when the receive was posted.

@@ -13,6 +13,7 @@
 #include "backend/op_stats.h"
 #include "common/check.h"
 #include "engines/cpu_tensor_engine.h"
+#include "engines/hierarchical_engine.h"
 #include "engines/staged_engine.h"
 
 namespace pycoll {
@@ -51,15 +52,36 @@ c10::Stream current_stream(const at::Device& device) {
 }  // namespace
 
 ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout, std::string group_name)
-    : c10d::Backend(rank, size), store_(store), group_name_(std::move(group_name)), timeout_(timeout) {
-  cpu_ = std::make_unique<CpuEngine>(make_rendezvous(store_, "pycoll/" + group_name_ + "/cpu/"), rank, size, timeout);
+                                       std::chrono::milliseconds timeout, std::string group_name,
+                                       std::optional<HostLayout> hosts)
+    : c10d::Backend(rank, size),
+      store_(store),
+      group_name_(std::move(group_name)),
+      timeout_(timeout),
+      hosts_(std::move(hosts)) {
+  if (!hosts_) {
+    cpu_ = std::make_unique<CpuEngine>(make_rendezvous(store_, "pycoll/" + group_name_ + "/cpu/"), rank, size,
+                                       timeout);
+  } else {
+    // The shared-memory engine spans this host's ranks only; its Store keys (and so its segment
+    // names' token) are the host's own.
+    const HostLayout& h = *hosts_;
+    cpu_ = std::make_unique<CpuEngine>(
+        make_rendezvous(store_, "pycoll/" + group_name_ + "/cpu/host" + std::to_string(h.host_index) + "/"),
+        h.local_rank(rank), h.local_size(), timeout);
+  }
   // Map the shared workspace now, while every member is in the constructor:
   // a lazy start would make a rank's first send wait for idle peers.
   cpu_->p2p();
   cpu_tensors_ = std::make_unique<CpuTensorEngine>(*cpu_);
-  staged_ = std::make_unique<StagedEngine>(*cpu_tensors_);
-  cuda_ = make_cuda_queue(store_, group_name_, rank, size, timeout);
+  if (hosts_) {
+    hierarchical_ = std::make_unique<HierarchicalEngine>(*cpu_tensors_, *hosts_, rank, size);
+    // Across hosts CUDA tensors go through host memory for now: the CUDA engine serves one host.
+    staged_ = std::make_unique<StagedEngine>(*hierarchical_);
+  } else {
+    staged_ = std::make_unique<StagedEngine>(*cpu_tensors_);
+    cuda_ = make_cuda_queue(store_, group_name_, rank, size, timeout);
+  }
   executor_ = std::make_unique<SerialExecutor>();
 }
 
@@ -69,6 +91,7 @@ ProcessGroupPycoll::~ProcessGroupPycoll() {
   cuda_.reset();
   executor_.reset();
   staged_.reset();
+  hierarchical_.reset();
   cpu_tensors_.reset();
   cpu_.reset();
 }
@@ -122,7 +145,7 @@ bool ProcessGroupPycoll::on_cuda_engine(const at::Tensor& t) {
 }
 
 Engine& ProcessGroupPycoll::engine_for(const OpCall& call) {
-  if (call.device.is_cpu()) return *cpu_tensors_;
+  if (call.device.is_cpu()) return hierarchical_ ? *hierarchical_ : *cpu_tensors_;
   check_bound_device(call.tensors.front());
   if (cuda_) {
     Engine* e = cuda_->engine(call.device);
@@ -137,6 +160,7 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   std::optional<c10::StreamGuard> on_stream;
   if (!engine.enqueues_on_device() && stream.device_type() != at::kCPU) on_stream.emplace(stream);
   const auto prescale = [&call](Collective& c) {
+    c.algo = call.algo;
     if (c.reduce != ReduceKind::PremulSum) return;
     c.input = c.input * call.premul_factor.to(c.input.device());
     c.reduce = ReduceKind::Sum;

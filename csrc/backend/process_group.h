@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,13 +31,17 @@
 #include "backend/op_call.h"
 #include "backend/self_p2p.h"
 #include "backend/work.h"
+#include "engines/host_layout.h"
 
 namespace pycoll {
 
 class ProcessGroupPycoll : public c10d::Backend {
  public:
+  // `hosts` is set when the group spans hosts (pycollectives/hosts.py decides): the CPU engine
+  // then serves this rank's host and the hierarchical engine the group.
   ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout, std::string group_name);
+                     std::chrono::milliseconds timeout, std::string group_name,
+                     std::optional<HostLayout> hosts = std::nullopt);
   ~ProcessGroupPycoll() override;
 
   const std::string getBackendName() const override { return "pycoll"; }
@@ -125,13 +130,17 @@ class ProcessGroupPycoll : public c10d::Backend {
   bool on_cuda_engine(const at::Tensor& t);
   // Point-to-point on the CPU engine's channels (CPU tensors, and CUDA tensors through host memory).
   c10::intrusive_ptr<c10d::Work> host_p2p(bool is_send, const char* op, const at::Tensor& t, int peer, int tag);
+  // Point-to-point with a rank on another host, on the inter-host engine.
+  c10::intrusive_ptr<c10d::Work> inter_host_p2p(bool is_send, const at::Tensor& t, int peer, int tag);
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::string group_name_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<CpuEngine> cpu_;
-  std::unique_ptr<Engine> cpu_tensors_;     // CPU tensors, on cpu_
-  std::unique_ptr<Engine> staged_;          // CUDA tensors through host memory, on cpu_tensors_
+  std::unique_ptr<Engine> cpu_tensors_;     // CPU tensors, on cpu_ (this host's ranks)
+  std::unique_ptr<Engine> hierarchical_;    // a group across hosts: CPU tensors, on cpu_tensors_ + Gloo
+  std::optional<HostLayout> hosts_;
+  std::unique_ptr<Engine> staged_;          // CUDA tensors through host memory, on the CPU tensors' engine
   std::unique_ptr<DeviceQueue> cuda_;       // nullptr in a build without CUDA
   std::unique_ptr<SerialExecutor> executor_;
   std::atomic<uint64_t> issued_{0};

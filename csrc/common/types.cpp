@@ -59,6 +59,8 @@ const char* algo_name(Algo a) {
     case Algo::OneShot: return "oneshot";
     case Algo::TwoShot: return "twoshot";
     case Algo::Direct: return "direct";
+    case Algo::Hierarchical: return "hierarchical";
+    case Algo::Flat: return "flat";
   }
   return "unknown";
 }
@@ -88,7 +90,10 @@ Algo parse_algo(const std::string& s) {
   if (v == "tree") return Algo::Tree;
   if (v == "oneshot") return Algo::OneShot;
   if (v == "twoshot") return Algo::TwoShot;
-  throw std::invalid_argument("unknown algorithm '" + s + "': expected one of ring, tree, oneshot, twoshot, auto");
+  if (v == "hierarchical") return Algo::Hierarchical;
+  if (v == "flat") return Algo::Flat;
+  throw std::invalid_argument("unknown algorithm '" + s +
+                              "': expected one of ring, tree, oneshot, twoshot, hierarchical, flat, auto");
 }
 
 }  // namespace pycoll

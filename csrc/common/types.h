@@ -45,7 +45,17 @@ enum class Algo : int32_t {
   // Not a choice: what ran when an op has one schedule only (every rank reads or writes each
   // peer once: gather, scatter, all_to_all, barrier).
   Direct = 5,
+  // Across hosts (engines/hierarchical_engine.h): our engine inside each host and the inter-host
+  // engine between hosts, or every rank on the inter-host engine. PYCOLL_ALGO may force either;
+  // engines of one host run their auto choice for them.
+  Hierarchical = 6,
+  Flat = 7,
 };
+
+// True for the algorithms an engine of one host runs (the rest mean auto there).
+inline bool is_single_host_algo(Algo a) {
+  return a == Algo::Ring || a == Algo::Tree || a == Algo::OneShot || a == Algo::TwoShot;
+}
 
 // Operation codes carried in the per-op header (mismatch detection, logging).
 enum class OpCode : int32_t {

@@ -453,6 +453,8 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
     }
     case Algo::Auto:
     case Algo::Direct:
+    case Algo::Hierarchical:
+    case Algo::Flat:
       TORCH_CHECK(false, "pycoll::allreduce: no algorithm chosen");
   }
   set_check(a, count, 0);

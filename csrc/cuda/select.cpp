@@ -106,7 +106,9 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks) {
         case Algo::Tree:  // up and down the depth of the tree; ~N out per rank
           return L + 2 * ceil_log2(nranks) * h + N / link + 2 * N / hbm;
         case Algo::Auto:
-        case Algo::Direct: break;
+        case Algo::Direct:
+        case Algo::Hierarchical:
+        case Algo::Flat: break;
       }
       break;
     case OpCode::ReduceScatter:

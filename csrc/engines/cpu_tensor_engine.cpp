@@ -18,17 +18,18 @@ Algo CpuTensorEngine::run(const Collective& c, const c10::Stream& /*stream*/) {
   const at::Tensor& ref = c.input.defined() ? c.input : c.output;
   const DType dt = moves_as_bytes(c.op) ? DType::UInt8 : *reducible_dtype(ref.scalar_type());
   const auto count = [&](const at::Tensor& t) { return moves_as_bytes(c.op) ? t.nbytes() : t.numel(); };
+  const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   switch (c.op) {
     case OpCode::AllReduce:
-      return cpu_.all_reduce(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, c.algo);
+      return cpu_.all_reduce(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, algo);
     case OpCode::Reduce:
-      return cpu_.reduce(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.reduce, c.root, c.algo);
+      return cpu_.reduce(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.reduce, c.root, algo);
     case OpCode::Broadcast:
-      return cpu_.broadcast(bytes_of(c.output), count(c.output), dt, c.root, c.algo);
+      return cpu_.broadcast(bytes_of(c.output), count(c.output), dt, c.root, algo);
     case OpCode::AllGather:
-      return cpu_.all_gather(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.algo);
+      return cpu_.all_gather(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, algo);
     case OpCode::ReduceScatter:
-      return cpu_.reduce_scatter(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, c.algo);
+      return cpu_.reduce_scatter(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, algo);
     case OpCode::Gather:
       cpu_.gather(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.root);
       return Algo::Direct;

@@ -23,10 +23,11 @@ bool CudaTensorEngine::serves(OpCode op, at::ScalarType dtype, const at::Device&
 Algo CudaTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   const cudaStream_t s = c10::cuda::CUDAStream(stream).stream();
   at::Tensor out = c.output;
+  const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   switch (c.op) {
-    case OpCode::AllReduce: return cuda_.all_reduce(c.input, out, c.reduce, c.algo, s);
-    case OpCode::ReduceScatter: return cuda_.reduce_scatter(c.input, out, c.reduce, c.algo, s);
-    case OpCode::AllGather: return cuda_.all_gather(c.input, out, c.algo, s);
+    case OpCode::AllReduce: return cuda_.all_reduce(c.input, out, c.reduce, algo, s);
+    case OpCode::ReduceScatter: return cuda_.reduce_scatter(c.input, out, c.reduce, algo, s);
+    case OpCode::AllGather: return cuda_.all_gather(c.input, out, algo, s);
     case OpCode::Broadcast: cuda_.broadcast(out, c.root, s); return Algo::OneShot;
     case OpCode::Reduce: cuda_.reduce(c.input, out, c.root, c.reduce, s); return Algo::OneShot;
     case OpCode::AllToAll:

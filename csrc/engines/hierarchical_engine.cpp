@@ -1,0 +1,188 @@
+#include "engines/hierarchical_engine.h"
+
+#include <c10/util/Exception.h>
+
+#include "common/arith.h"
+#include "engines/dtypes.h"
+
+namespace pycoll {
+
+namespace {
+
+const c10::Stream kCpuStream(c10::Stream::DEFAULT, at::Device(at::kCPU));
+
+c10d::ReduceOp to_c10d(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::Sum:
+    case ReduceKind::Avg: return c10d::ReduceOp::SUM;  // the caller divides once, at the end
+    case ReduceKind::Product: return c10d::ReduceOp::PRODUCT;
+    case ReduceKind::Min: return c10d::ReduceOp::MIN;
+    case ReduceKind::Max: return c10d::ReduceOp::MAX;
+    case ReduceKind::BAnd: return c10d::ReduceOp::BAND;
+    case ReduceKind::BOr: return c10d::ReduceOp::BOR;
+    case ReduceKind::BXor: return c10d::ReduceOp::BXOR;
+    case ReduceKind::PremulSum: break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "pycoll: PREMUL_SUM reaches engines as a pre-scale + SUM");
+}
+
+// Gloo does not reduce bool: it travels as uint8 0/1, where OR is MAX and AND is MIN.
+ReduceKind bool_as_uint8(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::Product:
+    case ReduceKind::Min:
+    case ReduceKind::BAnd: return ReduceKind::Min;
+    case ReduceKind::BXor: return ReduceKind::BXor;
+    default: return ReduceKind::Max;
+  }
+}
+
+// Runs an all_reduce of t (in place) on an inter-host backend.
+void backend_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t, ReduceKind op) {
+  const bool as_u8 = t.scalar_type() == at::kBool;
+  std::vector<at::Tensor> ts{as_u8 ? t.to(at::kByte) : t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(as_u8 ? bool_as_uint8(op) : op);
+  b->allreduce(ts, opts)->wait();
+  if (as_u8) t.copy_(ts[0]);
+}
+
+at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
+
+}  // namespace
+
+bool HierarchicalEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& device) {
+  return device.is_cpu() && (moves_as_bytes(op) || reducible_dtype(dtype).has_value());
+}
+
+void HierarchicalEngine::flat_all_reduce(const at::Tensor& t, ReduceKind op) { backend_all_reduce(layout_.flat, t, op); }
+
+void HierarchicalEngine::rail_all_reduce(const at::Tensor& t, ReduceKind op) { backend_all_reduce(layout_.rail, t, op); }
+
+void HierarchicalEngine::all_reduce(const at::Tensor& in, const at::Tensor& out, ReduceKind op, bool* hierarchical) {
+  const ReduceKind level_op = op == ReduceKind::Avg ? ReduceKind::Sum : op;
+  const int64_t L = layout_.local_size();
+  const int64_t n = in.numel();
+  *hierarchical = layout_.uniform && layout_.rail && L > 1 && layout_.num_hosts > 1;
+  if (n == 0) return;
+  if (!*hierarchical) {
+    if (!out.is_same(in)) out.copy_(in);
+    flat_all_reduce(out, level_op);
+  } else {
+    // 1. reduce-scatter inside the host, 2. all-reduce of this rank's shard on its rail,
+    // 3. all-gather inside the host. A size L does not divide runs on a zero-padded copy.
+    const int64_t shard = ceil_div(n, L);
+    const bool exact = shard * L == n;
+    at::Tensor whole = exact ? in.reshape({-1}) : at::zeros({shard * L}, in.options());
+    if (!exact) whole.narrow(0, 0, n).copy_(in.reshape({-1}));
+    at::Tensor mine = at::empty({shard}, in.options());
+    Collective rs;
+    rs.op = OpCode::ReduceScatter;
+    rs.input = whole;
+    rs.output = mine;
+    rs.reduce = level_op;
+    local_.run(rs, kCpuStream);
+    rail_all_reduce(mine, level_op);
+    Collective ag;
+    ag.op = OpCode::AllGather;
+    ag.input = mine;
+    ag.output = exact ? out.reshape({-1}) : whole;
+    local_.run(ag, kCpuStream);
+    if (!exact) out.reshape({-1}).copy_(whole.narrow(0, 0, n));
+  }
+  if (op == ReduceKind::Avg) out.div_(size_);
+}
+
+Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& /*stream*/) {
+  const auto& flat = layout_.flat;
+  const bool force_flat = c.algo == Algo::Flat;
+  switch (c.op) {
+    case OpCode::AllReduce: {
+      bool hier = false;
+      if (force_flat) {
+        if (!c.output.is_same(c.input)) c.output.copy_(c.input);
+        if (c.output.numel() > 0) flat_all_reduce(c.output, c.reduce == ReduceKind::Avg ? ReduceKind::Sum : c.reduce);
+        if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
+      } else {
+        all_reduce(c.input, c.output, c.reduce, &hier);
+      }
+      return hier ? Algo::Hierarchical : Algo::Flat;
+    }
+    case OpCode::ReduceScatter: {
+      // The all_reduce above, keeping this rank's block.
+      bool hier = false;
+      at::Tensor whole = at::empty_like(c.input);
+      all_reduce(c.input, whole, c.reduce, &hier);
+      const int64_t m = c.output.numel();
+      c.output.reshape({-1}).copy_(whole.reshape({-1}).narrow(0, rank_ * m, m));
+      return hier ? Algo::Hierarchical : Algo::Flat;
+    }
+    case OpCode::Reduce: {
+      if (!c.output.is_same(c.input)) c.output.copy_(c.input);
+      if (c.output.numel() == 0) return Algo::Flat;
+      const bool as_u8 = c.output.scalar_type() == at::kBool;
+      std::vector<at::Tensor> ts{as_u8 ? c.output.to(at::kByte) : c.output};
+      c10d::ReduceOptions opts;
+      opts.rootRank = c.root;
+      opts.reduceOp = to_c10d(as_u8 ? bool_as_uint8(c.reduce) : c.reduce);
+      flat->reduce(ts, opts)->wait();
+      if (rank_ == c.root) {
+        if (as_u8) c.output.copy_(ts[0]);
+        if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
+      }
+      return Algo::Flat;
+    }
+    case OpCode::AllGather: {
+      at::Tensor out = bytes_of(c.output), in = bytes_of(c.input);
+      flat->_allgather_base(out, in, c10d::AllgatherOptions())->wait();
+      return Algo::Flat;
+    }
+    case OpCode::Broadcast: {
+      std::vector<at::Tensor> ts{bytes_of(c.output)};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = c.root;
+      flat->broadcast(ts, opts)->wait();
+      return Algo::Flat;
+    }
+    case OpCode::AllToAll: {
+      at::Tensor out = bytes_of(c.output), in = bytes_of(c.input);
+      std::vector<int64_t> recv = c.splits.recv_bytes, send = c.splits.send_bytes;
+      flat->alltoall_base(out, in, recv, send, c10d::AllToAllOptions())->wait();
+      return Algo::Flat;
+    }
+    case OpCode::Gather: {
+      std::vector<at::Tensor> in{bytes_of(c.input)};
+      std::vector<std::vector<at::Tensor>> outs;
+      if (rank_ == c.root) {
+        const int64_t m = in[0].numel();
+        at::Tensor all = bytes_of(c.output);
+        outs.emplace_back();
+        for (int r = 0; r < size_; ++r) outs[0].push_back(all.narrow(0, r * m, m));
+      }
+      c10d::GatherOptions opts;
+      opts.rootRank = c.root;
+      flat->gather(outs, in, opts)->wait();
+      return Algo::Flat;
+    }
+    case OpCode::Scatter: {
+      std::vector<at::Tensor> out{bytes_of(c.output)};
+      std::vector<std::vector<at::Tensor>> ins;
+      if (rank_ == c.root) {
+        const int64_t m = out[0].numel();
+        at::Tensor all = bytes_of(c.input);
+        ins.emplace_back();
+        for (int r = 0; r < size_; ++r) ins[0].push_back(all.narrow(0, r * m, m));
+      }
+      c10d::ScatterOptions opts;
+      opts.rootRank = c.root;
+      flat->scatter(out, ins, opts)->wait();
+      return Algo::Flat;
+    }
+    case OpCode::Barrier:
+      flat->barrier(c10d::BarrierOptions())->wait();
+      return Algo::Flat;
+  }
+  TORCH_INTERNAL_ASSERT(false, "pycoll: the hierarchical engine got an unknown op");
+}
+
+}  // namespace pycoll

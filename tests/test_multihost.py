@@ -1,0 +1,156 @@
+"""Groups across hosts on CPU tensors (issue 22): ranks placed on simulated hosts with
+PYCOLL_HOSTID, every op against Gloo on the same inputs, for the layouts 2x2, 2x1, 4x1, 2+1 and
+interleaved host ids. The CPU engine then spans one host's ranks only, and the inter-host legs
+run on Gloo sub-groups (pycollectives/hosts.py, csrc/engines/hierarchical_engine.h)."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ranks import run_ranks
+
+R = dist.ReduceOp
+LAYOUTS = {
+    "2x2": ["hostA", "hostA", "hostB", "hostB"],
+    "2x1": ["hostA", "hostB"],
+    "4x1": ["h0", "h1", "h2", "h3"],
+    "2+1": ["hostA", "hostA", "hostB"],
+    "interleaved": ["hostA", "hostB", "hostA", "hostB"],
+}
+SIZES = (0, 1, 7, 1031, 4099)
+FLOAT_OPS = (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX)
+INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32,
+          torch.int64, torch.bool)
+
+
+def _input(dtype, rank, n, salt):
+    g = torch.Generator().manual_seed(1000 * salt + 17 * rank + n)
+    if dtype == torch.bool:
+        return torch.rand(n, generator=g) > 0.5
+    if dtype.is_floating_point:
+        # Small integers in float: sums and products are exact in every float dtype at these sizes.
+        return torch.randint(-3, 4, (n,), generator=g).to(dtype)
+    lo, hi = (0, 4) if dtype == torch.uint8 else (-3, 4)
+    return torch.randint(lo, hi, (n,), generator=g).to(dtype)
+
+
+def _ops_for(dtype):
+    if dtype == torch.bool:
+        return (R.SUM, R.MIN, R.MAX)
+    return FLOAT_OPS if dtype.is_floating_point else INT_OPS
+
+
+def _same(a, b, dtype, op):
+    if dtype.is_floating_point and op == R.AVG:
+        return torch.allclose(a.double(), b.double(), atol=1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6)
+    if dtype == torch.bool:
+        return torch.equal(a, b.bool())
+    return torch.equal(a, b)
+
+
+def _run_all(rank, ws, layout):
+    gloo = dist.new_group(backend="gloo")
+    checks = 0
+    for dtype in DTYPES:
+        for op in _ops_for(dtype):
+            if op == R.PRODUCT and dtype in (torch.int8, torch.uint8):
+                continue  # wraps differently per order only in overflow; keep the reference exact
+            for n in SIZES:
+                x = _input(dtype, rank, n, 1)
+                mine, ref = x.clone(), x.clone()
+                dist.all_reduce(mine, op=op)
+                dist.all_reduce(ref if dtype != torch.bool else ref.to(torch.uint8), op=op, group=gloo) \
+                    if dtype != torch.bool else None
+                if dtype == torch.bool:
+                    u = x.to(torch.uint8)
+                    dist.all_reduce(u, op=R.MIN if op == R.MIN else R.MAX, group=gloo)
+                    ref = u.bool()
+                assert _same(mine, ref, dtype, op), (layout, "all_reduce", dtype, op, n, mine[:8], ref[:8])
+                # bitwise identical on every rank
+                everyone = [torch.empty_like(mine) for _ in range(ws)]
+                dist.all_gather(everyone, mine, group=gloo)
+                assert all(torch.equal(e, everyone[0]) for e in everyone), (layout, dtype, op, n)
+                # reduce_scatter_tensor: ws blocks of n
+                big = _input(dtype, rank, n * ws, 2)
+                out = torch.empty(n, dtype=dtype)
+                if dtype != torch.bool:
+                    dist.reduce_scatter_tensor(out, big, op=op)
+                    full = big.clone()
+                    dist.all_reduce(full, op=op, group=gloo)
+                    assert _same(out, full[rank * n:(rank + 1) * n], dtype, op), (layout, "reduce_scatter", dtype, op, n)
+                checks += 1
+    # data movement, any dtype
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.float8_e4m3fn):
+        n = 1031
+        x = _input(torch.float32, rank, n, 3).to(dtype)
+        out = torch.empty(n * ws, dtype=dtype)
+        dist.all_gather_into_tensor(out, x)
+        ref = [torch.empty(n, dtype=torch.float32) for _ in range(ws)]
+        dist.all_gather(ref, x.float(), group=gloo)
+        assert torch.equal(out.float(), torch.cat(ref)), (layout, "all_gather", dtype)
+        for root in range(ws):
+            b = _input(torch.float32, rank, n, 4 + root).to(dtype)
+            dist.broadcast(b, src=root)
+            assert torch.equal(b.float(), _input(torch.float32, root, n, 4 + root).to(dtype).float()), (layout, root)
+    # reduce to every root, uneven all_to_all_single, gather, scatter, barrier, send/recv across hosts
+    for root in range(ws):
+        x = _input(torch.float32, rank, 99, 9)
+        y, ref = x.clone(), x.clone()
+        dist.reduce(y, dst=root, op=R.SUM)
+        dist.reduce(ref, dst=root, op=R.SUM, group=gloo)
+        if rank == root:
+            assert torch.equal(y, ref), (layout, "reduce", root)
+    send = [rank + q + 1 for q in range(ws)]
+    recv = [q + rank + 1 for q in range(ws)]
+    src = torch.arange(sum(send), dtype=torch.int64) + 1000 * rank
+    dst, ref = torch.empty(sum(recv), dtype=torch.int64), torch.empty(sum(recv), dtype=torch.int64)
+    dist.all_to_all_single(dst, src, recv, send)
+    dist.all_to_all_single(ref, src, recv, send, group=gloo)
+    assert torch.equal(dst, ref), (layout, "all_to_all")
+    g = [torch.empty(5) for _ in range(ws)] if rank == ws - 1 else None
+    dist.gather(torch.full((5,), float(rank)), g, dst=ws - 1)
+    if rank == ws - 1:
+        assert all(torch.equal(g[r], torch.full((5,), float(r))) for r in range(ws)), (layout, "gather")
+    s = torch.empty(3)
+    dist.scatter(s, [torch.full((3,), float(q)) for q in range(ws)] if rank == 0 else None, src=0)
+    assert torch.equal(s, torch.full((3,), float(rank))), (layout, "scatter")
+    dist.barrier()
+    if ws > 1:
+        nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+        r = torch.empty(4097)
+        for w in [dist.isend(torch.full((4097,), float(rank)), nxt), dist.irecv(r, prv)]:
+            w.wait()
+        assert torch.equal(r, torch.full((4097,), float(prv))), (layout, "send/recv")
+    # a subgroup of the group's even ranks
+    evens = dist.new_group(list(range(0, ws, 2)))
+    if rank % 2 == 0:
+        t = torch.full((10,), float(rank + 1))
+        dist.all_reduce(t, group=evens)
+        assert torch.equal(t, torch.full((10,), float(sum(r + 1 for r in range(0, ws, 2))))), (layout, "subgroup")
+    return checks
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_op_across_simulated_hosts(layout):
+    ids = LAYOUTS[layout]
+    out = run_ranks(len(ids), _run_all, layout, rank_env=[{"PYCOLL_HOSTID": h} for h in ids], timeout=600)
+    assert out[0] > 0 and len(set(out)) == 1, out
+
+
+def _which_path(rank, ws):
+    t = torch.ones(1 << 12)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((1 << 12,), float(ws)))
+    with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
+        return [line.split("algo=")[1].split()[0] for line in fh if "allreduce algo=" in line]
+
+
+@pytest.mark.parametrize("layout,expected", [("2x2", "hierarchical"), ("2+1", "flat"), ("4x1", "flat")])
+def test_debug_log_names_the_path(layout, expected):
+    ids = LAYOUTS[layout]
+    out = run_ranks(len(ids), _which_path, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
+                    env={"PYCOLL_DEBUG": "INFO"})
+    assert all(algos and algos[-1] == expected for algos in out), out
