@@ -19,7 +19,9 @@ from typing import Optional
 from . import _C
 from .cache import cost_model_path
 
-ALGORITHMS = ("auto", "ring", "tree", "oneshot", "twoshot")
+# What PYCOLL_ALGO and set_algo() accept, from the extension (csrc/common/types.h): the one list.
+# "hierarchical" and "flat" apply to groups across hosts; inside a host they mean auto.
+ALGORITHMS = tuple(_C.algorithm_names())
 
 # The package's own settings (the extension's are declared in C++: csrc/common/setting.h);
 # pycollectives.settings lists both.
@@ -32,7 +34,7 @@ PACKAGE_SETTINGS = (
 
 
 def set_algo(name: Optional[str]) -> None:
-    """Force an algorithm (ring, tree, oneshot, twoshot) or return to the cost model (None or "auto")."""
+    """Force an algorithm (one of ALGORITHMS) or return to the cost model (None or "auto")."""
     name = "auto" if name is None else str(name)
     if name.lower().replace("-", "").replace("_", "") not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}: expected one of {', '.join(ALGORITHMS)}")

@@ -106,6 +106,13 @@ CompletionPool::~CompletionPool() {
 void CompletionPool::post(std::function<void()> fn) {
   std::lock_guard<std::mutex> g(mu_);
   queue_.push_back(std::move(fn));
+  // Completions come in bursts (a batch of async ops waited together): a few threads from the
+  // start absorb them, so the pool does not grow thread by thread while a job runs.
+  while (threads_.size() < kStartThreads) {
+    ++starting_;
+    threads_.emplace_back([this] { loop(); });
+    threads_.back().detach();
+  }
   // A callback may block on a later collective's Future: never let every
   // thread be busy while work is queued. A thread still starting counts as
   // free (it will take work), else bursts of posts start threads that then idle.

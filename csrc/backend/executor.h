@@ -62,6 +62,7 @@ class CompletionPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   std::vector<std::thread> threads_;
+  static constexpr size_t kStartThreads = 4;
   int idle_ = 0;
   int starting_ = 0;  // started, not yet waiting for work
   bool stop_ = false;

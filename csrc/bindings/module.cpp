@@ -87,6 +87,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("built_with_cuda", &built_with_cuda, "True if the CUDA engine was compiled in");
   m.def("set_algo", [](const std::string& name) { pycoll::set_algo_override(pycoll::parse_algo(name)); },
         "Force an algorithm for every later op of this process (ring, tree, oneshot, twoshot, auto)");
+  m.def("algorithm_names", &pycoll::forcible_algorithm_names,
+        "The algorithms PYCOLL_ALGO and set_algo accept, auto first (csrc/common/types.h)");
   m.def("get_algo", []() { return std::string(pycoll::algo_name(pycoll::algo_override())); });
   m.def("stats", []() {
     py::dict d;

@@ -80,6 +80,11 @@ const char* op_name(OpCode o) {
   return "unknown";
 }
 
+const std::vector<std::string>& forcible_algorithm_names() {
+  static const std::vector<std::string> names = {"auto", "ring", "tree", "oneshot", "twoshot", "hierarchical", "flat"};
+  return names;
+}
+
 Algo parse_algo(const std::string& s) {
   std::string v = s;
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });

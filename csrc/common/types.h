@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace pycoll {
 
@@ -79,7 +80,10 @@ const char* dtype_name(DType t);
 const char* reduce_name(ReduceKind r);
 const char* algo_name(Algo a);
 const char* op_name(OpCode o);
-// Parses "ring", "tree", "oneshot", "twoshot", "auto" (case-insensitive);
+// The names a user may force (PYCOLL_ALGO, pycollectives.set_algo), "auto" first: the one list
+// that Python reads (pycollectives.config.ALGORITHMS).
+const std::vector<std::string>& forcible_algorithm_names();
+// Parses one of forcible_algorithm_names() (case-insensitive, '-' and '_' ignored);
 // throws std::invalid_argument naming the accepted values otherwise.
 Algo parse_algo(const std::string& s);
 

@@ -18,7 +18,7 @@ from .config import BenchConfig
 from .ops import COLLECTIVES, DEFAULT_OPS
 from .sizes import parse_size, size_range
 
-KNOWN_ALGOS = ("ring", "tree", "oneshot", "twoshot", "auto")
+from ..config import ALGORITHMS as KNOWN_ALGOS  # noqa: E402  (the extension's one list)
 # What --calibrate measures when --algo is not given: every algorithm the cost model chooses
 # between (both engines implement all four).
 CALIBRATE_ALGOS = {"cpu": ["ring", "tree", "oneshot", "twoshot"], "cuda": ["oneshot", "twoshot", "ring", "tree"]}
@@ -136,6 +136,9 @@ def build_parser():
                    help="ranks to spawn (default: one per GPU with >= 2 GPUs, else 2); ignored under torchrun")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="tensor device (default: cuda with >= 2 GPUs, else cpu)")
+    g.add_argument("--hosts", type=_positive_int, default=1,
+                   help="simulate this many hosts on one machine: consecutive blocks of ranks get their own "
+                        "PYCOLL_HOSTID and NCCL_HOSTID, for pycoll and the comparison backend alike (default: 1)")
     g.add_argument("--timeout", type=_positive_float, default=600.0,
                    help="seconds before a collective or the rendezvous times out (default: 600)")
     g = p.add_argument_group("output")
@@ -274,6 +277,10 @@ def parse_config(argv, parser=None):
         # Never into the installed package: a file there would change every later import's auto.
         calibrate_out = os.path.abspath(calibrate_out or cost_model_path())
 
+    if world % a.hosts != 0:
+        err(f"--hosts {a.hosts}: {world} ranks do not split evenly into {a.hosts} hosts")
+    if launched and a.hosts > 1:
+        err("--hosts simulates hosts for spawned ranks; under torchrun give each agent its own PYCOLL_HOSTID")
     if launched and a.nproc and a.nproc != world:
         print(f"pycoll-bench: --nproc {a.nproc} ignored: launched with WORLD_SIZE={world}", file=sys.stderr)
     cfg = BenchConfig(
@@ -283,7 +290,7 @@ def parse_config(argv, parser=None):
         inplace=a.inplace, check=a.check, graph=a.graph, inject_fault=a.inject_fault, out_dir=a.out, name=a.name,
         save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out,
         timeout_s=a.timeout, progress=not a.no_progress, command=_command(argv), argv=list(argv),
-        launcher="torchrun" if launched else "spawn")
+        launcher="torchrun" if launched else "spawn", hosts=a.hosts)
     return cfg, launched
 
 

@@ -32,6 +32,7 @@ class BenchConfig:
     calibrate: bool = False
     calibrate_out: Optional[str] = None
     timeout_s: float = 600.0
+    hosts: int = 1                   # simulated hosts: rank r is on host r * hosts // nproc
     progress: bool = True
     command: str = ""
     argv: List[str] = dataclasses.field(default_factory=list)

@@ -79,6 +79,7 @@ def metadata(cfg, world):
         "date": now.isoformat(timespec="seconds"),
         "nproc": world,
         "world_size": world,
+        "hosts": cfg.hosts,
         "command": cfg.command,
         "argv": list(cfg.argv),
         "launcher": cfg.launcher,
@@ -120,7 +121,9 @@ def format_table(rows, meta, cfg, baseline):
         iters += f", median of {cfg.rounds} rounds"
     ratio_head = f"x {baseline}"
     lines = [
-        f"# pycoll-bench: {meta['world_size']} ranks, {meta['device']} ({meta['card']}), torch {meta['torch']}, "
+        f"# pycoll-bench: {meta['world_size']} ranks"
+        + (f" as {cfg.hosts} simulated hosts of {meta['world_size'] // cfg.hosts}" if cfg.hosts > 1 else "")
+        + f", {meta['device']} ({meta['card']}), torch {meta['torch']}, "
         f"{','.join(cfg.dtypes)}, op {cfg.reduce_op}, {mode} where the op allows, {iters}",
         "# time: mean per call, max over ranks" + (", median over the rounds" if cfg.rounds > 1 else "")
         + "; algbw = size / time; busbw = algbw * nccl-tests factor;",

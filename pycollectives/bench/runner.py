@@ -391,6 +391,11 @@ def run_rank(cfg, rank, world, local_rank, store=None):
 def spawn_entry(rank, cfg, world, host, port, status_path):
     """torch.multiprocessing.spawn target: join the launcher's TCPStore, run, and (rank 0)
     write the exit status into ``status_path``."""
+    if cfg.hosts > 1:
+        # Simulated hosts: pycoll (hosts.py) and NCCL both read their host identity here.
+        hostid = f"pycoll-bench-host{rank * cfg.hosts // world}"
+        os.environ["PYCOLL_HOSTID"] = hostid
+        os.environ["NCCL_HOSTID"] = hostid
     store = dist.TCPStore(host, port, world, False, timeout=datetime.timedelta(seconds=cfg.timeout_s))
     status = run_rank(cfg, rank, world, rank, store)
     if rank == 0:
