@@ -154,3 +154,34 @@ def test_debug_log_names_the_path(layout, expected):
     out = run_ranks(len(ids), _which_path, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
                     env={"PYCOLL_DEBUG": "INFO"})
     assert all(algos and algos[-1] == expected for algos in out), out
+
+
+def _cuda_across_hosts(rank, ws):
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    t = torch.full((1031,), float(rank + 1), device=dev)
+    dist.all_reduce(t)
+    assert torch.equal(t.cpu(), torch.full((1031,), float(ws * (ws + 1) // 2)))
+    out = torch.empty(1031 * ws, device=dev)
+    dist.all_gather_into_tensor(out, torch.full((1031,), float(rank), device=dev))
+    assert torch.equal(out.cpu(), torch.arange(ws).float().repeat_interleave(1031))
+    b = torch.full((7,), float(rank), device=dev)
+    dist.broadcast(b, src=ws - 1)
+    assert torch.equal(b.cpu(), torch.full((7,), float(ws - 1)))
+    rs = torch.empty(5, device=dev)
+    dist.reduce_scatter_tensor(rs, torch.arange(5 * ws, device=dev, dtype=torch.float32))
+    assert torch.equal(rs.cpu(), ws * torch.arange(5 * rank, 5 * rank + 5).float())
+    r = torch.empty(4097, device=dev)
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    for w in [dist.isend(torch.full((4097,), float(rank), device=dev), nxt), dist.irecv(r, prv)]:
+        w.wait()
+    assert torch.equal(r.cpu(), torch.full((4097,), float(prv)))
+    return True
+
+
+@pytest.mark.gpu
+@pytest.mark.pycoll_only
+def test_cuda_tensors_across_simulated_hosts():
+    # Two GPUs as two hosts: CUDA tensors go through host memory and Gloo between the hosts.
+    assert run_ranks(2, _cuda_across_hosts, rank_env=[{"PYCOLL_HOSTID": "hostA"}, {"PYCOLL_HOSTID": "hostB"}]) \
+        == [True, True]
