@@ -44,14 +44,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::inter_host_p2p(bool is_send, const at::Tensor& t, int peer,
                                                                   int tag) {
-  // Gloo moves CPU tensors; a CUDA tensor goes through a host copy and this call blocks.
-  at::Tensor buf = t.is_cpu() && t.is_contiguous() ? t : at::empty(t.sizes(), t.options().device(at::kCPU));
-  if (is_send && !buf.is_same(t)) buf.copy_(t);
+  // Gloo moves CPU tensors: a CUDA (or non-contiguous) tensor goes through a host copy. A send
+  // copies now and returns Gloo's Work; a receive lands in the copy, and a completion thread waits
+  // for it and copies back on the caller's stream as it was when the receive was posted. Neither
+  // blocks the caller, so two ranks may both send first.
+  const bool in_place = t.is_cpu() && t.is_contiguous();
+  at::Tensor buf = in_place ? t : at::empty(t.sizes(), t.options().device(at::kCPU));
+  if (is_send && !in_place) buf.copy_(t);
   std::vector<at::Tensor> ts{buf.reshape({-1}).view(at::kByte)};
-  auto work = is_send ? hosts_->flat->send(ts, peer, tag) : hosts_->flat->recv(ts, peer, tag);
-  if (buf.is_same(t)) return work;
-  work->wait();
-  if (!is_send) t.copy_(buf);
+  auto gloo_work = is_send ? hosts_->flat->send(ts, peer, tag) : hosts_->flat->recv(ts, peer, tag);
+  if (is_send || in_place) return gloo_work;
+  std::optional<c10::Stream> stream;
+  if (!t.is_cpu()) stream = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+  auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::RECV, "pycoll::recv", ++issued_,
+                                              std::vector<at::Tensor>{t}, std::vector<c10::Device>{});
+  CompletionPool::instance().post([work, gloo_work, buf, t, stream] {
+    std::exception_ptr err;
+    try {
+      gloo_work->wait();
+      std::optional<c10::StreamGuard> on_stream;
+      if (stream) on_stream.emplace(*stream);
+      t.copy_(buf);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    work->mark_done(err);
+    work->settle_future();
+  });
   return work;
 }
 
