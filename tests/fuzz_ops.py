@@ -42,6 +42,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from reference import EPS, dist_op, reduce_ref  # noqa: F401  (shared with test_cpu_collectives.py)
+
 DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
     torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
@@ -61,8 +63,6 @@ KINDS = {
 P2P_KINDS = {"send_recv", "batch_isend_irecv"}
 
 # Machine epsilon per float dtype (see reduce_ref).
-EPS = {torch.float32: 2.0**-23, torch.float64: 2.0**-52,
-       torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 # Density of True in bool inputs, so that AND-like and OR-like results are
 # not constant over 4 ranks.
@@ -154,67 +154,8 @@ def place(values, layout, seed=987654321):
     raise ValueError(layout)
 
 
-def reduce_ref(xs, op, dtype, factor=None):
-    """Reference for reducing `xs` (one tensor per rank) with `op`.
-
-    Returns (ref, bound).  bound None: exact comparison, ref has `dtype`.
-    Otherwise ref is float64 and |result - ref| <= bound elementwise: W - 1
-    additions plus the final cast each add at most u * sum|x_i| (u = EPS/2),
-    so W * EPS * sum|x_i| holds for any order with rounding at every step.
-    """
-    w = len(xs)
-    if dtype == torch.bool:
-        s = torch.stack([x.to(torch.int64) for x in xs]).sum(0)
-        if op in ("SUM", "MAX", "BOR"):
-            ref = s > 0
-        elif op in ("PRODUCT", "MIN", "BAND"):
-            ref = s == w
-        elif op == "BXOR":
-            ref = s % 2 == 1
-        else:
-            raise ValueError(op)
-        return ref, None
-    if not dtype.is_floating_point:
-        x = torch.stack([x.to(torch.int64) for x in xs])
-        if op == "SUM":
-            ref = x.sum(0)
-        elif op == "PRODUCT":
-            ref = x.prod(0)
-        elif op == "MIN":
-            ref = x.amin(0)
-        elif op == "MAX":
-            ref = x.amax(0)
-        elif op in ("BAND", "BOR", "BXOR"):
-            f = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
-                 "BXOR": torch.bitwise_xor}[op]
-            ref = functools.reduce(f, list(x))
-        else:
-            raise ValueError(op)
-        return ref.to(dtype), None  # int64 -> int8/uint8 wraps like the backend
-    x = torch.stack([x.double() for x in xs])
-    eps = EPS[dtype]
-    tiny = torch.finfo(dtype).tiny
-    absum = x.abs().sum(0)
-    if op == "SUM":
-        return x.sum(0), w * eps * absum + tiny
-    if op == "AVG":  # sum then divide, or divide then sum: both within 2 EPS
-        return x.sum(0) / w, 2 * eps * absum + tiny
-    if op == "PREMUL_SUM":  # one more rounding if the factor is cast to dtype
-        return (x * factor).sum(0), (w + 2) * eps * factor * absum + tiny
-    if op == "PRODUCT":
-        ref = x.prod(0)
-        return ref, (w + 1) * eps * ref.abs() + tiny
-    if op == "MIN":
-        return x.amin(0).to(dtype), None
-    if op == "MAX":
-        return x.amax(0).to(dtype), None
-    raise ValueError(op)
 
 
-def dist_op(op, factor=None):
-    if op == "PREMUL_SUM":
-        return dist._make_nccl_premul_sum(factor)
-    return getattr(dist.ReduceOp, op)
 
 
 def gloo_has(op):

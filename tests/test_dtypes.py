@@ -108,3 +108,71 @@ def _reduction_rejects(rank, ws, name):
 
 def test_reductions_name_an_unsupported_dtype():
     assert run_ranks(2, _reduction_rejects, "uint32") == [True, True]
+
+
+R = dist.ReduceOp
+NARROW_REDUCE = {"int16": (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR),
+                 "float8_e4m3fn": (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX),
+                 "float8_e5m2": (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX)}
+
+
+def _small(dt, rank, n, salt):
+    # Values in -2..2: every sum and product of up to 4 ranks is exact in both float8 formats, so
+    # the reference (float32 arithmetic, one rounding) is exact too.
+    g = torch.Generator().manual_seed(97 * rank + 13 * salt + n)
+    return torch.randint(-2, 3, (n,), generator=g).to(torch.float32).to(dt)
+
+
+def _torch_reduce(xs, op, dt, ws):
+    acc = [x.float() if dt.is_floating_point else x.to(torch.int64) for x in xs]
+    out = acc[0].clone()
+    for a in acc[1:]:
+        if op in (R.SUM, R.AVG):
+            out = out + a
+        elif op == R.PRODUCT:
+            out = out * a
+        elif op == R.MIN:
+            out = torch.minimum(out, a)
+        elif op == R.MAX:
+            out = torch.maximum(out, a)
+        elif op == R.BAND:
+            out = out & a
+        elif op == R.BOR:
+            out = out | a
+        else:
+            out = out ^ a
+    if op == R.AVG:
+        out = out / ws
+    return out.to(dt)
+
+
+def _reduces_narrow_dtypes(rank, ws, name, algo):
+    import pycollectives
+
+    pycollectives.set_algo(algo)
+    dt = getattr(torch, name)
+    for op in NARROW_REDUCE[name]:
+        for n in (0, 1, 7, 1031, 70001):
+            xs = [_small(dt, r, n, 1) for r in range(ws)]
+            t = xs[rank].clone()
+            dist.all_reduce(t, op=op)
+            assert _same(t, _torch_reduce(xs, op, dt, ws)), (name, op, n, algo)
+            # reduce_scatter_tensor: rank r keeps block r of the reduction
+            big = [_small(dt, r, n * ws, 2) for r in range(ws)]
+            out = torch.empty(n, dtype=dt)
+            dist.reduce_scatter_tensor(out, big[rank], op=op)
+            assert _same(out, _torch_reduce(big, op, dt, ws)[rank * n:(rank + 1) * n]), (name, op, n, "rs", algo)
+            # reduce to the last rank
+            y = xs[rank].clone()
+            dist.reduce(y, dst=ws - 1, op=op)
+            if rank == ws - 1:
+                assert _same(y, _torch_reduce(xs, op, dt, ws)), (name, op, n, "reduce", algo)
+    return True
+
+
+@pytest.mark.parametrize("ws", [1, 2, 3])
+@pytest.mark.parametrize("algo", ["auto", "ring", "tree"])
+def test_int16_and_float8_reductions(ws, algo):
+    # float8 accumulates in float32 and rounds once (NCCL 2.24+ reduces float8 too).
+    for name in NARROW_REDUCE:
+        assert run_ranks(ws, _reduces_narrow_dtypes, name, algo) == [True] * ws

@@ -82,6 +82,16 @@ def _run_all(rank, ws, layout):
                     dist.all_reduce(full, op=op, group=gloo)
                     assert _same(out, full[rank * n:(rank + 1) * n], dtype, op), (layout, "reduce_scatter", dtype, op, n)
                 checks += 1
+    # int16 and float8 reductions: Gloo reduces neither, so they cross hosts as int32 / float32
+    for dtype in (torch.int16, torch.float8_e4m3fn, torch.float8_e5m2):
+        for op in (R.SUM, R.MAX):
+            x = torch.randint(-2, 3, (1031,), generator=torch.Generator().manual_seed(5 + rank)).float()
+            every = [torch.empty_like(x) for _ in range(ws)]
+            dist.all_gather(every, x, group=gloo)
+            ref = torch.stack(every).sum(0) if op == R.SUM else torch.stack(every).max(0).values
+            t = x.to(dtype)
+            dist.all_reduce(t, op=op)
+            assert torch.equal(t.float(), ref), (layout, "narrow all_reduce", dtype, op)
     # data movement, any dtype
     for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.float8_e4m3fn):
         n = 1031

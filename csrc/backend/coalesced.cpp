@@ -18,6 +18,46 @@ int64_t total_bytes(const std::vector<at::Tensor>& ts) {
   return n;
 }
 
+// The tensor-pair forms: input i and output i of any dtype, the bigger one world_size times the
+// other (all_gather: the output; reduce_scatter: the input).
+void check_pairs(const char* op, const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                 int size, bool output_is_bigger) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), op, ": got ", outputs.size(), " outputs for ", inputs.size(),
+                    " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_dense(op, inputs[i], "input");
+    check_dense(op, outputs[i], "output");
+    check_same_type(op, inputs[i], outputs[i], "an output");
+    const at::Tensor& big = output_is_bigger ? outputs[i] : inputs[i];
+    const at::Tensor& small = output_is_bigger ? inputs[i] : outputs[i];
+    TORCH_CHECK_VALUE(big.numel() == small.numel() * size, op, ": ", output_is_bigger ? "output " : "input ", i,
+                      " has ", big.numel(), " elements but must have world_size * ",
+                      output_is_bigger ? "input" : "output", " = ", small.numel() * size);
+  }
+}
+
+// One engine call per pair, in one Work. kinds: the reduction per pair (empty: data movement).
+OpCall pairwise_call(c10d::OpType type, OpCode op, const char* name, const char* stats_name,
+                     const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
+                     std::vector<ReduceKind> kinds, bool async) {
+  OpCall call = new_call(type, op, name, stats_name, ins[0], async);
+  call.outputs = outs;
+  call.tensors = outs;
+  call.tensors.insert(call.tensors.end(), ins.begin(), ins.end());
+  call.logged_bytes = total_bytes(ins);
+  call.prepare = [ins, outs, kinds, op] {
+    std::vector<Collective> parts;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      parts.push_back(engine_call(op, dense(ins[i]), dense(outs[i]), kinds.empty() ? ReduceKind::Sum : kinds[i]));
+    }
+    return parts;
+  };
+  call.finish = [outs](const std::vector<Collective>& p) {
+    for (size_t i = 0; i < p.size(); ++i) write_back(outs[i], p[i].output);
+  };
+  return call;
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -90,68 +130,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   static constexpr const char* kOp = "pycoll::allgather_into_tensor_coalesced";
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), kOp, ": got ", outputs.size(), " outputs for ", inputs.size(),
-                    " inputs");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_dense(kOp, inputs[i], "input");
-    check_dense(kOp, outputs[i], "output");
-    check_same_type(kOp, inputs[i], outputs[i], "an output");
-    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_, kOp, ": output ", i, " has ",
-                      outputs[i].numel(), " elements but must have world_size * input = ", inputs[i].numel() * size_);
-  }
+  check_pairs(kOp, outputs, inputs, size_, /*output_is_bigger=*/true);
   if (inputs.empty()) return nothing_to_do(c10d::OpType::COALESCED, kOp);
-  const std::vector<at::Tensor> ins = inputs, outs = outputs;
-  OpCall call = new_call(c10d::OpType::COALESCED, OpCode::AllGather, kOp, "allgather_coalesced", ins[0],
-                         opts.asyncOp);
-  call.outputs = outs;
-  call.tensors = outs;
-  call.tensors.insert(call.tensors.end(), ins.begin(), ins.end());
-  call.logged_bytes = total_bytes(ins);
-  call.prepare = [ins, outs] {
-    std::vector<Collective> parts;
-    for (size_t i = 0; i < ins.size(); ++i) parts.push_back(engine_call(OpCode::AllGather, dense(ins[i]), dense(outs[i])));
-    return parts;
-  };
-  call.finish = [outs](const std::vector<Collective>& p) {
-    for (size_t i = 0; i < p.size(); ++i) write_back(outs[i], p[i].output);
-  };
-  return run(std::move(call));
+  return run(pairwise_call(c10d::OpType::COALESCED, OpCode::AllGather, kOp, "allgather_coalesced", inputs, outputs,
+                           {}, opts.asyncOp));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   static constexpr const char* kOp = "pycoll::reduce_scatter_tensor_coalesced";
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), kOp, ": got ", outputs.size(), " outputs for ", inputs.size(),
-                    " inputs");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_dense(kOp, inputs[i], "input");
-    check_dense(kOp, outputs[i], "output");
-    check_same_type(kOp, inputs[i], outputs[i], "an output");
-    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_, kOp, ": input ", i, " has ",
-                      inputs[i].numel(), " elements but must have world_size * output = ", outputs[i].numel() * size_);
-  }
+  check_pairs(kOp, outputs, inputs, size_, /*output_is_bigger=*/false);
   if (inputs.empty()) return nothing_to_do(c10d::OpType::COALESCED, kOp);
   std::vector<ReduceKind> kinds;  // the tensors may differ in dtype
   for (const auto& in : inputs) kinds.push_back(to_reduce(kOp, opts.reduceOp, in.scalar_type()));
-  const ReduceKind rk = kinds[0];
-  const std::vector<at::Tensor> ins = inputs, outs = outputs;
-  OpCall call = new_call(c10d::OpType::COALESCED, OpCode::ReduceScatter, kOp, "reduce_scatter_coalesced", ins[0],
-                         opts.asyncOp);
-  call.outputs = outs;
-  call.tensors = outs;
-  call.tensors.insert(call.tensors.end(), ins.begin(), ins.end());
-  call.premul_factor = rk == ReduceKind::PremulSum ? premul_factor(opts.reduceOp) : at::Tensor();
-  call.logged_bytes = total_bytes(ins);
-  call.prepare = [ins, outs, kinds] {
-    std::vector<Collective> parts;
-    for (size_t i = 0; i < ins.size(); ++i) {
-      parts.push_back(engine_call(OpCode::ReduceScatter, dense(ins[i]), dense(outs[i]), kinds[i]));
-    }
-    return parts;
-  };
-  call.finish = [outs](const std::vector<Collective>& p) {
-    for (size_t i = 0; i < p.size(); ++i) write_back(outs[i], p[i].output);
-  };
+  OpCall call = pairwise_call(c10d::OpType::COALESCED, OpCode::ReduceScatter, kOp, "reduce_scatter_coalesced", inputs,
+                              outputs, kinds, opts.asyncOp);
+  if (kinds[0] == ReduceKind::PremulSum) call.premul_factor = premul_factor(opts.reduceOp);
   return run(std::move(call));
 }
 

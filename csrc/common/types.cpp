@@ -17,6 +17,9 @@ size_t dtype_size(DType t) {
     case DType::Int32: return 4;
     case DType::Int64: return 8;
     case DType::Bool: return 1;
+    case DType::Int16: return 2;
+    case DType::Float8E4M3: return 1;
+    case DType::Float8E5M2: return 1;
   }
   return 0;
 }
@@ -32,6 +35,9 @@ const char* dtype_name(DType t) {
     case DType::Int32: return "int32";
     case DType::Int64: return "int64";
     case DType::Bool: return "bool";
+    case DType::Int16: return "int16";
+    case DType::Float8E4M3: return "float8_e4m3fn";
+    case DType::Float8E5M2: return "float8_e5m2";
   }
   return "unknown";
 }

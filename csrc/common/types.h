@@ -20,6 +20,9 @@ enum class DType : int32_t {
   Int32 = 6,
   Int64 = 7,
   Bool = 8,
+  Int16 = 9,
+  Float8E4M3 = 10,  // torch.float8_e4m3fn
+  Float8E5M2 = 11,  // torch.float8_e5m2
 };
 
 // Reduction applied element-wise. AVG and PREMUL_SUM are carried explicitly so
@@ -72,7 +75,8 @@ enum class OpCode : int32_t {
 };
 
 inline bool is_floating(DType t) {
-  return t == DType::Float32 || t == DType::Float64 || t == DType::Float16 || t == DType::BFloat16;
+  return t == DType::Float32 || t == DType::Float64 || t == DType::Float16 || t == DType::BFloat16 ||
+         t == DType::Float8E4M3 || t == DType::Float8E5M2;
 }
 
 size_t dtype_size(DType t);

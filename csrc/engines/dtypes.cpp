@@ -15,6 +15,9 @@ std::optional<DType> reducible_dtype(at::ScalarType t) {
     case at::kInt: return DType::Int32;
     case at::kLong: return DType::Int64;
     case at::kBool: return DType::Bool;
+    case at::kShort: return DType::Int16;
+    case at::kFloat8_e4m3fn: return DType::Float8E4M3;
+    case at::kFloat8_e5m2: return DType::Float8E5M2;
     default: return std::nullopt;
   }
 }
@@ -22,7 +25,8 @@ std::optional<DType> reducible_dtype(at::ScalarType t) {
 DType reducible_dtype_or_throw(const char* op, at::ScalarType t) {
   if (auto d = reducible_dtype(t)) return *d;
   TORCH_CHECK_TYPE(false, op, ": unsupported dtype ", t, " for a reduction; reductions support float32, float64, ",
-                   "float16, bfloat16, int8, uint8, int32, int64, bool (data-movement ops take any dtype)");
+                   "float16, bfloat16, float8_e4m3fn, float8_e5m2, int8, uint8, int16, int32, int64, bool (data-movement "
+                   "ops take any dtype)");
 }
 
 }  // namespace pycoll

@@ -37,14 +37,27 @@ ReduceKind bool_as_uint8(ReduceKind k) {
   }
 }
 
+// What the inter-host backend reduces for t: Gloo has no bool, int16 or float8. bool travels as
+// uint8 0/1 (OR is MAX, AND is MIN), int16 as int32 (the same result modulo 2^16), float8 as
+// float32 (accumulated in float32, rounded once at the end).
+std::pair<at::Tensor, ReduceKind> inter_host_form(const at::Tensor& t, ReduceKind op) {
+  switch (t.scalar_type()) {
+    case at::kBool: return {t.to(at::kByte), bool_as_uint8(op)};
+    case at::kShort: return {t.to(at::kInt), op};
+    case at::kFloat8_e4m3fn:
+    case at::kFloat8_e5m2: return {t.to(at::kFloat), op};
+    default: return {t, op};
+  }
+}
+
 // Runs an all_reduce of t (in place) on an inter-host backend.
 void backend_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t, ReduceKind op) {
-  const bool as_u8 = t.scalar_type() == at::kBool;
-  std::vector<at::Tensor> ts{as_u8 ? t.to(at::kByte) : t};
+  auto [wire, wire_op] = inter_host_form(t, op);
+  std::vector<at::Tensor> ts{wire};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(as_u8 ? bool_as_uint8(op) : op);
+  opts.reduceOp = to_c10d(wire_op);
   b->allreduce(ts, opts)->wait();
-  if (as_u8) t.copy_(ts[0]);
+  if (!wire.is_same(t)) t.copy_(wire);
 }
 
 at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
@@ -120,14 +133,14 @@ Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& /*stream*/)
     case OpCode::Reduce: {
       if (!c.output.is_same(c.input)) c.output.copy_(c.input);
       if (c.output.numel() == 0) return Algo::Flat;
-      const bool as_u8 = c.output.scalar_type() == at::kBool;
-      std::vector<at::Tensor> ts{as_u8 ? c.output.to(at::kByte) : c.output};
+      auto [wire, wire_op] = inter_host_form(c.output, c.reduce);
+      std::vector<at::Tensor> ts{wire};
       c10d::ReduceOptions opts;
       opts.rootRank = c.root;
-      opts.reduceOp = to_c10d(as_u8 ? bool_as_uint8(c.reduce) : c.reduce);
+      opts.reduceOp = to_c10d(wire_op);
       flat->reduce(ts, opts)->wait();
       if (rank_ == c.root) {
-        if (as_u8) c.output.copy_(ts[0]);
+        if (!wire.is_same(c.output)) c.output.copy_(wire);
         if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
       }
       return Algo::Flat;

@@ -6,6 +6,8 @@
 #include <type_traits>
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
 #include "common/check.h"
@@ -105,12 +107,15 @@ void dispatch_op(const ReduceSpec& spec, void* out, bool out_acc, const Operand*
 
 }  // namespace
 
-size_t acc_size(DType t) {
-  return (t == DType::Float16 || t == DType::BFloat16) ? sizeof(float) : dtype_size(t);
+// The dtypes reduced in float32 (narrow floats): fp16, bf16 and both float8 formats.
+bool accumulates_in_float(DType t) {
+  return t == DType::Float16 || t == DType::BFloat16 || t == DType::Float8E4M3 || t == DType::Float8E5M2;
 }
 
+size_t acc_size(DType t) { return accumulates_in_float(t) ? sizeof(float) : dtype_size(t); }
+
 bool reduce_supported(DType t, ReduceKind op) {
-  const bool is_float = t == DType::Float32 || t == DType::Float64 || t == DType::Float16 || t == DType::BFloat16;
+  const bool is_float = is_floating(t);
   switch (op) {
     case ReduceKind::BAnd:
     case ReduceKind::BOr:
@@ -137,13 +142,17 @@ void reduce_operands(const ReduceSpec& spec, void* out, bool out_acc, const Oper
     case DType::Int32: return dispatch_op<int32_t, int32_t>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
     case DType::Int64: return dispatch_op<int64_t, int64_t>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
     case DType::Bool: return dispatch_op<uint8_t, uint8_t>(spec, out, out_acc, srcs, nsrc, count, finalize, true);
+    case DType::Int16: return dispatch_op<int16_t, int16_t>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
+    case DType::Float8E4M3:
+      return dispatch_op<c10::Float8_e4m3fn, float>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
+    case DType::Float8E5M2:
+      return dispatch_op<c10::Float8_e5m2, float>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
   }
 }
 
 void convert_elements(DType t, void* out, bool out_acc, const void* in, bool in_acc, int64_t count) {
   if (count <= 0) return;
-  const bool half = t == DType::Float16 || t == DType::BFloat16;
-  if (!half || out_acc == in_acc) {
+  if (!accumulates_in_float(t) || out_acc == in_acc) {
     std::memcpy(out, in, static_cast<size_t>(count) * (out_acc ? acc_size(t) : dtype_size(t)));
     return;
   }
@@ -159,8 +168,12 @@ void convert_elements(DType t, void* out, bool out_acc, const void* in, bool in_
       for (int64_t i = 0; i < count; ++i) o[i] = static_cast<T>(p[i]);
     }
   };
-  if (t == DType::Float16) run(c10::Half());
-  else run(c10::BFloat16());
+  switch (t) {
+    case DType::Float16: return run(c10::Half());
+    case DType::BFloat16: return run(c10::BFloat16());
+    case DType::Float8E4M3: return run(c10::Float8_e4m3fn());
+    default: return run(c10::Float8_e5m2());
+  }
 }
 
 }  // namespace pycoll

@@ -1,7 +1,7 @@
 // Element-wise reduction on the CPU, in a fixed source order so that every
 // rank that reduces the same sources gets bitwise-identical results.
 //
-// fp16 and bf16 are accumulated in fp32 ("acc" type); partial results that
+// fp16, bf16 and float8 are accumulated in fp32 ("acc" type); partial results that
 // travel between ranks (ring, tree) may be kept in the acc type so that
 // precision is not lost between hops. For every other dtype acc == element.
 #pragma once
@@ -25,7 +25,9 @@ struct Operand {
   bool acc;
 };
 
-// Bytes per element of the acc type (4 for fp16/bf16, else the dtype size).
+// True for the dtypes reduced in float32 (fp16, bf16, float8).
+bool accumulates_in_float(DType t);
+// Bytes per element of the acc type (4 for those, else the dtype size).
 size_t acc_size(DType t);
 
 // out[i] = src0[i] op src1[i] op ... (left to right), converted to out's type;

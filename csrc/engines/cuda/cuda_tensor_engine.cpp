@@ -15,7 +15,10 @@ bool CudaTensorEngine::serves(OpCode op, at::ScalarType dtype, const at::Device&
     case OpCode::AllToAll: return true;
     case OpCode::AllReduce:
     case OpCode::Reduce:
-    case OpCode::ReduceScatter: return reducible_dtype(dtype).has_value();
+    case OpCode::ReduceScatter: {
+      const auto d = reducible_dtype(dtype);
+      return d.has_value() && cuda_kernels_reduce(*d);
+    }
     default: return false;
   }
 }
