@@ -1,5 +1,7 @@
 """References for reductions: what reducing one tensor per rank must give, with the error bound
 a float result may have. Shared by tests/test_cpu_collectives.py and the fuzz (tests/fuzz_ops.py)."""
+import functools
+
 import torch
 import torch.distributed as dist
 
