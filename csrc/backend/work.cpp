@@ -6,9 +6,39 @@
 
 namespace pycoll {
 
+namespace {
+
+// What torch.profiler shows for each op, as ProcessGroupGloo ("gloo:all_reduce") and
+// ProcessGroupNCCL ("nccl:all_reduce") name theirs: c10d::Work records the event from
+// construction until recordFunctionEndCallback_ runs (mark_done below).
+const char* profiling_title(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST: return "pycoll:broadcast";
+    case c10d::OpType::ALLREDUCE: return "pycoll:all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "pycoll:all_reduce_coalesced";
+    case c10d::OpType::REDUCE: return "pycoll:reduce";
+    case c10d::OpType::ALLGATHER:
+    case c10d::OpType::_ALLGATHER_BASE: return "pycoll:all_gather";
+    case c10d::OpType::ALLGATHER_COALESCED: return "pycoll:all_gather_coalesced";
+    case c10d::OpType::GATHER: return "pycoll:gather";
+    case c10d::OpType::SCATTER: return "pycoll:scatter";
+    case c10d::OpType::REDUCE_SCATTER:
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "pycoll:reduce_scatter";
+    case c10d::OpType::ALLTOALL_BASE:
+    case c10d::OpType::ALLTOALL: return "pycoll:all_to_all";
+    case c10d::OpType::SEND: return "pycoll:send";
+    case c10d::OpType::RECV: return "pycoll:recv";
+    case c10d::OpType::BARRIER: return "pycoll:barrier";
+    case c10d::OpType::COALESCED: return "pycoll:coalesced";
+    default: return "pycoll:unknown";
+  }
+}
+
+}  // namespace
+
 PycollWork::PycollWork(int rank, c10d::OpType type, std::string op_name, uint64_t seq, std::vector<at::Tensor> outputs,
                        std::vector<c10::Device> devices, bool lazy_future)
-    : c10d::Work(rank, type),
+    : c10d::Work(rank, type, profiling_title(type)),
       op_name_(std::move(op_name)),
       seq_(seq),
       outputs_(std::move(outputs)),
@@ -80,12 +110,15 @@ c10::intrusive_ptr<c10::ivalue::Future> PycollWork::getFuture() {
 }
 
 void PycollWork::mark_done(std::exception_ptr err) {
+  std::function<void()> end_profiling;
   {
     std::lock_guard<std::mutex> g(mutex_);
     completed_ = true;
     exception_ = err;
+    end_profiling.swap(recordFunctionEndCallback_);  // set only while torch.profiler records
   }
   cv_.notify_all();
+  if (end_profiling) end_profiling();
 }
 
 void PycollWork::settle_future() {
