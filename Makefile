@@ -5,7 +5,7 @@ export PYTHON
 
 BASE ?= HEAD
 
-.PHONY: install bench test test-gpu gpu-check bench-regression bench-compare soak clean
+.PHONY: install bench test test-gpu gpu-check bench-regression bench-compare soak conformance clean
 
 install:
 	bash scripts/install.sh
@@ -41,6 +41,13 @@ bench-compare: install
 # e.g. --ops 5000, --nproc 3, --seed 7, --warmup 20000.
 soak: install
 	$(PYTHON) benchmarks/soak.py $(ARGS)
+
+# PyTorch's own DistributedTest suite on pycoll (tests/conformance/torch_suite.py),
+# CPU, 2 ranks. ARGS: unittest options, e.g. ARGS="-k test_all_reduce".
+conformance: install
+	$(PYTHON) -c "import expecttest" 2>/dev/null || $(PYTHON) -m pip install -q expecttest
+	d=$$(mktemp -d) && mkdir -p $$d/barrier && \
+	BACKEND=pycoll WORLD_SIZE=2 TEMP_DIR=$$d $(PYTHON) tests/conformance/torch_suite.py $(ARGS)
 
 clean:
 	rm -rf build pycollectives/_C*.so *.egg-info
