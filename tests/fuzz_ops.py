@@ -42,7 +42,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from reference import EPS, dist_op, reduce_ref  # noqa: F401  (shared with test_cpu_collectives.py)
+from reference import BOOL_P, EPS, dist_op, gen, reduce_ref  # noqa: F401  (shared with test_cpu_collectives.py)
 
 DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
@@ -66,8 +66,6 @@ P2P_KINDS = {"send_recv", "batch_isend_irecv"}
 
 # Density of True in bool inputs, so that AND-like and OR-like results are
 # not constant over 4 ranks.
-BOOL_P = {"PRODUCT": 0.85, "MIN": 0.85, "BAND": 0.85,
-          "SUM": 0.15, "MAX": 0.15, "BOR": 0.15}
 
 # Where pycoll's CPU transport names its POSIX shared memory
 # (csrc/transport/shm/shm_transport.cpp: "/pycoll-<job token>-<rank>").
@@ -88,31 +86,8 @@ def name(dtype):
 # inputs and references (as in tests/test_cpu_collectives.py)
 
 
-def gen(dtype, op, shape, seed):
-    """Random input for reduce op `op` ("data" for pure data movement)."""
-    g = torch.Generator().manual_seed(seed)
-    if dtype.is_floating_point:
-        if op == "PRODUCT":  # magnitudes near 1: no overflow, no subnormals
-            mag = torch.rand(shape, generator=g, dtype=torch.float64) + 0.5
-            sign = torch.randint(0, 2, shape, generator=g, dtype=torch.float64) * 2 - 1
-            return (mag * sign).to(dtype)
-        wide = torch.float64 if dtype == torch.float64 else torch.float32
-        return (torch.rand(shape, generator=g, dtype=wide) * 2 - 1).to(dtype)
-    if dtype == torch.bool:
-        return torch.rand(shape, generator=g) < BOOL_P.get(op, 0.5)
-    lo, hi = _int_range(dtype, op)
-    return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
 
 
-def _int_range(dtype, op):
-    if op == "PRODUCT":
-        return (0, 8) if dtype == torch.uint8 else (-7, 8)
-    if op == "SUM" and dtype in (torch.int32, torch.int64):
-        return -(2**20), 2**20  # no signed overflow in 32/64-bit sums
-    if dtype == torch.int64:
-        return -(2**62), 2**62
-    info = torch.iinfo(dtype)  # int8/uint8 sums and products wrap (mod 2^8, any order)
-    return info.min, info.max + 1
 
 
 def filler(dtype, shape):

@@ -1,5 +1,6 @@
-"""References for reductions: what reducing one tensor per rank must give, with the error bound
-a float result may have. Shared by tests/test_cpu_collectives.py and the fuzz (tests/fuzz_ops.py)."""
+"""Random inputs per reduce op, and references for reductions: what reducing one tensor per rank
+must give, with the error bound a float result may have. Shared by tests/test_cpu_collectives.py and
+the fuzz (tests/fuzz_ops.py)."""
 import functools
 
 import torch
@@ -73,3 +74,34 @@ def dist_op(op, factor=None):
     if op == "PREMUL_SUM":
         return dist._make_nccl_premul_sum(factor)
     return getattr(dist.ReduceOp, op)
+
+
+BOOL_P = {"PRODUCT": 0.85, "MIN": 0.85, "BAND": 0.85,
+          "SUM": 0.15, "MAX": 0.15, "BOR": 0.15}
+
+
+def gen(dtype, op, shape, seed):
+    """Random input for reduce op `op` ("data" for pure data movement)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        if op == "PRODUCT":  # magnitudes near 1: no overflow, no subnormals
+            mag = torch.rand(shape, generator=g, dtype=torch.float64) + 0.5
+            sign = torch.randint(0, 2, shape, generator=g, dtype=torch.float64) * 2 - 1
+            return (mag * sign).to(dtype)
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        return (torch.rand(shape, generator=g, dtype=wide) * 2 - 1).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) < BOOL_P.get(op, 0.5)
+    lo, hi = _int_range(dtype, op)
+    return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+def _int_range(dtype, op):
+    if op == "PRODUCT":
+        return (0, 8) if dtype == torch.uint8 else (-7, 8)
+    if op == "SUM" and dtype in (torch.int32, torch.int64):
+        return -(2**20), 2**20  # no signed overflow in 32/64-bit sums
+    if dtype == torch.int64:
+        return -(2**62), 2**62
+    info = torch.iinfo(dtype)  # int8/uint8 sums and products wrap: compared modulo 2^8
+    return info.min, info.max + 1

@@ -15,27 +15,24 @@
 namespace pycoll {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  static constexpr const char* kOp = "pycoll::send";
-  check_one_tensor(kOp, tensors);
-  check_rank(kOp, dst, size_, "destination rank");
-  const at::Tensor t = tensors[0];
-  check_dense(kOp, t, "tensor");
-  check_usable(kOp);
-  if (dst == rank_) return self_p2p_.send(t, tag, ++issued_);
-  if (on_cuda_engine(t)) return cuda_->send(t, dst, ++issued_);
-  return host_p2p(/*is_send=*/true, kOp, t, dst, tag);
+  return point_to_point(/*is_send=*/true, tensors, dst, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  static constexpr const char* kOp = "pycoll::recv";
-  check_one_tensor(kOp, tensors);
-  check_rank(kOp, src, size_, "source rank");
+  return point_to_point(/*is_send=*/false, tensors, src, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::point_to_point(bool is_send, std::vector<at::Tensor>& tensors,
+                                                                  int peer, int tag) {
+  const char* op = is_send ? "pycoll::send" : "pycoll::recv";
+  check_one_tensor(op, tensors);
+  check_rank(op, peer, size_, is_send ? "destination rank" : "source rank");
   const at::Tensor t = tensors[0];
-  check_dense(kOp, t, "tensor");
-  check_usable(kOp);
-  if (src == rank_) return self_p2p_.recv(t, tag, ++issued_);
-  if (on_cuda_engine(t)) return cuda_->recv(t, src, ++issued_);
-  return host_p2p(/*is_send=*/false, kOp, t, src, tag);
+  check_dense(op, t, "tensor");
+  check_usable(op);
+  if (peer == rank_) return is_send ? self_p2p_.send(t, tag, ++issued_) : self_p2p_.recv(t, tag, ++issued_);
+  if (on_cuda_engine(t)) return is_send ? cuda_->send(t, peer, ++issued_) : cuda_->recv(t, peer, ++issued_);
+  return host_p2p(is_send, op, t, peer, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {

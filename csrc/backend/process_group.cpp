@@ -159,7 +159,8 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   // on the executor thread, whose current stream is not the caller's.
   std::optional<c10::StreamGuard> on_stream;
   if (!engine.enqueues_on_device() && stream.device_type() != at::kCPU) on_stream.emplace(stream);
-  const auto prescale = [&call](Collective& c) {
+  // Every part runs with the algorithm read at issue; PREMUL_SUM becomes a pre-scale + SUM (as NCCL).
+  const auto ready_part = [&call](Collective& c) {
     c.algo = call.algo;
     if (c.reduce != ReduceKind::PremulSum) return;
     c.input = c.input * call.premul_factor.to(c.input.device());
@@ -173,13 +174,13 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
     const bool in_place = c.input.defined() && c.input.is_same(c.output);
     if (c.input.defined()) c.input = dense(c.input);
     if (c.output.defined()) c.output = in_place ? c.input : dense(c.output);
-    prescale(c);
+    ready_part(c);
     algo = engine.run(c, stream);
     if (call.write_back) write_back(user_output, c.output);
   } else {
     std::vector<Collective> parts = call.prepare();
     for (Collective& c : parts) {
-      prescale(c);
+      ready_part(c);
       algo = engine.run(c, stream);
     }
     if (call.finish) call.finish(parts);

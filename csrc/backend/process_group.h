@@ -128,6 +128,8 @@ class ProcessGroupPycoll : public c10d::Backend {
   void check_bound_device(const at::Tensor& t) const;
   // A CUDA tensor that the CUDA engine serves (the device queue runs its point-to-point).
   bool on_cuda_engine(const at::Tensor& t);
+  // send and recv: checks, then to self, the device queue, or the host channels.
+  c10::intrusive_ptr<c10d::Work> point_to_point(bool is_send, std::vector<at::Tensor>& tensors, int peer, int tag);
   // Point-to-point on the CPU engine's channels (CPU tensors, and CUDA tensors through host memory).
   c10::intrusive_ptr<c10d::Work> host_p2p(bool is_send, const char* op, const at::Tensor& t, int peer, int tag);
   // Point-to-point with a rank on another host, on the inter-host engine.
