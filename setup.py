@@ -125,11 +125,10 @@ def _extension():
             define_macros=macros, extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         )
     else:
-        # The CUDA engine's choices and settings (cuda/select.cpp, cuda/measured_choices.cpp,
-        # cuda/cuda_settings.cpp) are plain C++:
-        # kept, so that they are testable without a GPU.
-        keep = {os.path.join("csrc", "cuda", f) for f in ("select.cpp", "measured_choices.cpp", "cuda_settings.cpp")}
-        sources = [s for s in sources if os.sep + "cuda" + os.sep not in s or s in keep]
+        # csrc/cuda/*.cpp is the CUDA engine's plain C++ (its settings, limits, plans and choices;
+        # everything CUDA there is in .cu files): kept, so that it is testable without a GPU.
+        plain = os.path.join("csrc", "cuda", "")
+        sources = [s for s in sources if os.sep + "cuda" + os.sep not in s or os.path.dirname(s) + os.sep == plain]
         ext = cpp_extension.CppExtension(
             "pycollectives._C", sources, include_dirs=[os.path.join(here, "csrc")],
             define_macros=macros, extra_compile_args={"cxx": cxx},

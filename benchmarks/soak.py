@@ -4,7 +4,7 @@ resource checks (issue 21, item 7).  ``make soak`` runs it with the defaults.
 
     python3 benchmarks/soak.py [--ops 100000] [--nproc 2] [--seed S] [--warmup 1000]
 
-The ranks run the random mix of tests/test_fuzz.py (tests/fuzz_ops.py: every
+The ranks run the random mix of tests/test_fuzz.py (tests/fuzz/: every
 op, dtype, reduce op, size 0..1 MiB, layouts, async waits in random order, four
 interleaved groups), every op compared with Gloo unless --no-check.  It passes
 only when
@@ -38,12 +38,12 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 if importlib.util.find_spec("pycollectives") is None and REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-import fuzz_ops  # noqa: E402
+from fuzz import SHM_DIR, SHM_PREFIX, soak_rank  # noqa: E402
 from ranks import RankError, run_ranks  # noqa: E402
 
 
 def shm_names():
-    return set(glob.glob(os.path.join(fuzz_ops.SHM_DIR, fuzz_ops.SHM_PREFIX + "*")))
+    return set(glob.glob(os.path.join(SHM_DIR, SHM_PREFIX + "*")))
 
 
 def mapped_anywhere():
@@ -55,7 +55,7 @@ def mapped_anywhere():
         try:
             with open(f"/proc/{pid}/maps") as f:
                 for line in f:
-                    i = line.find(fuzz_ops.SHM_DIR + "/")
+                    i = line.find(SHM_DIR + "/")
                     if i >= 0:
                         found.add(line[i:].rstrip("\n").removesuffix(" (deleted)"))
         except OSError:
@@ -89,7 +89,7 @@ def main(argv=None):
     t0 = time.monotonic()
     ok, problems, ranks = True, [], None
     try:
-        ranks = run_ranks(args.nproc, fuzz_ops.soak_rank, seed, args.ops, args.warmup,
+        ranks = run_ranks(args.nproc, soak_rank, seed, args.ops, args.warmup,
                           not args.no_check, args.sample_every, timeout=timeout)
     except RankError as e:
         ok = False

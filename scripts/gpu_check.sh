@@ -26,9 +26,11 @@ NG=$(python3 -c "import torch; print(torch.cuda.device_count())")
 echo "gpus=$NG" | tee -a "$OUTDIR/summary.txt"
 [ "$NG" -ge 2 ] || { echo "needs 2 GPUs"; exit 1; }
 
+# The CUDA engine's own tests (tests/test_gpu_*.py), then every other GPU test.
+GPU_TESTS=(tests/test_gpu_*.py)
 export CUDA_VISIBLE_DEVICES=0,1 PYCOLL_GPU_WORLD=2
-step gpu_tests 600 python3 -m pytest -q -m gpu tests/test_gpu_collectives.py -p no:cacheprovider
-step integration 900 python3 -m pytest -q -m gpu tests --ignore tests/test_gpu_collectives.py -p no:cacheprovider
+step gpu_tests 600 python3 -m pytest -q -m gpu "${GPU_TESTS[@]}" -p no:cacheprovider
+step integration 900 python3 -m pytest -q -m gpu tests "${GPU_TESTS[@]/#/--ignore=}" -p no:cacheprovider
 step bench 600 python3 -m pycollectives.bench --nproc 2 --ops all_reduce,all_gather,reduce_scatter --out "$OUTDIR"
 step ddp_gpt 300 python3 examples/ddp_gpt.py --compare nccl --steps 20 --warmup 5
 step fsdp_gpt 300 python3 examples/fsdp_gpt.py --compare nccl --steps 20 --warmup 5
@@ -37,7 +39,7 @@ step ddp_gpt_pycoll_powersgd 300 python3 examples/ddp_gpt.py --compare nccl --st
 
 if [ "$NG" -ge 4 ]; then
   export CUDA_VISIBLE_DEVICES=0,1,2,3 PYCOLL_GPU_WORLD=4
-  step gpu_tests_4 600 python3 -m pytest -q -m gpu tests/test_gpu_collectives.py -p no:cacheprovider
+  step gpu_tests_4 600 python3 -m pytest -q -m gpu "${GPU_TESTS[@]}" -p no:cacheprovider
   step bench_4 900 python3 -m pycollectives.bench --nproc 4 --ops all_reduce,all_gather,reduce_scatter \
     --algo auto,oneshot,twoshot,ring,tree -f 4 --out "$OUTDIR"
 fi

@@ -124,6 +124,14 @@ def set_algo(algo):
     pycollectives.set_algo(algo)
 
 
+def quiet():
+    """Silence torch's FutureWarning and UserWarning in this rank (its log stays readable)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+
+
 # --------------------------------------------------------------------------
 # child side
 

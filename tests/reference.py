@@ -1,11 +1,19 @@
 """Random inputs per reduce op, and references for reductions: what reducing one tensor per rank
-must give, with the error bound a float result may have. Shared by tests/test_cpu_collectives.py and
-the fuzz (tests/fuzz_ops.py)."""
+must give, with the error bound a float result may have; the dtypes and reduce ops they cover.
+Shared by the CPU collective tests (tests/cpu_collectives_util.py) and the fuzz (tests/fuzz/)."""
 import functools
 
 import torch
 import torch.distributed as dist
 
+DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16,
+    torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
+]
+FLOAT_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM"]
+INT_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]  # also bool
+
+# Machine epsilon (twice the unit roundoff) per float dtype: see reduce_ref.
 EPS = {torch.float32: 2.0**-23, torch.float64: 2.0**-52,
        torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
@@ -76,6 +84,8 @@ def dist_op(op, factor=None):
     return getattr(dist.ReduceOp, op)
 
 
+# Density of True in bool inputs, so that AND-like and OR-like results are
+# not constant over 4 ranks.
 BOOL_P = {"PRODUCT": 0.85, "MIN": 0.85, "BAND": 0.85,
           "SUM": 0.15, "MAX": 0.15, "BOR": 0.15}
 
@@ -105,3 +115,17 @@ def _int_range(dtype, op):
         return -(2**62), 2**62
     info = torch.iinfo(dtype)  # int8/uint8 sums and products wrap: compared modulo 2^8
     return info.min, info.max + 1
+
+
+def name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def filler(dtype, shape):
+    """Recognisable junk for outputs (never a valid result of a reduction
+    of our inputs for floats, and rarely for ints)."""
+    if dtype == torch.bool:
+        return torch.zeros(shape, dtype=dtype)
+    if dtype.is_floating_point:
+        return torch.full(shape, 123.0 if dtype != torch.float16 else 77.0, dtype=dtype)
+    return torch.full(shape, 99, dtype=dtype)

@@ -1,6 +1,6 @@
 """Random op sequences on pycoll, every op checked against Gloo (issue 21, item 7).
 
-Each world size runs one seeded sequence (tests/fuzz_ops.py): every collective,
+Each world size runs one seeded sequence (tests/fuzz/): every collective,
 point-to-point and coalesced form, every dtype and reduce op, sizes from 0 to
 about 1 MiB, non-contiguous tensors, sync and async ops waited in a random
 order, on four interleaved groups (the default group, a second group over the
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from fuzz_ops import KINDS, fuzz_rank
+from fuzz import KINDS, fuzz_rank
 from ranks import run_ranks
 
 # 30-60 s for the three on the 2-core CI machine (about 2-4, 4-7 and 7-10 ms per op).

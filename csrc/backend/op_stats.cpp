@@ -18,7 +18,8 @@ std::map<std::string, OpCounters>& table() {
 }
 }  // namespace
 
-void record_op(const char* op, int64_t bytes, Algo algo, const OpTimer& timer, int rank, int size) {
+void record_op(const char* op, int64_t bytes, Algo algo, const OpTimer& timer, int rank, int size,
+               const std::string& plan) {
   {
     std::lock_guard<std::mutex> g(stats_mutex());
     auto& c = table()[op];
@@ -26,8 +27,8 @@ void record_op(const char* op, int64_t bytes, Algo algo, const OpTimer& timer, i
     c.bytes += static_cast<uint64_t>(bytes > 0 ? bytes : 0);
   }
   if (rank >= 0 && debug_info_enabled()) {
-    std::fprintf(stderr, "[pycoll %d/%d] %s algo=%s bytes=%lld time=%.1fus\n", rank, size, op, algo_name(algo),
-                 static_cast<long long>(bytes), timer.elapsed_us());
+    std::fprintf(stderr, "[pycoll %d/%d] %s algo=%s bytes=%lld time=%.1fus%s%s\n", rank, size, op, algo_name(algo),
+                 static_cast<long long>(bytes), timer.elapsed_us(), plan.empty() ? "" : " plan=", plan.c_str());
   }
 }
 

@@ -24,8 +24,10 @@ struct OpCounters {
   uint64_t bytes = 0;
 };
 
-// Counts one call; logs it when PYCOLL_DEBUG=INFO and rank >= 0.
-void record_op(const char* op, int64_t bytes, Algo algo, const OpTimer& timer, int rank, int size);
+// Counts one call; logs it when PYCOLL_DEBUG=INFO and rank >= 0, with the engine's `plan` where
+// it described one (engine.h: Collective::plan_text).
+void record_op(const char* op, int64_t bytes, Algo algo, const OpTimer& timer, int rank, int size,
+               const std::string& plan = std::string());
 std::map<std::string, OpCounters> op_stats();
 void reset_op_stats();
 

@@ -12,6 +12,7 @@
 #include "backend/op_call_helpers.h"
 #include "backend/op_stats.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "engines/cpu_tensor_engine.h"
 #include "engines/hierarchical_engine.h"
 #include "engines/staged_engine.h"
@@ -160,8 +161,11 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   std::optional<c10::StreamGuard> on_stream;
   if (!engine.enqueues_on_device() && stream.device_type() != at::kCPU) on_stream.emplace(stream);
   // Every part runs with the algorithm read at issue; PREMUL_SUM becomes a pre-scale + SUM (as NCCL).
-  const auto ready_part = [&call](Collective& c) {
+  std::string plan_text;
+  std::string* const plan_out = debug_info_enabled() ? &plan_text : nullptr;
+  const auto ready_part = [&call, plan_out](Collective& c) {
     c.algo = call.algo;
+    c.plan_text = plan_out;
     if (c.reduce != ReduceKind::PremulSum) return;
     c.input = c.input * call.premul_factor.to(c.input.device());
     c.reduce = ReduceKind::Sum;
@@ -185,7 +189,7 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
     }
     if (call.finish) call.finish(parts);
   }
-  record_op(call.stats_name, call.logged_bytes, algo, timer, rank_, size_);
+  record_op(call.stats_name, call.logged_bytes, algo, timer, rank_, size_, plan_text);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {

@@ -8,6 +8,7 @@
 
 #include "algorithms/select.h"
 #include "bindings/compression_bindings.h"
+#include "bindings/cuda_plan_bindings.h"
 #include "bindings/layout_bindings.h"
 #include "common/setting.h"
 #include "common/settings_agreement.h"
@@ -182,4 +183,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Tests only: backend threads keep each finished task this long before dropping it (common/test_hooks.h).");
   register_compression(m);
   pycoll::register_layout(m);
+  pycoll::register_cuda_plan(m);
 }

@@ -9,8 +9,8 @@ namespace pycoll {
 
 namespace {
 const TextSetting kDebug("PYCOLL_DEBUG", "", "INFO (or DEBUG, TRACE)", "backend", false, Audience::User,
-                         "INFO: one line per op on stderr (op, algorithm, bytes, time), and which calibration "
-                         "auto uses.");
+                         "INFO: one line per op on stderr (op, algorithm, bytes, time, and the plan that ran where "
+                         "an engine has one: e.g. plan=twoshot ll128 grid=128), and which calibration auto uses.");
 }  // namespace
 
 bool debug_info_enabled() {

@@ -1,5 +1,5 @@
-// Host side of the CUDA engine: argument checks, dtype/op mapping, launch planning (through
-// select.h), kernel launches (through launch.h). Nothing here blocks the host or allocates.
+// Host side of the CUDA engine: argument checks, dtype/op mapping, launch planning (all_reduce:
+// all_reduce_plan.h; the others through select.h), kernel launches (through launch.h). Nothing here blocks the host or allocates.
 #include "cuda/cuda_engine.h"
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "common/cuda_check.h"
 #include "common/settings_agreement.h"
 #include "common/arith.h"
+#include "cuda/all_reduce_plan.h"
 #include "cuda/cuda_settings.h"
 #include "cuda/launch.h"
 #include "engines/dtypes.h"
@@ -148,54 +149,22 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
                        std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), device_(device) {
   TORCH_CHECK(device >= 0, "pycoll::CudaEngine: device must be a CUDA device index, got ", device);
-  const int64_t max_blocks_env = cuda_settings::kMaxBlocks.get();
   int sms = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "engine", "SM count");
-  max_blocks_ = std::max(1, std::min(int(max_blocks_env), sms));
   sms_ = sms;
-  small_max_blocks_ = int(cuda_settings::kSmallMaxBlocks.get());
-  ll_max_bytes_ = cuda_settings::kLLMaxKiB.get() * 1024;
-  const int64_t slot_kib = cuda_settings::kSlotKiB.get();
-  const int64_t chunk_kib = cuda_settings::kChunkKiB.get();
-  split_min_bytes_ = cuda_settings::kSplitMinKiB.get() * 1024;
-  const int64_t split_chunk_kib = cuda_settings::kSplitChunkKiB.get();
+  limits_ = gpu::read_engine_limits(size, sms);
+  max_blocks_ = limits_.max_blocks;
+  small_max_blocks_ = limits_.small_max_blocks;
+  chunk_bytes_ = limits_.chunk_bytes;
   trace_ = cuda_settings::kTrace.get() != 0;
-  split_taper_ = cuda_settings::kSplitTaper.get() != 0;
-  split_claimed_ = cuda_settings::kSplitClaimed.get() != 0;
-  two_shot_waves_ = cuda_settings::kTwoShotWaves.get_or(size == 2 ? 1 : 0) != 0;
-  // A set PYCOLL_CUDA_MAX_BLOCKS caps two-shot too, unless PYCOLL_CUDA_TWO_SHOT_BLOCKS says otherwise.
-  const bool max_blocks_set = cuda_settings::kMaxBlocks.is_set();
-  two_shot_wide_blocks_ = std::min<int>(
-      sms, int(cuda_settings::kTwoShotBlocks.get_or(max_blocks_set ? 0 : gpu::kTwoRankWideTwoShotBlocks)));
-
-  ll128_max_bytes_ =
-      cuda_settings::kLL128MaxKiB.get_or(gpu::default_ll128_max_bytes(size) / 1024) * 1024;
-  ll128_max_blocks_ = std::min<int>(
-      sms, int(cuda_settings::kLL128Blocks.get()));
 
   // Every rank must plan the same launches from these (the GPUs of a group are assumed alike, as
-  // the workspace size check assumes): compare them before anything is launched. Waves decide the
-  // two-shot's CTA count (gpu::two_shot_max_blocks); tracing and early launch change only what a
-  // rank's own CTAs record and when they start: not compared.
+  // the workspace size check assumes): compare them before anything is launched. Tracing and early
+  // launch change only what a rank's own CTAs record and when they start: not compared.
   if (size > 1) {
     const std::string measured = gpu::measured_steps_digest(size);
-    const SettingList mine = {
-        {"GPU SM count", std::to_string(sms)},
-        {cuda_settings::kMaxBlocks.name(), std::to_string(max_blocks_env)},
-        {cuda_settings::kSmallMaxBlocks.name(), std::to_string(small_max_blocks_)},
-        {cuda_settings::kLLMaxKiB.name(), std::to_string(ll_max_bytes_ / 1024)},
-        {cuda_settings::kSlotKiB.name(), std::to_string(slot_kib)},
-        {cuda_settings::kChunkKiB.name(), std::to_string(chunk_kib)},
-        {cuda_settings::kSplitMinKiB.name(), std::to_string(split_min_bytes_ / 1024)},
-        {cuda_settings::kSplitChunkKiB.name(), std::to_string(split_chunk_kib)},
-        {cuda_settings::kSplitTaper.name(), std::to_string(int(split_taper_))},
-        {cuda_settings::kSplitClaimed.name(), std::to_string(int(split_claimed_))},
-        {cuda_settings::kTwoShotWaves.name(), std::to_string(int(two_shot_waves_))},
-        {cuda_settings::kTwoShotBlocks.name(), std::to_string(two_shot_wide_blocks_)},
-        {cuda_settings::kLL128MaxKiB.name(), std::to_string(ll128_max_bytes_ / 1024)},
-        {cuda_settings::kLL128Blocks.name(), std::to_string(ll128_max_blocks_)},
-        {"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured},
-    };
+    SettingList mine = gpu::agreement_list(limits_);
+    mine.push_back({"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured});
     const std::string enc = encode_settings(mine);
     store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));
     std::vector<std::string> keys;
@@ -212,17 +181,10 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   }
 
   ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
-                                                 slot_kib * 1024,
-                                                 std::max({kCollBlocks, max_blocks_,
-                                                           size == 2 ? two_shot_wide_blocks_ : 0}),
-                                                 ll128_max_bytes_);
-  const int64_t slot_bytes = ws_->layout().coll.slot_bytes;
-  chunk_bytes_ = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, slot_bytes) : slot_bytes;
-  chunk_set_ = chunk_kib > 0;
-  split_chunk_bytes_ =
-      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : gpu::kDefaultSplitChunkBytes, slot_bytes);
-  claimed_chunk_bytes_ =
-      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : gpu::kDefaultClaimedChunkBytes, slot_bytes);
+                                                 limits_.slot_bytes, limits_.workspace_blocks,
+                                                 limits_.ll128_max_bytes);
+  TORCH_INTERNAL_ASSERT(ws_->layout().coll.slot_bytes == limits_.slot_bytes, "pycoll: workspace slot size ",
+                        ws_->layout().coll.slot_bytes, " differs from the planned ", limits_.slot_bytes);
   int major = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "engine",
                  "compute capability");
@@ -273,23 +235,15 @@ kernels::ReduceArgs make_reduce_args(const cuda_ipc::DeviceHandle& h, OpCode op,
   return a;
 }
 
-// The plan a launch runs, for the check word: from the mode and flags, so set_check must follow
-// the last change to either.
+// The plan a reduce_scatter or reduce launch runs, for the check word: from the mode, so set_check
+// must follow the last change to it (all_reduce takes its check plan from its plan value).
 cuda_ipc::CheckPlan plan_of(const kernels::ReduceArgs& a) {
-  using cuda_ipc::CheckPlan;
-  using kernels::ReduceMode;
   switch (a.mode) {
-    case ReduceMode::AllReduceOneShot: return CheckPlan::OneShot;
-    case ReduceMode::AllReduceTwoShot: return CheckPlan::TwoShot;
-    case ReduceMode::AllReduceRing:
-    case ReduceMode::ReduceScatterRing: return CheckPlan::Ring;
-    case ReduceMode::AllReduceTree: return CheckPlan::Tree;
-    case ReduceMode::ReduceScatterDirect:
-    case ReduceMode::ReduceDirect: return CheckPlan::Direct;
-    case ReduceMode::AllReduceOneShotSplit:
-      return (a.flags & kernels::kArgClaimed) ? CheckPlan::SplitClaimed : CheckPlan::SplitStatic;
+    case kernels::ReduceMode::ReduceScatterRing: return cuda_ipc::CheckPlan::Ring;
+    case kernels::ReduceMode::ReduceScatterDirect:
+    case kernels::ReduceMode::ReduceDirect: return cuda_ipc::CheckPlan::Direct;
+    default: return cuda_ipc::CheckPlan::Unspecified;
   }
-  return CheckPlan::Unspecified;
 }
 cuda_ipc::CheckPlan plan_of(const kernels::CopyArgs& a) {
   switch (a.mode) {
@@ -332,7 +286,8 @@ kernels::CopyArgs make_copy_args(const cuda_ipc::DeviceHandle& h, OpCode op, ker
 
 }  // namespace
 
-Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream) {
+Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream,
+                            std::string* plan_text) {
   const char* kOp = "allreduce";
   check_tensor(in, kOp, "input", device_);
   check_tensor(out, kOp, "output", device_);
@@ -343,24 +298,27 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   const KernelType kt = kernel_type(kernel_dtype(in, kOp), op, size_, kOp);
   const int64_t count = in.numel();
   const int64_t es = int64_t(dtype_size(kt.dtype));
-  const Algo chosen = algo == Algo::Auto ? gpu::choose_all_reduce(count * es, size_, ll128_max_bytes_) : algo;
-  if (count == 0) return chosen;
+  const gpu::AllReducePlan p = gpu::plan_all_reduce(count, es, algo, limits_);
+  if (plan_text) *plan_text = p.describe();
+  if (count == 0) return p.algo;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   if (size_ == 1) {
     copy_local(out.data_ptr(), in.data_ptr(), count * es, stream, kOp);
-    return chosen;
+    return p.algo;
   }
   check_usable(kOp);
   kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in.data_ptr(), out.data_ptr(), kt);
   a.count = count;
-  if (chosen == Algo::OneShot && count * es <= ll_max_bytes_) {
-    // Small messages: the LL protocol, one CTA per 16 KiB region (kernels/ll_all_reduce.cuh).
-    a.check = cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), 0, count, cuda_ipc::CheckPlan::LL);
-    const int grid = int(ceil_div(count * es, cuda_ipc::kLLBlockPayloadBytes));
-    PYCOLL_CUDA_OK(gpu::launch_ll_all_reduce(grid, stream, a, early_launch_), kOp, "kernel launch");
-    return chosen;
+  a.check = cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), 0, count, p.check);
+  if (p.protocol == gpu::Protocol::LL) {
+    PYCOLL_CUDA_OK(gpu::launch_ll_all_reduce(p.grid, stream, a, early_launch_), kOp, "kernel launch");
+    return p.algo;
   }
-  a.flags = trace_ ? kernels::kArgTrace : 0;  // the channel-protocol kernels stamp their timeline
+  a.mode = p.mode;
+  a.flags = p.flags | (trace_ ? kernels::kArgTrace : 0);  // the channel-protocol kernels stamp their timeline
+  a.seg = p.seg;
+  a.chunk = p.chunk;
+  a.nchunks = p.nchunks;
   if (trace_) {
     // Rows of CTAs this launch does not run must not show an earlier kernel's timeline.
     const cuda_ipc::Layout& L = ws_->layout();
@@ -368,98 +326,31 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
                                    size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents * sizeof(int64_t), stream),
                    kOp, "trace reset");
   }
-  gpu::Geometry g;
-  switch (chosen) {
-    case Algo::OneShot: {
-      // Two ranks only: the split kernel was measured there (gpu::kDefaultSplitMinBytes); with more
-      // ranks one-shot moves (n-1)x the bytes and auto never picks it for large messages anyway.
-      const int split_channels = std::min(max_blocks_, sms_ / 2);
-      if (size_ == 2 && count * es >= split_min_bytes_ && split_channels >= 1) {
-        // Pushing CTAs 0..C-1 and reducing CTAs C..2C-1 on channels 0..C-1 (kernels/one_shot.cuh).
-        a.mode = kernels::ReduceMode::AllReduceOneShotSplit;
-        const int64_t claimed_chunk = claimed_chunk_bytes_ / es;  // a multiple of 4 KiB: whole elements
-        const int64_t claimed_chunks = ceil_div(count, claimed_chunk);
-        if (split_claimed_ && claimed_chunks <= cuda_ipc::kMaxClaimedChunks) {
-          // Pushers claim chunks from one counter (kernels/one_shot_claimed.cuh).
-          const int channels = int(std::min<int64_t>(split_channels, claimed_chunks));
-          a.chunk = claimed_chunk;
-          a.nchunks = claimed_chunks;
-          a.flags = (trace_ ? kernels::kArgTrace : 0) | kernels::kArgClaimed;
-          TORCH_CHECK(channels <= a.h.layout.coll.nblocks && 2 * channels <= sms_,
-                      "pycoll::allreduce: bad split launch geometry (", channels, " channels)");
-          set_check(a, count, 0);
-          PYCOLL_CUDA_OK(gpu::launch_reduce(2 * channels, stream, a, /*early=*/false), kOp, "kernel launch");
-          return chosen;
-        }
-        g = gpu::plan_split(count, es, split_chunk_bytes_, split_channels);
-        a.seg = g.seg;
-        a.chunk = g.chunk;
-        a.nchunks = 0;  // per channel, from seg and chunk (kernels/one_shot.cuh: SplitChunks)
-        a.flags = (trace_ ? kernels::kArgTrace : 0) | (split_taper_ ? kernels::kArgTaper : 0);
-        TORCH_CHECK(g.blocks <= a.h.layout.coll.nblocks && 2 * g.blocks <= sms_, "pycoll::allreduce: bad split ",
-                    "launch geometry (", g.blocks, " channels)");
-        set_check(a, count, 0);
-        // Never launched early: with its CTAs placed while the kernel before it drained, its 2C CTAs
-        // (all but a few SMs) ran longer. docs/decisions/0005-early-launch.md
-        PYCOLL_CUDA_OK(gpu::launch_reduce(2 * g.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
-        return chosen;
-      }
-      a.mode = kernels::ReduceMode::AllReduceOneShot;
-      g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_, small_max_blocks_);
-      break;
-    }
-    case Algo::TwoShot:
-      if (count * es <= ll128_max_bytes_) {
-        // Flags inside 128-byte lines, the whole message in the workspace (kernels/ll128_two_shot.cuh).
-        a.seg = round_up(ceil_div(count, size_), 16 / es);
-        a.check =
-            cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), 0, count, cuda_ipc::CheckPlan::LL128);
-        const int64_t lines = ceil_div(std::min(a.seg, count) * es, cuda_ipc::kLL128LinePayload);
-        TORCH_CHECK(lines <= a.h.layout.ll128.max_lines, "pycoll::allreduce: ", count * es,
-                    " bytes do not fit the LL128 region (", a.h.layout.ll128.max_lines, " lines)");
-        const int grid = int(std::max<int64_t>(1, std::min<int64_t>(ll128_max_blocks_, lines / gpu::kLL128MinLinesPerBlock)));
-        PYCOLL_CUDA_OK(gpu::launch_ll128_two_shot(grid, stream, a, early_launch_), kOp, "kernel launch");
-        return chosen;
-      }
-      [[fallthrough]];
-    case Algo::Ring:
-      a.mode = chosen == Algo::TwoShot ? kernels::ReduceMode::AllReduceTwoShot : kernels::ReduceMode::AllReduceRing;
-      if (chosen == Algo::TwoShot && two_shot_waves_) a.flags |= kernels::kArgWaves;
-      a.seg = round_up(ceil_div(count, size_), 16 / es);  // segment starts stay 16-byte aligned
-      a.out_stride = a.seg;
-      if (chosen == Algo::TwoShot) {
-        g = gpu::plan_geometry(
-            a.seg, es,
-            gpu::two_shot_chunk_bytes(count * es, a.seg * es, size_, two_shot_waves_, two_shot_wide_blocks_,
-                                      chunk_bytes_, chunk_set_),
-            gpu::two_shot_max_blocks(count * es, size_, two_shot_waves_, max_blocks_, two_shot_wide_blocks_),
-            small_max_blocks_);
-      } else {
-        g = gpu::plan_geometry(a.seg, es, chunk_bytes_, max_blocks_, small_max_blocks_);
-      }
-      break;
-    case Algo::Tree: {
-      a.mode = kernels::ReduceMode::AllReduceTree;
-      int parent[2];
-      int child[2][2];
-      dtree(size_, rank_, parent, child);
-      for (int t = 0; t < 2; ++t) {
-        a.tree_parent[t] = parent[t];
-        a.tree_child[t][0] = child[t][0];
-        a.tree_child[t][1] = child[t][1];
-      }
-      g = gpu::plan_geometry(count, es, chunk_bytes_, max_blocks_, small_max_blocks_);
-      break;
-    }
-    case Algo::Auto:
-    case Algo::Direct:
-    case Algo::Hierarchical:
-    case Algo::Flat:
-      TORCH_CHECK(false, "pycoll::allreduce: no algorithm chosen");
+  if (p.protocol == gpu::Protocol::LL128) {
+    const int64_t lines = ceil_div(std::min(p.seg, count) * es, cuda_ipc::kLL128LinePayload);
+    TORCH_CHECK(lines <= a.h.layout.ll128.max_lines, "pycoll::allreduce: ", count * es,
+                " bytes do not fit the LL128 region (", a.h.layout.ll128.max_lines, " lines)");
+    PYCOLL_CUDA_OK(gpu::launch_ll128_two_shot(p.grid, stream, a, early_launch_), kOp, "kernel launch");
+    return p.algo;
   }
-  set_check(a, count, 0);
-  launch_reduce_checked(g, stream, a, early_launch_, kOp);
-  return chosen;
+  if (p.mode == kernels::ReduceMode::AllReduceTwoShot || p.mode == kernels::ReduceMode::AllReduceRing) {
+    a.out_stride = a.seg;
+  } else if (p.mode == kernels::ReduceMode::AllReduceTree) {
+    int parent[2];
+    int child[2][2];
+    dtree(size_, rank_, parent, child);
+    for (int t = 0; t < 2; ++t) {
+      a.tree_parent[t] = parent[t];
+      a.tree_child[t][0] = child[t][0];
+      a.tree_child[t][1] = child[t][1];
+    }
+  }
+  // A split grid is pushing plus reducing CTAs, one pair per channel.
+  const int channels = p.mode == kernels::ReduceMode::AllReduceOneShotSplit ? p.grid / 2 : p.grid;
+  TORCH_CHECK(channels >= 1 && channels <= a.h.layout.coll.nblocks && p.grid <= sms_,
+              "pycoll::allreduce: bad launch geometry (", p.describe(), ")");
+  PYCOLL_CUDA_OK(gpu::launch_reduce(p.grid, stream, a, early_launch_ && p.early_ok), kOp, "kernel launch");
+  return p.algo;
 }
 
 Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream) {

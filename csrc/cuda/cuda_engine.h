@@ -30,6 +30,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "common/types.h"
+#include "cuda/engine_limits.h"
 
 namespace pycoll {
 
@@ -54,7 +55,9 @@ class CudaEngine {
   // tensors are contiguous, same dtype on all ranks, on `device`. Returns the algorithm used (for logging).
   // op is one of Sum, Avg, Product, Min, Max, BAnd, BOr, BXor (the backend turns PremulSum into a pre-scale + Sum).
   // Bool: Sum/Max = OR, Product/Min = AND. Any size >= 0 must work (chunk through the bounded workspace).
-  Algo all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream);  // in may alias out
+  // `plan_text`, where given, gets the plan's description (all_reduce_plan.h) for the debug log.
+  Algo all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream,
+                  std::string* plan_text = nullptr);  // in may alias out
   // For reduce_scatter and all_gather, OneShot names the direct algorithm (one hop: every rank
   // writes every peer) and Ring the ring; TwoShot and Tree requests run the direct one.
   Algo reduce_scatter(const at::Tensor& in /* size*m elements */, at::Tensor& out /* m */, ReduceKind op, Algo algo,
@@ -89,24 +92,12 @@ class CudaEngine {
   int rank_;
   int size_;
   int device_;
-  int max_blocks_;  // CTAs a collective may use (PYCOLL_CUDA_MAX_BLOCKS)
-  int small_max_blocks_;  // ... for messages up to gpu::kSmallMessageBytes (PYCOLL_CUDA_SMALL_MAX_BLOCKS)
-  int64_t ll_max_bytes_ = 0;  // largest all_reduce run with the LL protocol (PYCOLL_CUDA_LL_MAX_KIB)
-  int64_t chunk_bytes_ = 0;  // largest chunk per CTA step (PYCOLL_CUDA_CHUNK_KIB, at most a slot)
-  int sms_ = 0;              // the GPU's SM count: every CTA of a collective must be resident
-  // One-shot all_reduce from this many bytes runs split (pushing and reducing CTAs, one_shot.cuh)
-  // with chunks of split_chunk_bytes_ (PYCOLL_CUDA_SPLIT_MIN_KIB, PYCOLL_CUDA_SPLIT_CHUNK_KIB).
-  int64_t split_min_bytes_ = 0;
-  int64_t split_chunk_bytes_ = 0;
-  int64_t claimed_chunk_bytes_ = 0;  // the claimed split's chunk (one_shot_claimed.cuh)
-  bool trace_ = false;  // PYCOLL_CUDA_TRACE: kernels record their timeline
-  bool split_taper_ = true;  // PYCOLL_CUDA_SPLIT_TAPER
-  bool split_claimed_ = true;  // PYCOLL_CUDA_SPLIT_CLAIMED
-  bool two_shot_waves_ = false;  // PYCOLL_CUDA_TWO_SHOT_WAVES
-  bool chunk_set_ = false;        // PYCOLL_CUDA_CHUNK_KIB given
-  int two_shot_wide_blocks_ = 0;  // PYCOLL_CUDA_TWO_SHOT_BLOCKS (gpu::two_shot_max_blocks)
-  int64_t ll128_max_bytes_ = 0;   // largest two-shot all_reduce run with LL128 (PYCOLL_CUDA_LL128_MAX_KIB)
-  int ll128_max_blocks_ = 0;      // its CTAs at most (PYCOLL_CUDA_LL128_BLOCKS)
+  gpu::EngineLimits limits_;  // the settings, resolved for this GPU and group (engine_limits.h)
+  int max_blocks_;            // = limits_.max_blocks (the ops other than all_reduce plan inline)
+  int small_max_blocks_;
+  int64_t chunk_bytes_ = 0;
+  int sms_ = 0;               // the GPU's SM count: every CTA of a collective must be resident
+  bool trace_ = false;        // PYCOLL_CUDA_TRACE: kernels record their timeline
   bool early_launch_ = false;  // PYCOLL_CUDA_EARLY_LAUNCH: programmatic dependent launch (sm_90+)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };

@@ -13,7 +13,15 @@ bool CpuTensorEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& 
   return device.is_cpu() && (moves_as_bytes(op) || reducible_dtype(dtype).has_value());
 }
 
-Algo CpuTensorEngine::run(const Collective& c, const c10::Stream& /*stream*/) {
+Algo CpuTensorEngine::run(const Collective& c, const c10::Stream& stream) {
+  const Algo ran = run_op(c, stream);
+  // "tree" is a different schedule on each engine: the log names this one (the CUDA engine's is
+  // the double binary tree, cuda/all_reduce_plan.h).
+  if (c.plan_text && ran == Algo::Tree) *c.plan_text = "pipelined_binary_tree";
+  return ran;
+}
+
+Algo CpuTensorEngine::run_op(const Collective& c, const c10::Stream& /*stream*/) {
   // Ops that only move data see bytes (any dtype); reductions see the element type.
   const at::Tensor& ref = c.input.defined() ? c.input : c.output;
   const DType dt = moves_as_bytes(c.op) ? DType::UInt8 : *reducible_dtype(ref.scalar_type());

@@ -17,6 +17,8 @@ class CpuTensorEngine : public Engine {
   Algo run(const Collective& c, const c10::Stream& stream) override;
 
  private:
+  Algo run_op(const Collective& c, const c10::Stream& stream);
+
   CpuEngine& cpu_;
 };
 

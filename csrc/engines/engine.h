@@ -18,6 +18,7 @@
 #include <c10/core/Stream.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/types.h"
@@ -37,6 +38,9 @@ struct Collective {
   int root = 0;                         // broadcast, reduce, gather, scatter
   Algo algo = Algo::Auto;               // the user's request; Auto asks the engine's cost model
   ByteSplits splits;                    // all_to_all
+  // Where given (PYCOLL_DEBUG=INFO), the engine describes the launch it planned ("twoshot ll128
+  // grid=32 ..."), so that the log names what ran; engines with nothing to add leave it empty.
+  std::string* plan_text = nullptr;
 };
 
 class Engine {

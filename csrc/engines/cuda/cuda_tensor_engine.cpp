@@ -28,7 +28,7 @@ Algo CudaTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   at::Tensor out = c.output;
   const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   switch (c.op) {
-    case OpCode::AllReduce: return cuda_.all_reduce(c.input, out, c.reduce, algo, s);
+    case OpCode::AllReduce: return cuda_.all_reduce(c.input, out, c.reduce, algo, s, c.plan_text);
     case OpCode::ReduceScatter: return cuda_.reduce_scatter(c.input, out, c.reduce, algo, s);
     case OpCode::AllGather: return cuda_.all_gather(c.input, out, algo, s);
     case OpCode::Broadcast: cuda_.broadcast(out, c.root, s); return Algo::OneShot;

@@ -1,0 +1,78 @@
+#include "bindings/cuda_plan_bindings.h"
+
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda/all_reduce_plan.h"
+#include "cuda/engine_limits.h"
+#include "transport/cuda_ipc/check_word.h"
+
+namespace py = pybind11;
+
+namespace pycoll {
+
+namespace {
+
+py::dict limits_dict(const gpu::EngineLimits& l) {
+  py::dict d;
+  d["nranks"] = l.nranks;
+  d["sms"] = l.sms;
+  d["max_blocks"] = l.max_blocks;
+  d["small_max_blocks"] = l.small_max_blocks;
+  d["workspace_blocks"] = l.workspace_blocks;
+  d["slot_bytes"] = l.slot_bytes;
+  d["chunk_bytes"] = l.chunk_bytes;
+  d["ll_max_bytes"] = l.ll_max_bytes;
+  d["split_min_bytes"] = l.split_min_bytes;
+  d["split_chunk_bytes"] = l.split_chunk_bytes;
+  d["claimed_chunk_bytes"] = l.claimed_chunk_bytes;
+  d["two_shot_waves"] = l.two_shot_waves;
+  d["two_shot_wide_blocks"] = l.two_shot_wide_blocks;
+  d["ll128_max_bytes"] = l.ll128_max_bytes;
+  d["ll128_max_blocks"] = l.ll128_max_blocks;
+  return d;
+}
+
+}  // namespace
+
+void register_cuda_plan(py::module_& m) {
+  m.def(
+      "cuda_engine_limits", [](int world, int sms) { return limits_dict(gpu::read_engine_limits(world, sms)); },
+      py::arg("world"), py::arg("sms") = 132,
+      "What the CUDA engine's settings allow for `world` ranks on a GPU of `sms` SMs (cuda/engine_limits.h), "
+      "read from the PYCOLL_CUDA_* variables now.");
+  m.def(
+      "cuda_all_reduce_plan",
+      [](int64_t count, int64_t elem_bytes, int world, const std::string& algo, int sms) {
+        if (count < 0 || (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4 && elem_bytes != 8))
+          throw py::value_error("cuda_all_reduce_plan: count must be >= 0 and elem_bytes 1, 2, 4 or 8");
+        const gpu::EngineLimits l = gpu::read_engine_limits(world, sms);
+        gpu::AllReducePlan p;
+        try {
+          p = gpu::plan_all_reduce(count, elem_bytes, parse_algo(algo), l);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+        py::dict d;
+        d["algorithm"] = algo_name(p.algo);
+        d["protocol"] = gpu::protocol_name(p.protocol);
+        d["variant"] = p.variant;
+        d["check_plan"] = cuda_ipc::check_plan_name(int(p.check));
+        d["mode"] = int(p.mode);
+        d["flags"] = p.flags;
+        d["grid"] = p.grid;
+        d["chunk"] = p.chunk;
+        d["nchunks"] = p.nchunks;
+        d["seg"] = p.seg;
+        d["early_ok"] = p.early_ok;
+        d["describe"] = p.describe();
+        return d;
+      },
+      py::arg("count"), py::arg("elem_bytes"), py::arg("world"), py::arg("algo") = "auto", py::arg("sms") = 132,
+      "The CUDA engine's plan for an all_reduce of `count` elements of `elem_bytes` each on `world` ranks "
+      "(cuda/all_reduce_plan.h), with the PYCOLL_CUDA_* settings as set now; what the engine launches and logs.");
+}
+
+}  // namespace pycoll

@@ -1,0 +1,52 @@
+// The CUDA engine's all_reduce plan: the one place that turns (size, element size, the requested
+// algorithm, the engine's limits) into what is launched. The launch, the check word and the
+// PYCOLL_DEBUG log line all come from this value, so the log names what ran. Plain C++ (compiled
+// in CPU-only builds too), tested directly (tests/test_cuda_plan.py through _C.cuda_all_reduce_plan).
+//
+// Every input is identical on all ranks (the limits are compared at engine start), so every rank
+// plans the same launch: the kernels rely on it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/types.h"
+#include "cuda/engine_limits.h"
+#include "kernels/args.h"
+#include "transport/cuda_ipc/check_word.h"
+
+namespace pycoll {
+namespace gpu {
+
+// How the ranks signal that data has arrived.
+enum class Protocol : int32_t {
+  None = 0,     // nothing to launch (an empty tensor, or one rank: a local copy)
+  Channel = 1,  // slots with separate flags and credits (kernels/channel.cuh)
+  LL = 2,       // 16-byte lines with the flag inside the data (kernels/ll_all_reduce.cuh)
+  LL128 = 3,    // 128-byte lines with the flag inside the data (kernels/ll128_two_shot.cuh)
+};
+const char* protocol_name(Protocol p);
+
+struct AllReducePlan {
+  Algo algo = Algo::Auto;           // OneShot, TwoShot, Ring or Tree (the double binary tree)
+  Protocol protocol = Protocol::None;
+  const char* variant = "";         // "split", "split-claimed", "waves", "wide-waves" or ""
+  kernels::ReduceMode mode = kernels::ReduceMode::AllReduceOneShot;  // Channel protocol only
+  int32_t flags = 0;                // kernels::kArg* bits (the engine adds kArgTrace)
+  cuda_ipc::CheckPlan check = cuda_ipc::CheckPlan::Unspecified;
+  int grid = 0;                     // CTAs launched
+  int64_t chunk = 0;                // elements per chunk (kernels/args.h)
+  int64_t nchunks = 0;
+  int64_t seg = 0;                  // elements per segment (two-shot, ring, LL128) or split channel
+  bool early_ok = true;             // may start before the previous kernel ends (early launch)
+
+  // "twoshot ll128 grid=32 seg=..." for the debug log.
+  std::string describe() const;
+};
+
+// `requested`: the user's algorithm (Auto: the cost model, select.h). Throws std::invalid_argument
+// for a request the engine cannot run (an algorithm that is not an all_reduce).
+AllReducePlan plan_all_reduce(int64_t count, int64_t elem_bytes, Algo requested, const EngineLimits& limits);
+
+}  // namespace gpu
+}  // namespace pycoll

@@ -1,0 +1,69 @@
+#include "cuda/engine_limits.h"
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_settings.h"
+#include "cuda/select.h"
+#include "transport/cuda_ipc/layout.h"
+
+namespace pycoll {
+namespace gpu {
+
+EngineLimits read_engine_limits(int nranks, int sms) {
+  using namespace cuda_settings;
+  EngineLimits l;
+  l.nranks = nranks;
+  l.sms = sms;
+  l.max_blocks = std::max(1, std::min(int(kMaxBlocks.get()), sms));
+  l.small_max_blocks = int(cuda_settings::kSmallMaxBlocks.get());
+  l.ll_max_bytes = kLLMaxKiB.get() * 1024;
+  l.split_min_bytes = kSplitMinKiB.get() * 1024;
+  l.split_taper = kSplitTaper.get() != 0;
+  l.split_claimed = kSplitClaimed.get() != 0;
+  l.two_shot_waves = kTwoShotWaves.get_or(nranks == 2 ? 1 : 0) != 0;
+  // A set PYCOLL_CUDA_MAX_BLOCKS caps two-shot too, unless PYCOLL_CUDA_TWO_SHOT_BLOCKS says otherwise.
+  l.two_shot_wide_blocks =
+      std::min<int>(sms, int(kTwoShotBlocks.get_or(kMaxBlocks.is_set() ? 0 : kTwoRankWideTwoShotBlocks)));
+  l.ll128_max_bytes = kLL128MaxKiB.get_or(default_ll128_max_bytes(nranks) / 1024) * 1024;
+  l.ll128_max_blocks = std::min<int>(sms, int(kLL128Blocks.get()));
+
+  l.workspace_blocks =
+      std::max({cuda_ipc::kCollBlocks, l.max_blocks, nranks == 2 ? l.two_shot_wide_blocks : 0});
+  const int64_t slot_kib = kSlotKiB.get();
+  l.slot_bytes = slot_kib > 0 ? slot_kib * 1024 : cuda_ipc::coll_slot_bytes_for(nranks, l.workspace_blocks);
+  const int64_t chunk_kib = kChunkKiB.get();
+  l.chunk_bytes = chunk_kib > 0 ? std::min<int64_t>(chunk_kib * 1024, l.slot_bytes) : l.slot_bytes;
+  l.chunk_set = chunk_kib > 0;
+  const int64_t split_chunk_kib = kSplitChunkKiB.get();
+  l.split_chunk_bytes =
+      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : kDefaultSplitChunkBytes, l.slot_bytes);
+  l.claimed_chunk_bytes =
+      std::min<int64_t>(split_chunk_kib > 0 ? split_chunk_kib * 1024 : kDefaultClaimedChunkBytes, l.slot_bytes);
+  return l;
+}
+
+SettingList agreement_list(const EngineLimits& l) {
+  using namespace cuda_settings;
+  auto s = [](int64_t v) { return std::to_string(v); };
+  return {
+      {"GPU SM count", s(l.sms)},
+      {kMaxBlocks.name(), s(l.max_blocks)},
+      {cuda_settings::kSmallMaxBlocks.name(), s(l.small_max_blocks)},
+      {kLLMaxKiB.name(), s(l.ll_max_bytes / 1024)},
+      {std::string(kSlotKiB.name()) + " (slot bytes)", s(l.slot_bytes)},
+      {std::string(kChunkKiB.name()) + " (chunk bytes)", s(l.chunk_bytes)},
+      {kSplitMinKiB.name(), s(l.split_min_bytes / 1024)},
+      {std::string(kSplitChunkKiB.name()) + " (static, claimed chunk bytes)",
+       s(l.split_chunk_bytes) + ", " + s(l.claimed_chunk_bytes)},
+      {kSplitTaper.name(), s(l.split_taper)},
+      {kSplitClaimed.name(), s(l.split_claimed)},
+      {kTwoShotWaves.name(), s(l.two_shot_waves)},
+      {kTwoShotBlocks.name(), s(l.two_shot_wide_blocks)},
+      {kLL128MaxKiB.name(), s(l.ll128_max_bytes / 1024)},
+      {kLL128Blocks.name(), s(l.ll128_max_blocks)},
+  };
+}
+
+}  // namespace gpu
+}  // namespace pycoll

@@ -1,0 +1,42 @@
+// What the CUDA engine's settings allow on one GPU, resolved once per engine from the settings
+// (cuda_settings.h), the world size and the SM count. The plans (all_reduce_plan.h) read only
+// these, so a plan depends on nothing a rank could see differently from its peers: the engine
+// compares every field across ranks before the first launch (agreement_list). Plain C++.
+#pragma once
+
+#include <cstdint>
+
+#include "common/settings_agreement.h"
+
+namespace pycoll {
+namespace gpu {
+
+struct EngineLimits {
+  int nranks = 1;
+  int sms = 0;                     // every CTA of a collective must be resident at once
+  int max_blocks = 1;              // CTAs of a collective (PYCOLL_CUDA_MAX_BLOCKS, at most the SMs)
+  int small_max_blocks = 1;        // ... up to kSmallMessageBytes (PYCOLL_CUDA_SMALL_MAX_BLOCKS)
+  int workspace_blocks = 0;        // channels per peer pair the workspace holds (make_layout)
+  int64_t slot_bytes = 0;          // one collective slot (make_layout)
+  int64_t chunk_bytes = 0;         // largest chunk of one CTA step, at most a slot
+  bool chunk_set = false;          // PYCOLL_CUDA_CHUNK_KIB given
+  int64_t ll_max_bytes = 0;        // largest one-shot all_reduce run with LL
+  int64_t split_min_bytes = 0;     // two ranks: one-shot from here runs split
+  int64_t split_chunk_bytes = 0;   // ... static split's chunk
+  int64_t claimed_chunk_bytes = 0; // ... claimed split's chunk
+  bool split_taper = true;
+  bool split_claimed = true;
+  bool two_shot_waves = false;
+  int two_shot_wide_blocks = 0;    // two_shot_max_blocks()
+  int64_t ll128_max_bytes = 0;     // largest two-shot all_reduce run with LL128 (0: none)
+  int ll128_max_blocks = 0;
+};
+
+// Reads the settings (a bad value raises, naming the setting and its range).
+EngineLimits read_engine_limits(int nranks, int sms);
+
+// The fields, named by the setting that sets each, for the ranks' agreement check.
+SettingList agreement_list(const EngineLimits& l);
+
+}  // namespace gpu
+}  // namespace pycoll

@@ -1,0 +1,303 @@
+"""Shared pieces of the CPU collective tests (test_cpu_*.py): every collective on CPU tensors
+against a plain torch computation.
+
+One pytest test per (world size, op family[, algorithm]); each spawns one
+world and loops over dtypes x reduce ops x shapes inside the ranks (spawning
+costs far more than a small collective).  Every rank generates every rank's
+input from a seed (session seed, case number, rank), so each rank can compute
+the reference locally and the ranks keep issuing the same collectives even
+when a local check fails: failures are collected and reported together, the
+first one with all its parameters (`Cases`).
+"""
+
+import collections
+import contextlib
+import os
+import re
+import sys
+import zlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ranks import ALGOS, IS_GLOO, set_algo
+from reference import FLOAT_OPS, INT_OPS, dist_op, gen, name, reduce_ref
+
+WORLD_SIZES = [1, 2, 3, 4]
+P2P_WORLD_SIZES = [2, 3, 4]
+
+# Shapes: ("contig", n) is a fresh 1-D tensor; ("strided", n) a view of every
+# other element of a 2n buffer (the elements in between must survive);
+# ("transposed", (a, b)) the transpose of a (b, a) tensor (dense but not
+# contiguous).  Sizes: empty, one element, odd primes, and a prime above any
+# sensible chunk or pipeline size.
+SHAPES = [("contig", 0), ("contig", 1), ("contig", 7), ("contig", 1031),
+          ("strided", 1031), ("transposed", (7, 13))]
+SHAPES_ALL_REDUCE = SHAPES + [("contig", 65537)]
+SIZES = [0, 1, 7, 1031]
+
+# What Gloo -- the stand-in while the extension is not built -- gets wrong or
+# rejects.  These cases are left out only when PYCOLL_TEST_BACKEND=gloo;
+# pycoll must pass them.
+GLOO_GAPS = {
+    # Non-contiguous tensors: Gloo reads and writes a view as if it were
+    # contiguous memory (wrong results, memory between the elements
+    # overwritten: all_reduce, reduce, broadcast, scatter), or raises
+    # "Tensors must be contiguous" / "input tensor has to be contiguous".
+    "strided",
+    "transposed",
+    # "ProcessGroupGloo::allgather: invalid tensor size": no (W, n) output.
+    "all_gather_into_tensor stacked",
+    # Checks outputShape[0] * W == inputShape[0]: no (W, n) input.
+    "reduce_scatter_tensor stacked",
+    # "ProcessGroupGloo::alltoall: invalid tensor size": equal sizes only.
+    "all_to_all list uneven",
+}
+
+
+def gloo_cannot(what):
+    return IS_GLOO and what in GLOO_GAPS
+
+
+def shapes(specs):
+    return [s for s in specs if not gloo_cannot(s[0])]
+
+
+MIB8 = 8 << 20
+
+
+# Forcing an algorithm is a pycoll feature: under Gloo only "auto" runs, and it
+# forces nothing.
+def algo_params(names):
+    return [a if a == "auto" else pytest.param(a, marks=pytest.mark.pycoll_only)
+            for a in names]
+
+
+ALL_REDUCE_ALGOS = algo_params(ALGOS)
+SCATTER_GATHER_ALGOS = algo_params(["ring", "twoshot", "auto"])
+
+
+# --------------------------------------------------------------------------
+# inputs, references, comparisons (run inside the ranks)
+
+
+def reduce_ops(dtype):
+    if dtype.is_floating_point:
+        ops = FLOAT_OPS
+    else:
+        ops = INT_OPS
+    if IS_GLOO:  # Gloo rejects PREMUL_SUM ("Cannot use ReduceOp.PREMUL_SUM with Gloo")
+        ops = [o for o in ops if o != "PREMUL_SUM"]
+    return ops
+
+
+def shape_of(spec):
+    layout, n = spec
+    return tuple(n) if layout == "transposed" else (n,)
+
+
+def place(values, spec):
+    """A tensor holding `values` in the layout of `spec`, plus a guard: the
+    memory around a strided view, which no op may touch."""
+    layout, _ = spec
+    if layout == "contig":
+        return values.clone(), None
+    if layout == "strided":
+        n = values.numel()
+        base = gen(values.dtype, "data", (2 * n,), 987654321 + n)
+        view = base[::2]
+        view.copy_(values)
+        assert not view.is_contiguous() or n <= 1
+        return view, (base, base[1::2].clone())
+    if layout == "transposed":
+        a, b = values.shape
+        t = torch.empty((b, a), dtype=values.dtype).t()
+        t.copy_(values)
+        assert not t.is_contiguous()
+        return t, None
+    raise ValueError(layout)
+
+
+def compare(got, ref, bound=None):
+    """None when `got` matches, else a message with the first bad element."""
+    if tuple(got.shape) != tuple(ref.shape):
+        return f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
+    if got.dtype != (ref.dtype if bound is None else got.dtype):
+        return f"dtype {got.dtype}, expected {ref.dtype}"
+    if got.numel() == 0:
+        return None
+    g = got.reshape(-1)
+    r = ref.reshape(-1)
+    if bound is None:
+        if torch.equal(g, r):
+            return None
+        bad = (g != r).nonzero()
+        i = int(bad[0])
+        return (f"{bad.numel()} of {g.numel()} elements differ; first at flat index {i}: "
+                f"got {g[i].item()!r}, expected {r[i].item()!r}")
+    b = bound.reshape(-1) if isinstance(bound, torch.Tensor) else torch.full_like(r, bound)
+    err = (g.double() - r).abs()
+    bad = ~(err <= b)  # NaN counts as bad
+    if not bad.any():
+        return None
+    idx = bad.nonzero()
+    i = int(idx[0])
+    return (f"{idx.numel()} of {g.numel()} elements out of tolerance; first at flat index {i}: "
+            f"got {g[i].item()!r}, expected {r[i].item()!r} +- {b[i].item():.3g} "
+            f"(max error {err.max().item():.3g})")
+
+
+class CaseError(RuntimeError):
+    pass
+
+
+class Cases:
+    """Numbered cases inside one rank, with failures collected."""
+
+    def __init__(self, what, rank, world_size, seed, **fixed):
+        self.what = what
+        self.rank = rank
+        self.world_size = world_size
+        self.base_seed = seed
+        self.fixed = fixed
+        self.count = 0
+        self.params = {}
+        self.failures = []
+        self.pending, self.pending_bytes = [], 0
+
+    def describe(self):
+        params = {**self.fixed, **self.params}
+        text = " ".join(f"{k}={name(v) if isinstance(v, torch.dtype) else v}"
+                        for k, v in params.items())
+        return (f"[{self.what} case {self.count}: world_size={self.world_size} "
+                f"rank={self.rank} {text} seed={self.base_seed}]")
+
+    @contextlib.contextmanager
+    def case(self, **params):
+        self.count += 1
+        self.params = params
+        try:
+            yield self
+        except CaseError:
+            raise
+        except Exception as e:
+            raise CaseError(f"{self.describe()} raised {type(e).__name__}: {e}") from e
+
+    def seed(self, rank=-1):
+        """Seed of `rank`'s input in this case (-1: shared by all ranks)."""
+        return (self.base_seed * 1_000_003 + self.count * 8191 + (rank + 1) * 131) % 2**62
+
+    def keyed_seed(self, *key):
+        """A seed that depends only on the session seed, the current case's
+        parameters and `key` (not on the case number)."""
+        text = repr((self.base_seed, sorted(self.params.items()), key))
+        return zlib.crc32(text.encode()) * 7919 % 2**62
+
+    def fail(self, what, msg):
+        self.failures.append(f"{self.describe()} {what}: {msg}")
+
+    def check(self, what, got, ref, bound=None):
+        msg = compare(got, ref, bound)
+        if msg:
+            self.fail(what, msg)
+
+    def expect(self, cond, what):
+        if not cond:
+            self.fail(what, "not true")
+
+    def check_guard(self, guard):
+        if guard is not None:
+            base, saved = guard
+            msg = compare(base[1::2], saved)
+            if msg:
+                self.fail("memory between the strided elements", "was overwritten: " + msg)
+
+    def check_identical(self, t):
+        """Every rank's `t` must be bitwise identical.  The bytes are queued
+        and compared in batches, one dist.all_gather per batch; the batch
+        boundaries depend only on sizes, so every rank flushes at the same
+        point.  Every rank must call this (and finish) in the same order."""
+        mine = t.detach().contiguous().reshape(-1).view(torch.uint8).clone()
+        self.pending.append((self.describe(), mine))
+        self.pending_bytes += mine.numel()
+        if self.pending_bytes >= (1 << 20):
+            self.flush_identical()
+
+    def flush_identical(self):
+        if not self.pending:
+            return
+        mine = torch.cat([b for _, b in self.pending])
+        outs = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(outs, mine)
+        for r, other in enumerate(outs):
+            if torch.equal(other, mine):
+                continue
+            off = 0
+            for desc, b in self.pending:
+                seg = other[off:off + b.numel()]
+                if not torch.equal(seg, b):
+                    first = int((seg != b).nonzero()[0])
+                    self.failures.append(
+                        f"{desc} bitwise identity: rank {r}'s result differs from "
+                        f"rank {self.rank}'s (first at byte {first})")
+                off += b.numel()
+        self.pending, self.pending_bytes = [], 0
+
+    def finish(self):
+        self.flush_identical()
+        if self.failures:
+            shown = "\n".join(self.failures[1:8])
+            more = f"\n... and {len(self.failures) - 8} more" if len(self.failures) > 8 else ""
+            raise AssertionError(
+                f"{self.failures[0]}\n({len(self.failures)} failed checks in {self.count} "
+                f"cases of {self.what} on rank {self.rank}; the next ones:)\n{shown}{more}")
+        return self.count
+
+
+def force(cases, algo):
+    """Force `algo` for this rank (pycoll) and check that the backend says so."""
+    if IS_GLOO:
+        return
+    set_algo(algo)
+    import pycollectives
+
+    got = pycollectives.get_algo()
+    ok = got in (None, "auto") if algo == "auto" else got == algo
+    if not ok:
+        cases.fail("get_algo", f"returned {got!r} after set_algo({algo!r})")
+
+
+# With PYCOLL_DEBUG=INFO pycoll logs one line per op to stderr:
+#   [pycoll 0/3] allreduce algo=ring bytes=4124 time=12.5us
+# which shows whether a forced algorithm really ran.
+LOG_LINE = re.compile(r"\[pycoll \d+/\d+\] (\w+) algo=(\w+)")
+DIRECT = {"twoshot", "oneshot"}  # all_gather / reduce_scatter's "direct"
+
+
+def debug_env(algo):
+    return {} if IS_GLOO or algo == "auto" else {"PYCOLL_DEBUG": "INFO"}
+
+
+def check_algo_log(cases, algo, op_prefix, allowed):
+    """Every `op_prefix*` op this rank logged ran an algorithm in `allowed`."""
+    if IS_GLOO or algo == "auto" or cases.world_size == 1:
+        return  # one rank: every algorithm is the same local copy
+    sys.stderr.flush()
+    with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
+        seen = [m.groups() for m in LOG_LINE.finditer(f.read())]
+    ran = collections.Counter(a for op, a in seen if op.startswith(op_prefix))
+    if not ran:
+        cases.fail("PYCOLL_DEBUG=INFO log", f"no {op_prefix} line with algo= (forced {algo})")
+    elif set(ran) - set(allowed):
+        cases.fail("forced algorithm", f"set_algo({algo!r}) but {op_prefix} ran {dict(ran)}")
+
+
+def check_one_all_reduce(cases, rank, ws, dtype, op, n):
+    """all_reduce of n elements against the reference, identical on every rank."""
+    xs = [gen(dtype, op, (n,), cases.seed(r)) for r in range(ws)]
+    t = xs[rank].clone()
+    dist.all_reduce(t, op=dist_op(op))
+    ref, bound = reduce_ref(xs, op, dtype)
+    cases.check("result", t, ref, bound)
+    cases.check_identical(t)

@@ -1,0 +1,180 @@
+"""Shared pieces of the GPU tests of the CUDA engine (test_gpu_*.py), through torch.distributed
+with backend "pycoll".
+
+Two ranks, one GPU each (PYCOLL_GPU_WORLD=N for N; skipped when fewer GPUs are visible). Each test spawns the ranks
+once and loops over its cases inside them. Every rank builds every rank's input from the same
+seed, so each rank computes the reference itself (float64 for floating types, int64 with the
+dtype's wrap-around for integers, logical ops for bool). Each rank returns a digest of every
+result; the parent checks that the ranks agree bit for bit (the engine's results must be
+identical on every rank, for every algorithm).
+"""
+import datetime
+import functools
+import hashlib
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+# Every test_gpu_*.py file's module-level marks: `pytestmark = GPU_MARKS`.
+GPU_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.pycoll_only,
+]
+
+# One rank per GPU; PYCOLL_GPU_WORLD=4 (or 8) runs the same suite on more GPUs.
+WORLD = int(os.environ.get("PYCOLL_GPU_WORLD", "2"))
+GPU_MARKS.append(pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs"))
+# Bounds every spin-wait of the engine's kernels (and Store waits): a protocol bug then fails the
+# test with the engine's device error instead of hanging for the default 30 minutes.
+PG_TIMEOUT = datetime.timedelta(seconds=60)
+ALGOS = ("oneshot", "twoshot", "ring", "tree", "auto")
+SIZES = (0, 1, 7, 1031, (1 << 20) + 3)
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INTS = (torch.int8, torch.uint8, torch.int32, torch.int64)
+DTYPES = FLOATS + INTS + (torch.bool,)
+R = dist.ReduceOp
+FLOAT_OPS = (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX)
+INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
+BOOL_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
+TOL = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float64: (1e-12, 1e-12),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+
+
+def ops_for(dtype):
+    if dtype in FLOATS:
+        return FLOAT_OPS
+    if dtype == torch.bool:
+        return BOOL_OPS
+    return INT_OPS
+
+
+def op_name(op):
+    for k in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+        if op == getattr(R, k):
+            return k
+    return str(op)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs, references, digests (run inside the ranks)
+
+
+def make_input(seed, key, rank, numel, dtype, device, op=None):
+    """Rank `rank`'s input of case `key` (the same on every process)."""
+    g = torch.Generator(device=device)
+    h = int.from_bytes(hashlib.sha1(repr(key).encode()).digest()[:7], "little")  # same in every process
+    g.manual_seed((seed * 1000003 + h * 31 + rank) % (2**62))
+    if dtype in FLOATS:
+        x = torch.randn(numel, generator=g, device=device, dtype=torch.float32)
+        if op == R.PRODUCT:
+            x = 1.0 + 0.25 * x
+        return x.to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (numel,), generator=g, device=device).bool()
+    lo, hi = {torch.int8: (-8, 8), torch.uint8: (0, 16), torch.int32: (-1000, 1000), torch.int64: (-1000, 1000)}[dtype]
+    return torch.randint(lo, hi, (numel,), generator=g, device=device, dtype=torch.int64).to(dtype)
+
+
+def reference(xs, op, dtype):
+    """Reduction of the ranks' inputs `xs` in float64 / int64 / bool."""
+    n = len(xs)
+    if dtype == torch.bool:
+        s = torch.stack(xs)
+        if op in (R.SUM, R.MAX, R.BOR):
+            return s.any(0)
+        if op in (R.PRODUCT, R.MIN, R.BAND):
+            return s.all(0)
+        return functools.reduce(torch.logical_xor, xs)
+    if dtype in FLOATS:
+        s = torch.stack([x.double() for x in xs])
+        if op == R.SUM:
+            return s.sum(0)
+        if op == R.AVG:
+            return s.sum(0) / n
+        if op == R.PRODUCT:
+            return s.prod(0)
+        if op == R.MIN:
+            return s.min(0).values
+        if op == R.MAX:
+            return s.max(0).values
+        raise ValueError(op)
+    s = torch.stack([x.long() for x in xs])
+    if op == R.SUM:
+        return s.sum(0).to(dtype)  # wraps like the engine
+    if op == R.PRODUCT:
+        return s.prod(0).to(dtype)
+    if op == R.MIN:
+        return s.min(0).values.to(dtype)
+    if op == R.MAX:
+        return s.max(0).values.to(dtype)
+    fn = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
+    return functools.reduce(fn, [x.long() for x in xs]).to(dtype)
+
+
+def check_close(got, want, dtype, what):
+    if got.numel() == 0 and want.numel() == 0:
+        return
+    if dtype in FLOATS:
+        # Ring and tree store partial sums in the tensor's dtype between hops (as NCCL does):
+        # up to world - 1 roundings, so the bound grows with the number of ranks.
+        rtol, atol = (x * max(1, WORLD - 1) for x in TOL[dtype])
+        torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+    else:
+        if not torch.equal(got.cpu(), want.to(got.dtype).cpu()):
+            bad = (got.cpu() != want.to(got.dtype).cpu()).nonzero()[:5].flatten().tolist()
+            raise AssertionError(f"{what}: mismatch at indices {bad}")
+
+
+def digest(t):
+    t = t.contiguous()
+    if t.numel() == 0:
+        return "empty"
+    return hashlib.sha1(t.view(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def setup_device(rank):
+    torch.cuda.set_device(rank)
+    return torch.device("cuda", rank)
+
+
+def assert_same_digests(results):
+    r0 = results[0]
+    for q, rq in enumerate(results[1:], 1):
+        assert len(r0) == len(rq)
+        diff = [a[0] for a, b in zip(r0, rq) if a != b]
+        assert not diff, f"ranks 0 and {q} disagree bitwise on {len(diff)} cases, e.g. {diff[:5]}"
+
+
+def large_sum(seed, key, rank, world, numel, dtype, dev):
+    """One large all_reduce (sum) checked against the reference; frees its tensors after."""
+    xs = [make_input(seed, key, q, numel, dtype, dev) for q in range(world)]
+    t = xs[rank].clone()
+    dist.all_reduce(t)
+    check_close(t, reference(xs, R.SUM, dtype), dtype, str(key))
+    result = (str(key), digest(t))
+    del xs, t
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def run_as_script(module_globals):
+    """`python3 tests/test_gpu_<x>.py [test names]`: runs that file's tests (all by default) without
+    pytest, so that the device machine can run them without pytest plugins."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, repo)
+    os.environ["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
+    s = int(os.environ.get("PYCOLL_TEST_SEED", "1234"))
+    names = sys.argv[1:] or sorted(n for n in module_globals if n.startswith("test_"))
+    for n in names:
+        print(n, flush=True)
+        module_globals[n](s)
+    print("all passed")
