@@ -3,9 +3,10 @@
 When a group is made, every rank publishes its host identity through the group's Store:
 ``PYCOLL_HOSTID`` if set (as NCCL's ``NCCL_HOSTID``), else the hostname plus the kernel's boot id.
 Locality is never inferred from ``LOCAL_WORLD_SIZE`` or the device count. A group on one host
-runs today's engines unchanged; a group across hosts gets Gloo sub-groups, made here on a
-``PrefixStore`` of the group's Store: one "rail" per local rank (the ranks with that local rank on
-every host) when every host has the same number of ranks, and one flat group of all ranks.
+runs today's engines unchanged; a group across hosts gets sub-groups, made here on a ``PrefixStore``
+of the group's Store: one "rail" per local rank (the ranks with that local rank on every host) when
+every host has the same number of ranks, and one flat group of all ranks; Gloo ones for CPU
+tensors and, where CUDA is available, NCCL ones for CUDA tensors (PYCOLL_INTER_HOST_BACKEND).
 """
 from __future__ import annotations
 
@@ -77,6 +78,35 @@ def _debug(message: str) -> None:
         print(f"[pycoll] {message}", file=sys.stderr, flush=True)
 
 
+def _device_groups(store, rank: int, size: int, timeout, kind: str, me: int, local: int, num_hosts: int):
+    """NCCL sub-groups for CUDA tensors between hosts (rail, flat), or (None, None) where CUDA tensors
+    go through host memory instead (PYCOLL_INTER_HOST_BACKEND=gloo, or no CUDA here)."""
+    from . import _C
+
+    choice = _C.read_setting("PYCOLL_INTER_HOST_BACKEND").strip().lower() or "auto"
+    if choice not in ("auto", "nccl", "gloo"):
+        raise ValueError(f"PYCOLL_INTER_HOST_BACKEND={choice!r}: expected one of auto, nccl, gloo")
+    if choice == "gloo":
+        return None, None
+    import torch
+
+    usable = torch.cuda.is_available() and dist.is_nccl_available()
+    if not usable:
+        if choice == "nccl":
+            raise RuntimeError("PYCOLL_INTER_HOST_BACKEND=nccl, but this process has no CUDA device or no NCCL")
+        return None, None
+
+    def nccl(prefix: str, r: int, n: int):
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), r, n, opts)
+
+    # Communicators connect at their first collective, on the device the rank then uses.
+    flat = nccl("pycoll/nccl/flat/", rank, size)
+    rail = nccl(f"pycoll/nccl/rail{local}/", me, num_hosts) if kind == "uniform" else None
+    return rail, flat
+
+
 def make_backend(native, store, rank: int, size: int, timeout, group_name: str):
     """The pycoll backend object of one group: one host as before, else with its host layout."""
     hosts = exchange(store, rank, size) if size > 1 else HostMap.from_ids([host_identity()])
@@ -85,16 +115,19 @@ def make_backend(native, store, rank: int, size: int, timeout, group_name: str):
         return native(store, rank, size, timeout, group_name)
     me = hosts.host_of[rank]
     local = hosts.local_rank(rank)
-    # Inter-host engine: Gloo for CPU tensors (CUDA tensors are staged through host memory across
-    # hosts for now). Each sub-group is made by exactly its members, on keys of its own.
+    # Inter-host engines: Gloo for CPU tensors, NCCL for CUDA tensors (_device_groups). Each
+    # sub-group is made by exactly its members, on keys of its own.
     flat = dist.ProcessGroupGloo(dist.PrefixStore("pycoll/flat/", store), rank, size, timeout)
     rail = None
     if kind == "uniform":
         rail = dist.ProcessGroupGloo(dist.PrefixStore(f"pycoll/rail{local}/", store), me, len(hosts.hosts), timeout)
+    device_rail, device_flat = _device_groups(store, rank, size, timeout, kind, me, local, len(hosts.hosts))
+    wire = "Gloo (CPU tensors), " + ("NCCL (CUDA tensors)" if device_flat is not None else
+                                     "CUDA tensors through host memory and Gloo")
     if kind == "irregular":
         _debug(f"group {group_name}: hosts have {[len(h) for h in hosts.hosts]} ranks, not the same number: "
-               f"every op runs flat on the inter-host engine (Gloo)")
+               f"every op runs flat on the inter-host engine ({wire})")
     _debug(f"group {group_name}: {len(hosts.hosts)} hosts ({kind}); rank {rank} is local rank {local} of "
-           f"{len(hosts.hosts[me])} on host {me} ({hosts.ids[rank]})")
+           f"{len(hosts.hosts[me])} on host {me} ({hosts.ids[rank]}); between hosts: {wire}")
     return native(store, rank, size, timeout, group_name, hosts.ids[rank], me, len(hosts.hosts), hosts.hosts[me],
-                  hosts.host_of, kind == "uniform", rail, flat)
+                  hosts.host_of, kind == "uniform", rail, flat, device_rail, device_flat)

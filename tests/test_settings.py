@@ -13,7 +13,8 @@ import pycollectives.settings as ps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-USER = {"PYCOLL_ALGO", "PYCOLL_DEBUG", "PYCOLL_SHM_BYTES", "PYCOLL_P2P_CHANNEL_BYTES", "PYCOLL_COST_MODEL"}
+USER = {"PYCOLL_ALGO", "PYCOLL_DEBUG", "PYCOLL_SHM_BYTES", "PYCOLL_P2P_CHANNEL_BYTES", "PYCOLL_COST_MODEL",
+        "PYCOLL_INTER_HOST_BACKEND"}
 
 
 def test_every_setting_is_declared_once_with_doc_and_range():

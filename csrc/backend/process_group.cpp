@@ -76,9 +76,16 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
   cpu_->p2p();
   cpu_tensors_ = std::make_unique<CpuTensorEngine>(*cpu_);
   if (hosts_) {
-    hierarchical_ = std::make_unique<HierarchicalEngine>(*cpu_tensors_, *hosts_, rank, size);
-    // Across hosts CUDA tensors go through host memory for now: the CUDA engine serves one host.
+    hierarchical_ = std::make_unique<HierarchicalEngine>(*cpu_tensors_, *hosts_, rank, size, /*on_device=*/false);
+    // CUDA tensors: the CUDA engine over this host's ranks (on its own Store keys) and NCCL between
+    // hosts (device_hierarchical(); without NCCL, and for dtypes our kernels do not reduce,
+    // through host memory and the CPU tensors' path).
     staged_ = std::make_unique<StagedEngine>(*hierarchical_);
+    const HostLayout& h = *hosts_;
+    if (h.device_flat) {
+      cuda_ = make_cuda_queue(store_, group_name_ + "/host" + std::to_string(h.host_index), h.local_rank(rank),
+                              h.local_size(), timeout);
+    }
   } else {
     staged_ = std::make_unique<StagedEngine>(*cpu_tensors_);
     cuda_ = make_cuda_queue(store_, group_name_, rank, size, timeout);
@@ -89,6 +96,7 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
 ProcessGroupPycoll::~ProcessGroupPycoll() {
   ReleaseGilIfHeld nogil;  // the members below join threads (gil_release.h)
   shutdown();
+  device_hierarchical_.reset();
   cuda_.reset();
   executor_.reset();
   staged_.reset();
@@ -106,6 +114,15 @@ void ProcessGroupPycoll::shutdown() {
   if (closed_.exchange(true)) return;
   ReleaseGilIfHeld nogil;
   executor_->stop();  // runs what is queued, then joins
+  // The inter-host sub-groups are ours: they end with the group (NCCL's release its communicators).
+  for_each_inter_host_group([](c10d::Backend& b) { b.shutdown(); });
+}
+
+void ProcessGroupPycoll::for_each_inter_host_group(const std::function<void(c10d::Backend&)>& f) {
+  if (!hosts_) return;
+  for (const auto& b : {hosts_->device_rail, hosts_->device_flat, hosts_->rail, hosts_->flat}) {
+    if (b) f(*b);
+  }
 }
 
 std::vector<int64_t> ProcessGroupPycoll::cuda_trace() { return cuda_ ? cuda_->trace() : std::vector<int64_t>(); }
@@ -113,6 +130,7 @@ std::vector<int64_t> ProcessGroupPycoll::cuda_trace() { return cuda_ ? cuda_->tr
 void ProcessGroupPycoll::abort() {
   closed_.store(true);
   cpu_->abort();
+  for_each_inter_host_group([](c10d::Backend& b) { b.abort(); });
   ReleaseGilIfHeld nogil;
   executor_->stop();
 }
@@ -150,9 +168,18 @@ Engine& ProcessGroupPycoll::engine_for(const OpCall& call) {
   check_bound_device(call.tensors.front());
   if (cuda_) {
     Engine* e = cuda_->engine(call.device);
+    if (e != nullptr && hosts_) e = &device_hierarchical(*e);
     if (e != nullptr && e->serves(call.op, call.dtype, call.device)) return *e;
   }
   return *staged_;
+}
+
+Engine& ProcessGroupPycoll::device_hierarchical(Engine& local) {
+  std::lock_guard<std::mutex> g(device_hierarchical_mu_);
+  if (!device_hierarchical_) {
+    device_hierarchical_ = std::make_unique<HierarchicalEngine>(local, *hosts_, rank_, size_, /*on_device=*/true);
+  }
+  return *device_hierarchical_;
 }
 
 void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream& stream) {

@@ -128,6 +128,11 @@ class ProcessGroupPycoll : public c10d::Backend {
   void check_bound_device(const at::Tensor& t) const;
   // A CUDA tensor that the CUDA engine serves (the device queue runs its point-to-point).
   bool on_cuda_engine(const at::Tensor& t);
+  // Calls f on each inter-host sub-group (none on one host).
+  void for_each_inter_host_group(const std::function<void(c10d::Backend&)>& f);
+  // A group across hosts: the hierarchical engine of CUDA tensors over `local` (the CUDA engine
+  // of this host's ranks) and NCCL, made at the first CUDA collective.
+  Engine& device_hierarchical(Engine& local);
   // send and recv: checks, then to self, the device queue, or the host channels.
   c10::intrusive_ptr<c10d::Work> point_to_point(bool is_send, std::vector<at::Tensor>& tensors, int peer, int tag);
   // Point-to-point on the CPU engine's channels (CPU tensors, and CUDA tensors through host memory).
@@ -143,7 +148,9 @@ class ProcessGroupPycoll : public c10d::Backend {
   std::unique_ptr<Engine> hierarchical_;    // a group across hosts: CPU tensors, on cpu_tensors_ + Gloo
   std::optional<HostLayout> hosts_;
   std::unique_ptr<Engine> staged_;          // CUDA tensors through host memory, on the CPU tensors' engine
-  std::unique_ptr<DeviceQueue> cuda_;       // nullptr in a build without CUDA
+  std::unique_ptr<DeviceQueue> cuda_;       // nullptr in a build without CUDA (or across hosts without NCCL)
+  std::mutex device_hierarchical_mu_;
+  std::unique_ptr<Engine> device_hierarchical_;  // across hosts: CUDA tensors on cuda_'s engine + NCCL
   std::unique_ptr<SerialExecutor> executor_;
   std::atomic<uint64_t> issued_{0};
   SelfP2P self_p2p_{rank_};

@@ -62,7 +62,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        int host_index, int num_hosts, const std::vector<int>& host_ranks,
                        const std::vector<int>& host_of, bool uniform,
                        const std::optional<c10::intrusive_ptr<c10d::Backend>>& rail,
-                       const c10::intrusive_ptr<c10d::Backend>& flat) {
+                       const c10::intrusive_ptr<c10d::Backend>& flat,
+                       const std::optional<c10::intrusive_ptr<c10d::Backend>>& device_rail,
+                       const std::optional<c10::intrusive_ptr<c10d::Backend>>& device_flat) {
              pycoll::HostLayout h;
              h.host_id = host_id;
              h.host_index = host_index;
@@ -72,14 +74,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              h.uniform = uniform;
              if (rail) h.rail = *rail;
              h.flat = flat;
+             if (device_rail) h.device_rail = *device_rail;
+             if (device_flat) h.device_flat = *device_flat;
              return c10::make_intrusive<pycoll::ProcessGroupPycoll>(store, rank, size, timeout, group_name,
                                                                     std::move(h));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
            py::arg("host_id"), py::arg("host_index"), py::arg("num_hosts"), py::arg("host_ranks"), py::arg("host_of"),
-           py::arg("uniform"), py::arg("rail"), py::arg("flat"), py::call_guard<py::gil_scoped_release>(),
+           py::arg("uniform"), py::arg("rail"), py::arg("flat"), py::arg("device_rail") = py::none(),
+           py::arg("device_flat") = py::none(), py::call_guard<py::gil_scoped_release>(),
            "A group across hosts (pycollectives/hosts.py): the CPU engine over host_ranks, the inter-host "
-           "backends rail (this rank's local rank on every host; None unless uniform) and flat (every rank).")
+           "backends rail (this rank's local rank on every host; None unless uniform) and flat (every rank), "
+           "and the same two for CUDA tensors (device_rail, device_flat: NCCL; None without CUDA).")
       .def("cuda_trace", &pycoll::ProcessGroupPycoll::cuda_trace, py::call_guard<py::gil_scoped_release>(),
            "Timeline of the last kernel traced with PYCOLL_CUDA_TRACE=1: rows of trace_events() "
            "%globaltimer stamps (ns), one per CTA (kernels/trace.cuh).");

@@ -9,8 +9,6 @@ namespace pycoll {
 
 namespace {
 
-const c10::Stream kCpuStream(c10::Stream::DEFAULT, at::Device(at::kCPU));
-
 c10d::ReduceOp to_c10d(ReduceKind k) {
   switch (k) {
     case ReduceKind::Sum:
@@ -64,23 +62,37 @@ at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte
 
 }  // namespace
 
-bool HierarchicalEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& device) {
-  return device.is_cpu() && (moves_as_bytes(op) || reducible_dtype(dtype).has_value());
+HierarchicalEngine::HierarchicalEngine(Engine& local, const HostLayout& layout, int rank, int size, bool on_device)
+    : local_(local),
+      layout_(layout),
+      rail_(on_device ? layout.device_rail : layout.rail),
+      flat_(on_device ? layout.device_flat : layout.flat),
+      rank_(rank),
+      size_(size),
+      on_device_(on_device) {
+  TORCH_INTERNAL_ASSERT(flat_, "pycoll: a group across hosts needs its flat inter-host group");
 }
 
-void HierarchicalEngine::flat_all_reduce(const at::Tensor& t, ReduceKind op) { backend_all_reduce(layout_.flat, t, op); }
+bool HierarchicalEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& device) {
+  if (device.is_cuda() != on_device_) return false;
+  if (moves_as_bytes(op)) return true;
+  if (!reducible_dtype(dtype).has_value()) return false;
+  // The local phases of a reduction run on the host's engine: a dtype its kernels do not reduce
+  // goes through host memory instead (the backend's staged engine).
+  return !on_device_ || (local_.serves(OpCode::ReduceScatter, dtype, device) &&
+                         local_.serves(OpCode::AllGather, dtype, device));
+}
 
-void HierarchicalEngine::rail_all_reduce(const at::Tensor& t, ReduceKind op) { backend_all_reduce(layout_.rail, t, op); }
-
-void HierarchicalEngine::all_reduce(const at::Tensor& in, const at::Tensor& out, ReduceKind op, bool* hierarchical) {
+void HierarchicalEngine::all_reduce(const at::Tensor& in, const at::Tensor& out, ReduceKind op,
+                                    const c10::Stream& stream, bool* hierarchical) {
   const ReduceKind level_op = op == ReduceKind::Avg ? ReduceKind::Sum : op;
   const int64_t L = layout_.local_size();
   const int64_t n = in.numel();
-  *hierarchical = layout_.uniform && layout_.rail && L > 1 && layout_.num_hosts > 1;
+  *hierarchical = layout_.uniform && rail_ && L > 1 && layout_.num_hosts > 1;
   if (n == 0) return;
   if (!*hierarchical) {
     if (!out.is_same(in)) out.copy_(in);
-    flat_all_reduce(out, level_op);
+    backend_all_reduce(flat_, out, level_op);
   } else {
     // 1. reduce-scatter inside the host, 2. all-reduce of this rank's shard on its rail,
     // 3. all-gather inside the host. A size L does not divide runs on a zero-padded copy.
@@ -94,30 +106,30 @@ void HierarchicalEngine::all_reduce(const at::Tensor& in, const at::Tensor& out,
     rs.input = whole;
     rs.output = mine;
     rs.reduce = level_op;
-    local_.run(rs, kCpuStream);
-    rail_all_reduce(mine, level_op);
+    local_.run(rs, stream);
+    backend_all_reduce(rail_, mine, level_op);
     Collective ag;
     ag.op = OpCode::AllGather;
     ag.input = mine;
     ag.output = exact ? out.reshape({-1}) : whole;
-    local_.run(ag, kCpuStream);
+    local_.run(ag, stream);
     if (!exact) out.reshape({-1}).copy_(whole.narrow(0, 0, n));
   }
   if (op == ReduceKind::Avg) out.div_(size_);
 }
 
-Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& /*stream*/) {
-  const auto& flat = layout_.flat;
+Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& stream) {
   const bool force_flat = c.algo == Algo::Flat;
   switch (c.op) {
     case OpCode::AllReduce: {
       bool hier = false;
       if (force_flat) {
         if (!c.output.is_same(c.input)) c.output.copy_(c.input);
-        if (c.output.numel() > 0) flat_all_reduce(c.output, c.reduce == ReduceKind::Avg ? ReduceKind::Sum : c.reduce);
+        if (c.output.numel() > 0)
+          backend_all_reduce(flat_, c.output, c.reduce == ReduceKind::Avg ? ReduceKind::Sum : c.reduce);
         if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
       } else {
-        all_reduce(c.input, c.output, c.reduce, &hier);
+        all_reduce(c.input, c.output, c.reduce, stream, &hier);
       }
       return hier ? Algo::Hierarchical : Algo::Flat;
     }
@@ -125,11 +137,18 @@ Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& /*stream*/)
       // The all_reduce above, keeping this rank's block.
       bool hier = false;
       at::Tensor whole = at::empty_like(c.input);
-      all_reduce(c.input, whole, c.reduce, &hier);
+      all_reduce(c.input, whole, c.reduce, stream, &hier);
       const int64_t m = c.output.numel();
       c.output.reshape({-1}).copy_(whole.reshape({-1}).narrow(0, rank_ * m, m));
       return hier ? Algo::Hierarchical : Algo::Flat;
     }
+    default: return run_flat(c);
+  }
+}
+
+Algo HierarchicalEngine::run_flat(const Collective& c) {
+  const auto& flat = flat_;
+  switch (c.op) {
     case OpCode::Reduce: {
       if (!c.output.is_same(c.input)) c.output.copy_(c.input);
       if (c.output.numel() == 0) return Algo::Flat;
@@ -194,8 +213,10 @@ Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& /*stream*/)
     case OpCode::Barrier:
       flat->barrier(c10d::BarrierOptions())->wait();
       return Algo::Flat;
+    case OpCode::AllReduce:
+    case OpCode::ReduceScatter: break;
   }
-  TORCH_INTERNAL_ASSERT(false, "pycoll: the hierarchical engine got an unknown op");
+  TORCH_INTERNAL_ASSERT(false, "pycoll: the hierarchical engine's flat path got ", op_name(c.op));
 }
 
 }  // namespace pycoll

@@ -1,6 +1,11 @@
-// Collectives across hosts: the engine of each host (shared memory) for the ranks inside it, and
-// an inter-host engine (a torch backend: Gloo for CPU tensors) between hosts. We write no network
-// transport.
+// Collectives across hosts: the engine of each host (shared memory for CPU tensors, CUDA IPC for
+// CUDA tensors) for the ranks inside it, and an inter-host engine (a torch backend: Gloo for CPU
+// tensors, NCCL for CUDA tensors) between hosts. We write no network transport.
+//
+// On CUDA tensors every step is enqueued on the op's stream: our kernels directly, NCCL's after
+// its stream waits for ours, and its Work's wait() makes ours wait for NCCL (it blocks no host
+// thread). Every rank issues the same steps in the same order, so the two libraries' kernels
+// meet in the same order everywhere.
 //
 // Terms
 //   L       ranks per host (local size); N hosts; rank = the group rank.
@@ -24,26 +29,30 @@ namespace pycoll {
 
 class HierarchicalEngine : public Engine {
  public:
-  // `local` runs the ops among host_ranks (its ranks are the local ranks).
-  HierarchicalEngine(Engine& local, HostLayout layout, int rank, int size)
-      : local_(local), layout_(std::move(layout)), rank_(rank), size_(size) {}
+  // `local` runs the ops among host_ranks (its ranks are the local ranks). `on_device`: the CUDA
+  // engine of a host with the layout's device_rail/device_flat (NCCL) between hosts; else the CPU
+  // engine with rail/flat (Gloo).
+  HierarchicalEngine(Engine& local, const HostLayout& layout, int rank, int size, bool on_device);
   const char* name() const override { return "hierarchical"; }
   bool serves(OpCode op, at::ScalarType dtype, const at::Device& device) override;
-  bool enqueues_on_device() const override { return false; }
+  bool enqueues_on_device() const override { return on_device_; }
   Algo run(const Collective& c, const c10::Stream& stream) override;
 
   const HostLayout& layout() const { return layout_; }
 
  private:
   // all_reduce of `in` into `out` (same shape, contiguous): hierarchical when the layout allows.
-  void all_reduce(const at::Tensor& in, const at::Tensor& out, ReduceKind op, bool* hierarchical);
-  void flat_all_reduce(const at::Tensor& t, ReduceKind op);
-  void rail_all_reduce(const at::Tensor& t, ReduceKind op);
+  void all_reduce(const at::Tensor& in, const at::Tensor& out, ReduceKind op, const c10::Stream& stream,
+                  bool* hierarchical);
+  Algo run_flat(const Collective& c);
 
   Engine& local_;
   HostLayout layout_;
+  c10::intrusive_ptr<c10d::Backend> rail_;  // this rank's rail: layout_.rail or device_rail
+  c10::intrusive_ptr<c10d::Backend> flat_;  // every rank: layout_.flat or device_flat
   int rank_;
   int size_;
+  bool on_device_;
 };
 
 }  // namespace pycoll

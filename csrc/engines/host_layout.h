@@ -1,5 +1,6 @@
 // Where a group's ranks live: which host each is on, and the inter-host sub-groups the backend
-// was given for them (pycollectives/hosts.py makes them: Gloo between hosts for CPU tensors).
+// was given for them (pycollectives/hosts.py makes them: Gloo between hosts for CPU tensors,
+// NCCL for CUDA tensors where CUDA is available).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -23,6 +24,10 @@ struct HostLayout {
   c10::intrusive_ptr<c10d::Backend> rail;
   // Every rank of the group, in group-rank order: the flat fallback.
   c10::intrusive_ptr<c10d::Backend> flat;
+  // The same two for CUDA tensors (NCCL); null where this process has no CUDA, and then CUDA
+  // tensors go through host memory and the two above.
+  c10::intrusive_ptr<c10d::Backend> device_rail;
+  c10::intrusive_ptr<c10d::Backend> device_flat;
 
   int local_rank(int group_rank) const {
     for (size_t i = 0; i < host_ranks.size(); ++i)

@@ -1,0 +1,139 @@
+"""CUDA tensors in groups across simulated hosts (issue 22): our CUDA engine inside each host and
+NCCL between hosts. Each simulated host has its own PYCOLL_HOSTID and NCCL_HOSTID, so NCCL too
+talks between the halves through its network transport, as between real hosts. Every op is
+checked against Gloo on CPU copies of the same inputs, and bitwise alike on every rank."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ranks import run_ranks
+from test_multihost import SIZES, _input, _ops_for, _same
+
+R = dist.ReduceOp
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+LAYOUTS = {
+    "2x1": ["hostA", "hostB"],
+    "2x2": ["hostA", "hostA", "hostB", "hostB"],
+    "4x1": ["h0", "h1", "h2", "h3"],
+}
+# CUDA kernels reduce these; int16 and float8 go through host memory (checked once below).
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int32,
+          torch.int64, torch.bool)
+
+
+def _gloo_all_reduce(x, op, gloo):
+    if x.dtype == torch.bool:
+        u = x.to(torch.uint8)
+        dist.all_reduce(u, op=R.MIN if op == R.MIN else R.MAX, group=gloo)
+        return u.bool()
+    y = x.clone()
+    dist.all_reduce(y, op=op, group=gloo)
+    return y
+
+
+def _check_same_everywhere(t, gloo, what):
+    everyone = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, t, group=gloo)
+    assert all(torch.equal(e, everyone[0]) for e in everyone), what
+
+
+def _every_op(rank, ws, layout):
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    gloo = dist.new_group(backend="gloo")
+    checks = 0
+    for dtype in DTYPES:
+        for op in _ops_for(dtype):
+            if op == R.PRODUCT and dtype in (torch.int8, torch.uint8):
+                continue
+            for n in SIZES + ((1 << 20) + 3,) if dtype == torch.float32 else SIZES:
+                x = _input(dtype, rank, n, 1)
+                mine = x.to(dev)
+                dist.all_reduce(mine, op=op)
+                got = mine.cpu()
+                assert _same(got, _gloo_all_reduce(x, op, gloo), dtype, op), (layout, "all_reduce", dtype, op, n)
+                _check_same_everywhere(got, gloo, (layout, dtype, op, n))
+                if dtype != torch.bool:
+                    big = _input(dtype, rank, n * ws, 2)
+                    out = torch.empty(n, dtype=dtype, device=dev)
+                    dist.reduce_scatter_tensor(out, big.to(dev), op=op)
+                    full = _gloo_all_reduce(big, op, gloo)
+                    assert _same(out.cpu(), full[rank * n:(rank + 1) * n], dtype, op), \
+                        (layout, "reduce_scatter", dtype, op, n)
+                checks += 1
+    # Non-contiguous input, AVG of a size no rank count divides.
+    x = _input(torch.float32, rank, 2 * 1031, 5)
+    t = x.to(dev)[::2]
+    dist.all_reduce(t, op=R.AVG)
+    assert _same(t.cpu(), _gloo_all_reduce(x[::2].contiguous(), R.AVG, gloo), torch.float32, R.AVG), layout
+    # int16 / float8: through host memory (our CUDA kernels do not reduce them).
+    for dtype in (torch.int16, torch.float8_e4m3fn):
+        x = torch.randint(-2, 3, (1031,), generator=torch.Generator().manual_seed(5 + rank)).float()
+        t = x.to(dtype).to(dev)
+        dist.all_reduce(t)
+        assert torch.equal(t.float().cpu(), _gloo_all_reduce(x, R.SUM, gloo)), (layout, dtype)
+    # Data movement (any dtype), reduce, all_to_all, gather, scatter.
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.float8_e4m3fn):
+        x = _input(torch.float32, rank, 1031, 3).to(dtype)
+        out = torch.empty(1031 * ws, dtype=dtype, device=dev)
+        dist.all_gather_into_tensor(out, x.to(dev))
+        ref = [torch.empty(1031) for _ in range(ws)]
+        dist.all_gather(ref, x.float(), group=gloo)
+        assert torch.equal(out.float().cpu(), torch.cat(ref)), (layout, "all_gather", dtype)
+        for root in range(ws):
+            b = _input(torch.float32, rank, 1031, 4 + root).to(dtype).to(dev)
+            dist.broadcast(b, src=root)
+            assert torch.equal(b.float().cpu(), _input(torch.float32, root, 1031, 4 + root).to(dtype).float())
+    for root in range(ws):
+        x = _input(torch.float32, rank, 99, 9)
+        y = x.to(dev)
+        dist.reduce(y, dst=root, op=R.SUM)
+        if rank == root:
+            assert torch.equal(y.cpu(), _gloo_all_reduce(x, R.SUM, gloo)), (layout, "reduce", root)
+    send = [rank + q + 1 for q in range(ws)]
+    recv = [q + rank + 1 for q in range(ws)]
+    src = torch.arange(sum(send), dtype=torch.int64) + 1000 * rank
+    dst, ref = torch.empty(sum(recv), dtype=torch.int64, device=dev), torch.empty(sum(recv), dtype=torch.int64)
+    dist.all_to_all_single(dst, src.to(dev), recv, send)
+    dist.all_to_all_single(ref, src, recv, send, group=gloo)
+    assert torch.equal(dst.cpu(), ref), (layout, "all_to_all")
+    g = [torch.empty(5, device=dev) for _ in range(ws)] if rank == ws - 1 else None
+    dist.gather(torch.full((5,), float(rank), device=dev), g, dst=ws - 1)
+    if rank == ws - 1:
+        assert all(torch.equal(g[r].cpu(), torch.full((5,), float(r))) for r in range(ws)), (layout, "gather")
+    s = torch.empty(3, device=dev)
+    dist.scatter(s, [torch.full((3,), float(q), device=dev) for q in range(ws)] if rank == 0 else None, src=0)
+    assert torch.equal(s.cpu(), torch.full((3,), float(rank))), (layout, "scatter")
+    # Point-to-point around the ring: to a peer on this host (CUDA engine) and on the other (NCCL).
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    r = torch.empty(4097, device=dev)
+    for w in [dist.isend(torch.full((4097,), float(rank), device=dev), nxt), dist.irecv(r, prv)]:
+        w.wait()
+    assert torch.equal(r.cpu(), torch.full((4097,), float(prv))), (layout, "send/recv")
+    dist.barrier()
+    torch.cuda.synchronize()
+    with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as fh:
+        log = fh.read()
+    paths = {line.split("algo=")[1].split()[0] for line in log.splitlines() if "allreduce algo=" in line}
+    nccl_net = sorted({line.split(" via ")[1].split()[0] for line in log.splitlines() if " via NET/" in line})
+    return checks, sorted(paths), nccl_net
+
+
+@pytest.mark.gpu
+@pytest.mark.pycoll_only
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_cuda_every_op_across_simulated_hosts(layout):
+    ids = LAYOUTS[layout]
+    if GPUS < len(ids):
+        pytest.skip(f"needs {len(ids)} CUDA GPUs, {GPUS} visible")
+    out = run_ranks(len(ids), _every_op, layout, timeout=900,
+                    rank_env=[{"PYCOLL_HOSTID": h, "NCCL_HOSTID": h} for h in ids],
+                    env={"PYCOLL_DEBUG": "INFO", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"})
+    assert out[0][0] > 0 and len({o[0] for o in out}) == 1, out
+    expected = "hierarchical" if layout == "2x2" else "flat"
+    assert all(expected in paths for _, paths, _ in out), out
+    # NCCL between the simulated hosts went over its network transport (printed for the record).
+    print(layout, "NCCL transports between hosts:", sorted({t for _, _, net in out for t in net}))
