@@ -32,16 +32,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::point_to_point(bool is_send, 
   check_usable(op);
   if (peer == rank_) return is_send ? self_p2p_.send(t, tag, ++issued_) : self_p2p_.recv(t, tag, ++issued_);
   if (hosts_ && t.is_cuda()) {
-    // Across hosts the CUDA engine spans this host's ranks (numbered by local rank); a peer on
-    // another host is NCCL's (flat group, group ranks), as ProcessGroupNCCL would send it.
+    // Across hosts the CUDA engine spans this host's ranks (numbered by local rank). A peer on
+    // another host gets it through host memory and Gloo, not NCCL: an unbatched NCCL send waits
+    // for its receive, so a send then a receive on both ranks would deadlock, and our sends never block.
     const int local_peer = hosts_->local_rank(peer);
     if (local_peer >= 0 && on_cuda_engine(t))
       return is_send ? cuda_->send(t, local_peer, ++issued_) : cuda_->recv(t, local_peer, ++issued_);
-    if (local_peer < 0 && hosts_->device_flat && cuda_ && t.is_contiguous()) {
-      check_bound_device(t);
-      std::vector<at::Tensor> ts{t};
-      return is_send ? hosts_->device_flat->send(ts, peer, tag) : hosts_->device_flat->recv(ts, peer, tag);
-    }
     return host_p2p(is_send, op, t, peer, tag);
   }
   if (on_cuda_engine(t)) return is_send ? cuda_->send(t, peer, ++issued_) : cuda_->recv(t, peer, ++issued_);

@@ -48,9 +48,31 @@ std::pair<at::Tensor, ReduceKind> inter_host_form(const at::Tensor& t, ReduceKin
   }
 }
 
-// Runs an all_reduce of t (in place) on an inter-host backend.
-void backend_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t, ReduceKind op) {
+bool is_bitwise(ReduceKind k) { return k == ReduceKind::BAnd || k == ReduceKind::BOr || k == ReduceKind::BXor; }
+
+// NCCL reduces no bitwise op: gather every member's tensor and fold them here, in member order,
+// so every rank computes the same bits.
+void gathered_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t, ReduceKind op) {
+  at::Tensor mine = t.reshape({-1}).contiguous();
+  at::Tensor all = at::empty({b->getSize(), mine.numel()}, mine.options());
+  b->_allgather_base(all, mine, c10d::AllgatherOptions())->wait();
+  at::Tensor acc = all[0].clone();
+  for (int64_t i = 1; i < all.size(0); ++i) {
+    if (op == ReduceKind::BAnd) acc.bitwise_and_(all[i]);
+    else if (op == ReduceKind::BOr) acc.bitwise_or_(all[i]);
+    else acc.bitwise_xor_(all[i]);
+  }
+  t.copy_(acc.view(t.sizes()));
+}
+
+// Runs an all_reduce of t (in place) on an inter-host backend; `nccl`: one without bitwise ops.
+void backend_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t, ReduceKind op, bool nccl) {
   auto [wire, wire_op] = inter_host_form(t, op);
+  if (nccl && is_bitwise(wire_op)) {
+    gathered_all_reduce(b, wire, wire_op);
+    if (!wire.is_same(t)) t.copy_(wire);
+    return;
+  }
   std::vector<at::Tensor> ts{wire};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(wire_op);
@@ -92,7 +114,7 @@ void HierarchicalEngine::all_reduce(const at::Tensor& in, const at::Tensor& out,
   if (n == 0) return;
   if (!*hierarchical) {
     if (!out.is_same(in)) out.copy_(in);
-    backend_all_reduce(flat_, out, level_op);
+    backend_all_reduce(flat_, out, level_op, on_device_);
   } else {
     // 1. reduce-scatter inside the host, 2. all-reduce of this rank's shard on its rail,
     // 3. all-gather inside the host. A size L does not divide runs on a zero-padded copy.
@@ -107,7 +129,7 @@ void HierarchicalEngine::all_reduce(const at::Tensor& in, const at::Tensor& out,
     rs.output = mine;
     rs.reduce = level_op;
     local_.run(rs, stream);
-    backend_all_reduce(rail_, mine, level_op);
+    backend_all_reduce(rail_, mine, level_op, on_device_);
     Collective ag;
     ag.op = OpCode::AllGather;
     ag.input = mine;
@@ -126,7 +148,7 @@ Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& stream) {
       if (force_flat) {
         if (!c.output.is_same(c.input)) c.output.copy_(c.input);
         if (c.output.numel() > 0)
-          backend_all_reduce(flat_, c.output, c.reduce == ReduceKind::Avg ? ReduceKind::Sum : c.reduce);
+          backend_all_reduce(flat_, c.output, c.reduce == ReduceKind::Avg ? ReduceKind::Sum : c.reduce, on_device_);
         if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
       } else {
         all_reduce(c.input, c.output, c.reduce, stream, &hier);
@@ -153,6 +175,13 @@ Algo HierarchicalEngine::run_flat(const Collective& c) {
       if (!c.output.is_same(c.input)) c.output.copy_(c.input);
       if (c.output.numel() == 0) return Algo::Flat;
       auto [wire, wire_op] = inter_host_form(c.output, c.reduce);
+      if (on_device_ && is_bitwise(wire_op)) {
+        // The all_reduce's result on every rank; only the root's output is meaningful.
+        at::Tensor all = c.output.clone();
+        backend_all_reduce(flat, all, c.reduce, /*nccl=*/true);
+        if (rank_ == c.root) c.output.copy_(all);
+        return Algo::Flat;
+      }
       std::vector<at::Tensor> ts{wire};
       c10d::ReduceOptions opts;
       opts.rootRank = c.root;
