@@ -97,6 +97,13 @@ HierarchicalEngine::HierarchicalEngine(Engine& local, const HostLayout& layout, 
 
 bool HierarchicalEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& device) {
   if (device.is_cuda() != on_device_) return false;
+  // On NCCL only what ran on GPUs between simulated hosts (tests/test_multihost_cuda.py): a
+  // reduce to one root hung there (the root's NCCL kernel never finished while the other rank's
+  // had), so reduce, all_to_all, gather and scatter of CUDA tensors still go through host memory
+  // and Gloo (the backend's staged engine) until they are verified.
+  if (on_device_ && op != OpCode::AllReduce && op != OpCode::ReduceScatter && op != OpCode::AllGather &&
+      op != OpCode::Broadcast)
+    return false;
   if (moves_as_bytes(op)) return true;
   if (!reducible_dtype(dtype).has_value()) return false;
   // The local phases of a reduction run on the host's engine: a dtype its kernels do not reduce
@@ -175,13 +182,6 @@ Algo HierarchicalEngine::run_flat(const Collective& c) {
       if (!c.output.is_same(c.input)) c.output.copy_(c.input);
       if (c.output.numel() == 0) return Algo::Flat;
       auto [wire, wire_op] = inter_host_form(c.output, c.reduce);
-      if (on_device_ && is_bitwise(wire_op)) {
-        // The all_reduce's result on every rank; only the root's output is meaningful.
-        at::Tensor all = c.output.clone();
-        backend_all_reduce(flat, all, c.reduce, /*nccl=*/true);
-        if (rank_ == c.root) c.output.copy_(all);
-        return Algo::Flat;
-      }
       std::vector<at::Tensor> ts{wire};
       c10d::ReduceOptions opts;
       opts.rootRank = c.root;
