@@ -4,6 +4,8 @@ interleaved host ids. The CPU engine then spans one host's ranks only, and the i
 run on Gloo sub-groups (pycollectives/hosts.py, csrc/engines/hierarchical_engine.h)."""
 
 import os
+import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch.distributed as dist
 from ranks import run_ranks
 
 R = dist.ReduceOp
+PG_TIMEOUT = timedelta(seconds=10)
 LAYOUTS = {
     "2x2": ["hostA", "hostA", "hostB", "hostB"],
     "2x1": ["hostA", "hostB"],
@@ -195,3 +198,30 @@ def test_cuda_tensors_across_simulated_hosts():
     # Two GPUs as two hosts: CUDA tensors go through host memory and Gloo between the hosts.
     assert run_ranks(2, _cuda_across_hosts, rank_env=[{"PYCOLL_HOSTID": "hostA"}, {"PYCOLL_HOSTID": "hostB"}]) \
         == [True, True]
+
+
+def _rank_dies_on_other_host(rank, ws, big):
+    # Rank 3 (host B) leaves after one op; ranks on both hosts must raise, none may hang.
+    n = (1 << 20) if big else 1031
+    t = torch.ones(n)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((n,), float(ws)))
+    if rank == ws - 1:
+        os._exit(17)
+    t0 = time.monotonic()
+    try:
+        for _ in range(3):  # the first may already fail; none may hang
+            dist.all_reduce(torch.ones(n))
+    except RuntimeError as e:
+        took = time.monotonic() - t0
+        assert took < PG_TIMEOUT.total_seconds() + 15, f"raised only after {took:.1f}s: {e}"
+        return took
+    raise AssertionError("all_reduce with a dead rank on another host did not raise")
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small", "1MiB"])
+def test_rank_killed_on_other_host_makes_every_survivor_raise(big):
+    ids = LAYOUTS["2x2"]
+    out = run_ranks(4, _rank_dies_on_other_host, big, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
+                    pg_timeout=PG_TIMEOUT, expect_exit={3: 17}, timeout=90)
+    assert all(took is not None for took in out[:3]), out

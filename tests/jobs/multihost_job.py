@@ -1,0 +1,40 @@
+"""One rank of a job launched by torchrun on two simulated hosts (tests/test_multihost_torchrun.py):
+the README's multi-host command, run for real. Checks the ops against plain torch computations and
+prints one line the test reads."""
+import os
+
+import torch
+import torch.distributed as dist
+
+import pycollectives  # noqa: F401  (registers "pycoll")
+
+
+def main():
+    dist.init_process_group("pycoll")
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    for n in (0, 1, 7, 1031, 1 << 16):
+        t = torch.full((n,), float(rank + 1))
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full((n,), float(ws * (ws + 1) // 2))), ("all_reduce", n)
+        out = torch.empty(n * ws)
+        dist.all_gather_into_tensor(out, torch.full((n,), float(rank)))
+        assert torch.equal(out, torch.arange(ws).float().repeat_interleave(n)), ("all_gather", n)
+        rs = torch.empty(n)
+        dist.reduce_scatter_tensor(rs, torch.arange(n * ws, dtype=torch.float32))
+        assert torch.equal(rs, ws * torch.arange(n * rank, n * rank + n).float()), ("reduce_scatter", n)
+    b = torch.full((5,), float(rank))
+    dist.broadcast(b, src=ws - 1)
+    assert torch.equal(b, torch.full((5,), float(ws - 1)))
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    r = torch.empty(4097)
+    for w in [dist.isend(torch.full((4097,), float(rank)), nxt), dist.irecv(r, prv)]:
+        w.wait()
+    assert torch.equal(r, torch.full((4097,), float(prv)))
+    dist.barrier()
+    print(f"multihost-job rank {rank}/{ws} host {os.environ.get('PYCOLL_HOSTID')} "
+          f"local {os.environ.get('LOCAL_RANK')}: ok", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
