@@ -225,3 +225,58 @@ def test_rank_killed_on_other_host_makes_every_survivor_raise(big):
     out = run_ranks(4, _rank_dies_on_other_host, big, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
                     pg_timeout=PG_TIMEOUT, expect_exit={3: 17}, timeout=90)
     assert all(took is not None for took in out[:3]), out
+
+
+def _mismatch_across_hosts(rank, ws, case):
+    # Host 0's ranks call one thing, the other host's another: every rank raises, naming both
+    # calls, before any byte crosses hosts (Gloo would abort the process on different sizes).
+    first_host = rank < ws // 2 if ws == 4 else rank < 2
+    if case == "sizes":
+        dist.all_reduce(torch.ones(1000 if first_host else 2000))
+    elif case == "empty":
+        dist.all_reduce(torch.ones(0 if first_host else 1000))
+    elif case == "reduce_op":
+        dist.all_reduce(torch.ones(100), op=R.SUM if first_host else R.MAX)
+    elif case == "op":
+        t = torch.ones(100)
+        dist.all_reduce(t) if first_host else dist.broadcast(t, src=0)
+    elif case == "broadcast_root":
+        dist.broadcast(torch.ones(100), src=0 if first_host else 1)
+    elif case == "all_gather":
+        n = 10 if first_host else 11
+        dist.all_gather_into_tensor(torch.empty(n * ws), torch.ones(n))
+    elif case == "all_to_all":
+        # Every rank sends 1 element to each peer, but the last rank expects 2 from rank 0.
+        recv = [2 if (rank == ws - 1 and q == 0) else 1 for q in range(ws)]
+        dist.all_to_all_single(torch.empty(sum(recv)), torch.ones(ws), recv, [1] * ws)
+    raise AssertionError(f"{case}: a call that differs across hosts did not raise")
+
+
+def _expect_mismatch(rank, ws, case):
+    try:
+        _mismatch_across_hosts(rank, ws, case)
+    except RuntimeError as e:
+        msg = str(e)
+        assert "across hosts" in msg, msg
+        # The group still works: the ranks compared their calls before moving any data.
+        t = torch.ones(1031)
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full((1031,), float(ws)))
+        return msg
+    raise AssertionError("no error")
+
+
+def test_torch_debug_detail_turns_the_check_on():
+    ids = LAYOUTS["2x2"]
+    out = run_ranks(4, _expect_mismatch, "sizes", rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
+                    env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, pg_timeout=PG_TIMEOUT, timeout=90)
+    assert all(out), out
+
+
+@pytest.mark.parametrize("layout", ["2x2", "2+1"])
+@pytest.mark.parametrize("case", ["sizes", "empty", "reduce_op", "op", "broadcast_root", "all_gather", "all_to_all"])
+def test_call_that_differs_across_hosts_raises(layout, case):
+    ids = LAYOUTS[layout]
+    out = run_ranks(len(ids), _expect_mismatch, case, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
+                    env={"PYCOLL_CHECK_ACROSS_HOSTS": "1"}, pg_timeout=PG_TIMEOUT, timeout=90)
+    assert all(out), out

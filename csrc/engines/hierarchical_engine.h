@@ -22,6 +22,11 @@
 // op of a group whose hosts have different rank counts, run flat on the inter-host engine.
 #pragma once
 
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engines/call_check.h"
 #include "engines/engine.h"
 #include "engines/host_layout.h"
 
@@ -42,8 +47,11 @@ class HierarchicalEngine : public Engine {
 
  private:
   // all_reduce of `in` into `out` (same shape, contiguous): hierarchical when the layout allows.
-  void all_reduce(const at::Tensor& in, const at::Tensor& out, ReduceKind op, const c10::Stream& stream,
-                  bool* hierarchical);
+  // `call`: the op as the user called it (its signature is compared across hosts).
+  void all_reduce(const Collective& call, const at::Tensor& in, const at::Tensor& out, ReduceKind op,
+                  const c10::Stream& stream, bool* hierarchical);
+  // Starts comparing c with every rank's call (flat group); nullopt where not checked.
+  std::optional<CallCheck> start_check(const Collective& c);
   Algo run_flat(const Collective& c);
 
   Engine& local_;
@@ -53,6 +61,7 @@ class HierarchicalEngine : public Engine {
   int rank_;
   int size_;
   bool on_device_;
+  bool check_calls_;  // PYCOLL_CHECK_ACROSS_HOSTS
 };
 
 }  // namespace pycoll
