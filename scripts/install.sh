@@ -11,7 +11,8 @@ if ! $PY -c "import torch" >/dev/null 2>&1; then
   $PY -m pip install -q "torch==2.14.1"
 fi
 missing=()
-for pair in ninja:ninja matplotlib:matplotlib pytest:pytest pytest_timeout:pytest-timeout pytest_benchmark:pytest-benchmark; do
+for pair in ninja:ninja matplotlib:matplotlib pytest:pytest pytest_timeout:pytest-timeout pytest_benchmark:pytest-benchmark \
+    expecttest:expecttest; do
   mod=${pair%%:*}
   pkg=${pair##*:}
   $PY -c "import $mod" >/dev/null 2>&1 || missing+=("$pkg")

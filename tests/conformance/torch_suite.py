@@ -5,15 +5,20 @@
 
 The suite reads BACKEND, WORLD_SIZE and TEMP_DIR (the Makefile target sets them) and decides which
 of its tests apply from DistTestCases.backend_feature: "pycoll" is added to the features it has
-(ddp, subgroup, plugin; gpu and cuda when PYCOLL_CONFORMANCE_GPU=1) before the suite is imported.
+(ddp, subgroup, plugin, gpu; cuda when PYCOLL_CONFORMANCE_GPU=1) before the suite is imported.
 """
 import os
 import sys
+import unittest
 
 import pycollectives  # noqa: F401  (registers "pycoll")
 from torch.testing._internal.common_distributed import DistTestCases
 
-FEATURES = ["ddp", "subgroup", "plugin"] + (["gpu", "cuda"] if os.environ.get("PYCOLL_CONFORMANCE_GPU") == "1" else [])
+# The suite gates its object-collective and many DDP tests on the "gpu" feature, as a stand-in for
+# "a full backend" (they run on CPU tensors too, and Gloo is in that set): pycoll claims it; the
+# tests that really need GPUs still skip by their own device-count checks. "cuda" makes the suite
+# put tensors on GPUs: only with PYCOLL_CONFORMANCE_GPU=1.
+FEATURES = ["ddp", "subgroup", "plugin", "gpu"] + (["cuda"] if os.environ.get("PYCOLL_CONFORMANCE_GPU") == "1" else [])
 for feature in FEATURES:
     DistTestCases.backend_feature[feature].add("pycoll")
 
@@ -28,6 +33,22 @@ class TestDistBackendWithSpawnPYCOLL(TestDistBackend, DistributedTest._DistTestB
     def setUp(self):
         super().setUp()
         self._spawn_processes()
+
+
+# Known failures, each with its reason; an unexpected success fails the run, so none outlives its fix.
+EXPECTED_FAILURES = {
+    # DDP's logger records ProcessGroup::getBackendName(), which is backendTypeToString(CUSTOM) =
+    # "custom" for every third-party backend (torch/csrc/distributed/c10d/ProcessGroup.hpp,
+    # ProcessGroup::backendTypeToString), while the test expects dist.get_backend() = "pycoll".
+    "test_ddp_logging_data_cpu": "torch names every third-party backend 'custom' in DDP's logging data",
+    # pycoll has no receive from any source yet (ProcessGroupPycoll::recvAnysource raises).
+    "test_send_recv_any_source": "recv without src is not implemented (issue 21)",
+    "test_send_recv_any_source_autograd_profiler": "recv without src is not implemented (issue 21)",
+    "test_send_recv_any_source_torch_profiler": "recv without src is not implemented (issue 21)",
+}
+for _name in EXPECTED_FAILURES:
+    setattr(TestDistBackendWithSpawnPYCOLL, _name,
+            unittest.expectedFailure(getattr(DistributedTest._DistTestBase, _name)))
 
 
 if __name__ == "__main__":
