@@ -114,15 +114,6 @@ void ProcessGroupPycoll::shutdown() {
   if (closed_.exchange(true)) return;
   ReleaseGilIfHeld nogil;
   executor_->stop();  // runs what is queued, then joins
-  // The inter-host sub-groups are ours: they end with the group (NCCL's release its communicators).
-  for_each_inter_host_group([](c10d::Backend& b) { b.shutdown(); });
-}
-
-void ProcessGroupPycoll::for_each_inter_host_group(const std::function<void(c10d::Backend&)>& f) {
-  if (!hosts_) return;
-  for (const auto& b : {hosts_->device_rail, hosts_->device_flat, hosts_->rail, hosts_->flat}) {
-    if (b) f(*b);
-  }
 }
 
 std::vector<int64_t> ProcessGroupPycoll::cuda_trace() { return cuda_ ? cuda_->trace() : std::vector<int64_t>(); }
@@ -130,7 +121,6 @@ std::vector<int64_t> ProcessGroupPycoll::cuda_trace() { return cuda_ ? cuda_->tr
 void ProcessGroupPycoll::abort() {
   closed_.store(true);
   cpu_->abort();
-  for_each_inter_host_group([](c10d::Backend& b) { b.abort(); });
   ReleaseGilIfHeld nogil;
   executor_->stop();
 }

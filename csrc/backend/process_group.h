@@ -128,8 +128,6 @@ class ProcessGroupPycoll : public c10d::Backend {
   void check_bound_device(const at::Tensor& t) const;
   // A CUDA tensor that the CUDA engine serves (the device queue runs its point-to-point).
   bool on_cuda_engine(const at::Tensor& t);
-  // Calls f on each inter-host sub-group (none on one host).
-  void for_each_inter_host_group(const std::function<void(c10d::Backend&)>& f);
   // A group across hosts: the hierarchical engine of CUDA tensors over `local` (the CUDA engine
   // of this host's ranks) and NCCL, made at the first CUDA collective.
   Engine& device_hierarchical(Engine& local);
