@@ -145,12 +145,20 @@ def test_cli_end_to_end_json_and_plot(tmp_path):
     sizes = [8 << k for k in range(14)]                      # 8 B .. 64 KiB
     ops = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
     rows = doc["results"]
-    assert len(rows) == len(sizes) * len(ops) * len(LABELS)
-    expected = {(o, s, lb) for o in ops for s in sizes for lb in LABELS}
+    labels = LABELS + ["floor"]  # CPU runs time the memory floor at each size (bench/floor.py)
+    assert len(rows) == len(sizes) * len(ops) * len(labels)
+    expected = {(o, s, lb) for o in ops for s in sizes for lb in labels}
     assert {(r["op"], r["bytes"], r["label"]) for r in rows} == expected
+    assert "of floor" in proc.stdout, proc.stdout
+    floor = {(r["op"], r["bytes"]): r["time_us"] for r in rows if r["label"] == "floor"}
     for r in rows:
         _check_types(r, ROW_SPEC, f"row {r.get('label')} {r.get('op')} {r.get('bytes')}")
-        assert r["error"] is None and r["check"] == "ok", r
+        assert r["floor_fraction"] == pytest.approx(floor[r["op"], r["bytes"]] / r["time_us"]), r
+        if r["label"] == "floor":
+            assert r["error"] is None and r["check"] is None, r
+            assert r["floor_fraction"] == pytest.approx(1.0)
+        else:
+            assert r["error"] is None and r["check"] == "ok", r
         assert r["time_us"] > 0 and r["iters"] >= 3
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["time_us"] / 1e3)
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * BUSBW[r["op"]])
@@ -172,7 +180,7 @@ def test_rounds_report_the_median(tmp_path):
     assert "median of 3 rounds" in proc.stdout, proc.stdout
     doc = json.loads(sorted(out.glob("*.json"))[0].read_text())
     assert doc["config"]["rounds"] == 3
-    rows = doc["results"]
+    rows = [r for r in doc["results"] if r["label"] != "floor"]
     assert len(rows) == 4 * len(LABELS)  # 8, 16, 32, 64 B
     for r in rows:
         times = r["round_times_us"]
@@ -308,7 +316,8 @@ def test_calibrate_and_wrong_result(tmp_path):
     assert proc.returncode == 1, _describe(proc)
     assert "WRONG RESULT" in proc.stderr and "broadcast" in proc.stderr, _describe(proc)
     assert "all_reduce" not in "".join(l for l in proc.stderr.splitlines() if "WRONG RESULT" in l)
-    table = [line.split() for line in proc.stdout.splitlines() if line.startswith(("all_reduce ", "broadcast "))]
+    table = [line.split() for line in proc.stdout.splitlines()
+             if line.startswith(("all_reduce ", "broadcast ")) and line.split()[3] != "floor"]
     assert table and all(row[-1] == ("ok" if row[0] == "all_reduce" else "fail") for row in table), proc.stdout
 
     doc = json.loads(target.read_text())

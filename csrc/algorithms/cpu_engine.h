@@ -6,6 +6,7 @@
 // runs on its own threads.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -15,7 +16,9 @@
 #include <vector>
 
 #include "algorithms/context.h"
+#include "algorithms/lane_pool.h"
 #include "algorithms/p2p.h"
+#include "algorithms/pipelined.h"
 #include "common/rendezvous.h"
 #include "common/types.h"
 
@@ -46,6 +49,8 @@ class CpuEngine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   uint64_t seq() const { return seq_; }
+  // Lanes of the last op if it ran pipelined (algorithms/pipelined.h), else 0: for the debug log.
+  int last_pipeline_lanes() const { return last_lanes_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 
  private:
@@ -59,6 +64,10 @@ class CpuEngine {
   Algo resolve(OpCode op, Algo requested, size_t bytes) const;
   // Ring and tree ops end with a barrier: later ops may reuse any slot.
   void finish(CpuContext& c);
+  // True when a direct op of `bytes` runs pipelined instead (large messages).
+  bool pipelines(size_t bytes) const;
+  // The pipeline of the op begun last: lanes agreed from every rank's header.
+  Pipeline pipeline(Waiter& w, size_t bytes);
 
   Rendezvous rv_;
   int rank_;
@@ -74,6 +83,10 @@ class CpuEngine {
   uint64_t ring_step_ = 0;
   uint64_t up_step_ = 0;
   uint64_t down_step_ = 0;
+  int threads_ = 1;  // what this rank offers a pipelined op
+  int last_lanes_ = 0;
+  std::unique_ptr<LanePool> pool_;  // made on the first op that uses more than one lane
+  std::array<uint64_t, kMaxLanes> lane_step_{};
 };
 
 }  // namespace pycoll

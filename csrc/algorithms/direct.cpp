@@ -31,30 +31,6 @@ void oneshot_all_reduce(CpuContext& c, const ReduceSpec& spec, const char* in, c
   }
 }
 
-void twoshot_all_reduce(CpuContext& c, const ReduceSpec& spec, const char* in, char* out, int64_t count) {
-  const size_t E = esize(spec.dtype);
-  const size_t region = c.half_bytes() / 2;  // [chunk input | reduced slices]
-  const int64_t chunk = static_cast<int64_t>(region / E);
-  const int n = c.size(), me = c.rank();
-  std::vector<Operand> srcs(n);
-  for (int64_t off = 0; off < count; off += chunk) {
-    const int64_t len = std::min(chunk, count - off);
-    std::memcpy(c.half(me), in + off * E, len * E);
-    c.barrier();
-    // Reduce-scatter: my slice of the chunk, from every peer in rank order.
-    const int64_t a = part_begin(len, n, me), b = part_end(len, n, me);
-    for (int r = 0; r < n; ++r) srcs[r] = {c.half(r) + a * E, false};
-    reduce_operands(spec, c.half(me) + region + a * E, false, srcs.data(), n, b - a, true);
-    c.barrier();
-    // All-gather: every slice from the rank that reduced it.
-    for (int r = 0; r < n; ++r) {
-      const int64_t ra = part_begin(len, n, r), rb = part_end(len, n, r);
-      std::memcpy(out + (off + ra) * E, c.half(r) + region + ra * E, (rb - ra) * E);
-    }
-    ++c.phase;
-  }
-}
-
 void direct_all_gather(CpuContext& c, DType t, const char* in, char* out, int64_t m) {
   const size_t E = esize(t);
   const int64_t chunk = static_cast<int64_t>(c.half_bytes() / E);

@@ -1,7 +1,8 @@
 // Direct algorithms over the shared data regions: every rank publishes its
 // chunk in its own half, one barrier, then every rank reads what it needs
-// straight from its peers' halves. Few steps, so best for small messages and
-// for few ranks on one host.
+// straight from its peers' halves. Few steps, so best for small messages; large
+// all_reduce, all_gather, reduce_scatter and broadcast run pipelined instead
+// (algorithms/pipelined.h).
 #pragma once
 
 #include <cstdint>
@@ -18,10 +19,6 @@ void oneshot_all_reduce(CpuContext& c, const ReduceSpec& spec, const char* in, c
                         bool first_published);
 // Bytes of input that fit one one-shot chunk (the engine's eager publish uses it).
 int64_t oneshot_chunk_elems(const CpuContext& c, DType t);
-
-// Two-shot all-reduce: rank r reduces slice r of the chunk from every peer,
-// then every rank gathers the reduced slices.
-void twoshot_all_reduce(CpuContext& c, const ReduceSpec& spec, const char* in, char* out, int64_t count);
 
 // in: m elements; out: n*m, block r from rank r.
 void direct_all_gather(CpuContext& c, DType t, const char* in, char* out, int64_t m);

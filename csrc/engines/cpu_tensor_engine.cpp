@@ -18,6 +18,9 @@ Algo CpuTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   // "tree" is a different schedule on each engine: the log names this one (the CUDA engine's is
   // the double binary tree, cuda/all_reduce_plan.h).
   if (c.plan_text && ran == Algo::Tree) *c.plan_text = "pipelined_binary_tree";
+  if (c.plan_text && cpu_.last_pipeline_lanes() > 0) {
+    *c.plan_text = "pipelined lanes=" + std::to_string(cpu_.last_pipeline_lanes());
+  }
   return ran;
 }
 

@@ -15,6 +15,8 @@
 namespace pycoll {
 
 constexpr int kMaxRanks = 64;
+// Pipelined ops split a large message into lanes, one per thread of a rank.
+constexpr int kMaxLanes = 16;
 
 // One counter per cache line: the writer and its readers never false-share.
 struct alignas(64) Counter {
@@ -34,8 +36,16 @@ struct OpHeader {
   int64_t root;
   int64_t count;
   int64_t aux;  // op-specific (e.g. largest all_to_all block)
+  int64_t lanes;  // threads this rank offers a pipelined op; the op uses the fewest any rank offers
   int64_t split_bytes[kMaxRanks];  // all_to_all: bytes this rank sends to each peer
   int64_t recv_bytes[kMaxRanks];   // all_to_all: bytes this rank expects from each peer
+};
+
+// One lane of a pipelined op (algorithms/pipelined.h); values are step numbers that only grow.
+struct LaneCounters {
+  Counter staged;    // my slot for step g holds my inputs for it
+  Counter reduced;   // my slot for step g holds the chunk I reduced
+  Counter consumed;  // I have read every peer's slot for step g
 };
 
 struct alignas(64) ControlBlock {
@@ -47,6 +57,7 @@ struct alignas(64) ControlBlock {
   Counter up_consumed;    // tree reduce: I have read my children's segment g
   Counter down_ready;     // tree broadcast: my copy of segment g is published
   Counter down_consumed;  // tree broadcast: I have read my parent's segment g
+  LaneCounters lanes[kMaxLanes];
   OpHeader header[2];     // by op sequence parity
   Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
   Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me

@@ -97,7 +97,7 @@ def fit_entries(rows, dtype, known_pairs=None):
     for r in rows:
         if r["mode"] != "eager" or r["dtype"] != dtype or r.get("error") or r.get("check") == "fail":
             continue
-        if not r.get("time_us"):
+        if not r.get("time_us") or r["backend"] == "floor":  # the memory floor is no backend
             continue
         algo = (r["algo"] or "auto") if r["backend"] == "pycoll" else r["label"]
         groups.setdefault((r["backend"], algo, r["op"]), []).append((r["bytes"], r["time_us"]))

@@ -101,7 +101,11 @@ def add_ratios(rows, baseline):
     """time_ratio = time / baseline time and busbw_ratio = busbw / baseline busbw (the same
     number inverted: >1 means faster than the baseline) at the same op, size, dtype, mode."""
     base = {_key(r): r for r in rows if r["label"] == baseline}
+    floor = {_key(r): r for r in rows if r["label"] == "floor"}
     for r in rows:
+        f = floor.get(_key(r))
+        # CPU runs: the memory floor's time over this row's (bench/floor.py; 1.0 = memory speed)
+        r["floor_fraction"] = f["time_us"] / r["time_us"] if f is not None and r["time_us"] and f["time_us"] else None
         b = base.get(_key(r))
         r["baseline"] = baseline
         r["time_ratio"] = r["busbw_ratio"] = None
@@ -133,6 +137,11 @@ def format_table(rows, meta, cfg, baseline):
     head = (f"{'op':<15}{'size':>9}{'count':>12}  {'backend':<{label_w}}{'time_us':>12}"
             f"{'algbw GB/s':>12}{'busbw GB/s':>12}{ratio_head:>{max(9, len(ratio_head) + 2)}}  check")
     ratio_w = max(9, len(ratio_head) + 2)
+    has_floor = any(r.get("floor_fraction") is not None for r in rows)
+    if has_floor:
+        lines.insert(3, "# of floor = time of the memory floor / time (bench/floor.py: every rank's one-pass "
+                        "torch op over the bytes it must touch; 1 = memory speed)")
+        head = head.replace("  check", f"{'of floor':>10}  check")
     multi_dtype = len(cfg.dtypes) > 1
     prev = None
     for r in rows:
@@ -150,7 +159,8 @@ def format_table(rows, meta, cfg, baseline):
             status = r["check"] or ""
         lines.append(f"{r['op']:<15}{format_size(r['bytes']):>9}{r['count']:>12}  {label:<{label_w}}"
                      f"{_fmt(r['time_us'], '.2f'):>12}{_fmt(r['algbw_gbps'], '.3f'):>12}"
-                     f"{_fmt(r['busbw_gbps'], '.3f'):>12}{_fmt(r['busbw_ratio'], '.2f'):>{ratio_w}}  {status}")
+                     f"{_fmt(r['busbw_gbps'], '.3f'):>12}{_fmt(r['busbw_ratio'], '.2f'):>{ratio_w}}"
+                     + (f"{_fmt(r.get('floor_fraction'), '.2f'):>10}" if has_floor else "") + f"  {status}")
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from . import checker
+from .floor import FLOOR_OPS, measure_floor
 from .ops import COLLECTIVES, REDUCE_OP, skip_reason
 from .progress import make_progress
 from .sizes import format_size
@@ -289,6 +290,17 @@ class RankRunner:
                 r["busbw_gbps"] = r["algbw_gbps"] * coll.busbw_factor(self.world)
         return rows
 
+    def floor_row(self, coll, nbytes, count, dtype, dtype_name, inplace):
+        """The memory floor at this size (floor.py), as a row labelled 'floor'."""
+        ranks_on_host = self.world // max(1, self.cfg.hosts)
+        us, iters = measure_floor(coll.name, count, dtype, self.world, ranks_on_host, self.cfg.budget_s, self.ctrl)
+        algbw = nbytes / us / 1e3
+        return dict(op=coll.name, bytes=nbytes, count=count, dtype=dtype_name,
+                    reduce_op=self.cfg.reduce_op if coll.reduces else None, label="floor", backend="floor",
+                    algo=None, mode="eager", inplace=inplace, warmup=2, iters=iters, time_us=us,
+                    algbw_gbps=algbw, busbw_gbps=algbw * coll.busbw_factor(self.world),
+                    check=None, check_error=None, error=None)
+
     # -- the sweep -------------------------------------------------------------------------
     def prewarm(self):
         """Small all_reduces on every row's group, in alternation, for cfg.prewarm_s seconds
@@ -343,6 +355,8 @@ class RankRunner:
                     for v in self.variants:
                         results.extend(self.measure(v, coll, bufs, ref, nbytes, count, dtype_name, inplace, bar))
                     del bufs, ref
+                    if not self.cuda and op in FLOOR_OPS:
+                        results.append(self.floor_row(coll, nbytes, count, dtype, dtype_name, inplace))
                 per_round.append(results)
         finally:
             bar.close()

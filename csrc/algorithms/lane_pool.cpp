@@ -1,0 +1,97 @@
+#include "algorithms/lane_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+
+#include "common/owned_thread.h"
+#include "common/setting.h"
+#include "transport/transport.h"
+
+namespace pycoll {
+
+namespace {
+
+const IntSetting kCpuThreads("PYCOLL_CPU_THREADS", 0, 0, kMaxLanes, "cpu engine", false, Audience::User,
+                             "Threads per rank for large CPU collectives; 0 = the CPUs in the process's affinity mask "
+                             "divided by the ranks on the host. Ranks that differ use the smallest value.",
+                             "0 (auto)");
+
+int affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+}  // namespace
+
+int cpu_threads_per_rank(int ranks_on_host) {
+  const int64_t configured = kCpuThreads.get();
+  const int threads = configured > 0 ? static_cast<int>(configured) : affinity_cpus() / std::max(1, ranks_on_host);
+  return std::clamp(threads, 1, kMaxLanes);
+}
+
+LanePool::LanePool(int workers) {
+  threads_.reserve(workers);
+  for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { worker_main(i + 1); });
+}
+
+LanePool::~LanePool() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : threads_) join_unless_current(t);
+}
+
+void LanePool::run(int lanes, const std::function<void(int)>& lane) {
+  lanes = std::clamp(lanes, 1, workers() + 1);
+  if (lanes > 1) {
+    std::lock_guard<std::mutex> g(mu_);
+    lane_fn_ = &lane;
+    lanes_ = lanes;
+    running_ = lanes - 1;
+    error_ = nullptr;
+    ++generation_;
+  }
+  if (lanes > 1) start_cv_.notify_all();
+  std::exception_ptr mine;
+  try {
+    lane(0);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  if (lanes > 1) {
+    std::unique_lock<std::mutex> g(mu_);
+    done_cv_.wait(g, [&] { return running_ == 0; });
+    lane_fn_ = nullptr;
+    if (!mine) mine = error_;
+  }
+  if (mine) std::rethrow_exception(mine);
+}
+
+void LanePool::worker_main(int lane) {
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> g(mu_);
+  for (;;) {
+    start_cv_.wait(g, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    if (lane >= lanes_) continue;
+    const std::function<void(int)>* fn = lane_fn_;
+    g.unlock();
+    std::exception_ptr err;
+    try {
+      (*fn)(lane);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    g.lock();
+    if (err && !error_) error_ = err;
+    if (--running_ == 0) done_cv_.notify_all();
+  }
+}
+
+}  // namespace pycoll

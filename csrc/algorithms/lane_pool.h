@@ -1,0 +1,49 @@
+// Worker threads that run the lanes of one pipelined op (algorithms/pipelined.h) at once.
+//
+// A rank that has cores to spare moves a large message faster with several threads: one
+// thread's copies reach a fraction of the memory's bandwidth. Lane 0 runs on the caller, lanes
+// 1.. on persistent workers, so an op pays a wake-up, not a thread start.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace pycoll {
+
+class LanePool {
+ public:
+  explicit LanePool(int workers);
+  ~LanePool();
+  LanePool(const LanePool&) = delete;
+  LanePool& operator=(const LanePool&) = delete;
+
+  int workers() const { return static_cast<int>(threads_.size()); }
+  // Runs lane(0) on the caller and lane(1..lanes-1) on the workers; returns when every lane has
+  // returned and rethrows the first lane's exception. lanes <= workers() + 1.
+  void run(int lanes, const std::function<void(int)>& lane);
+
+ private:
+  void worker_main(int lane);
+
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  uint64_t generation_ = 0;
+  int lanes_ = 0;
+  int running_ = 0;
+  bool stop_ = false;
+  const std::function<void(int)>* lane_fn_ = nullptr;
+  std::exception_ptr error_;
+  std::vector<std::thread> threads_;
+};
+
+// Threads one rank may use for a pipelined op: PYCOLL_CPU_THREADS if set, else the CPUs this
+// process may run on divided by the ranks sharing the host, at least 1, at most kMaxLanes.
+int cpu_threads_per_rank(int ranks_on_host);
+
+}  // namespace pycoll

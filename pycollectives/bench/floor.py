@@ -1,0 +1,59 @@
+"""The memory floor of a CPU collective, measured in the same run: every rank at once runs the
+one-pass torch op over the bytes it must touch at least once, with the threads pycoll gives a rank.
+
+  all_reduce      x.add_(y) over the message (the issue's definition: read the input and one
+                  other operand, write the result)
+  reduce_scatter  torch.sum over the ranks' blocks of the input into the output block (read the
+                  whole input once, write the output once)
+  all_gather      out.copy_(src) over the whole output (every byte of it is written once)
+  broadcast       dst.copy_(src) over the message (a non-root rank writes it once)
+
+pycoll-bench prints, for each row, floor time / row time ("of floor": 1.0 means the row runs at
+the memory's speed; Gloo's fraction is printed too). The floor assumes no byte is moved twice; a
+shared-memory collective also has to cross between cores, so 0.8 of it is a good result.
+"""
+import os
+
+import torch
+
+from .timing import estimate_seconds, time_calls
+
+FLOOR_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+def threads_per_rank(ranks_on_host):
+    """What pycoll's CPU engine gives one rank: PYCOLL_CPU_THREADS, else the CPUs this process
+    may run on divided by the ranks on the host."""
+    configured = int(os.environ.get("PYCOLL_CPU_THREADS", "0") or 0)
+    if configured > 0:
+        return configured
+    return max(1, len(os.sched_getaffinity(0)) // max(1, ranks_on_host))
+
+
+def floor_call(op, count, dtype, world):
+    """A callable running the floor's one-pass op for `op` with `count` elements (the size the
+    benchmark names: the all_gather output, the reduce_scatter input)."""
+    if op == "all_reduce":
+        x, y = torch.ones(count, dtype=dtype), torch.ones(count, dtype=dtype)
+        return lambda: x.add_(y)
+    if op == "reduce_scatter":
+        m = count // world
+        blocks, out = torch.ones(world, m, dtype=dtype), torch.empty(m, dtype=dtype)
+        return lambda: torch.sum(blocks, 0, out=out)
+    if op in ("all_gather", "broadcast"):
+        src, dst = torch.ones(count, dtype=dtype), torch.empty(count, dtype=dtype)
+        return lambda: dst.copy_(src)
+    raise ValueError(f"no memory floor for {op}")
+
+
+def measure_floor(op, count, dtype, world, ranks_on_host, budget_s, ctrl):
+    """(microseconds per call of the floor op run by every rank at once, max over ranks; calls)."""
+    fn = floor_call(op, count, dtype, world)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads_per_rank(ranks_on_host))
+    try:
+        est = ctrl.max(estimate_seconds(fn, 2, False))
+        iters = max(3, min(1000, int(round(budget_s / est)) if est > 0 else 1000))
+        return ctrl.max(time_calls(fn, iters, False, ctrl.barrier)), iters
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,215 @@
+"""The pipelined CPU algorithms (csrc/algorithms/pipelined.h): all_reduce, reduce_scatter,
+all_gather and broadcast of large messages through rings of small slots, one lane per thread.
+
+Sizes are above the size from which the direct ops run pipelined (256 KiB) and odd, so that
+slices, lanes and steps all end unevenly; a small data region (PYCOLL_SHM_BYTES=64K) makes
+tiny slots and so hundreds of steps, which exercises slot reuse; several lanes run with
+PYCOLL_CPU_THREADS, ranks offering different counts. Pipelined ops are mixed with direct, ring
+and tree ops, which share the data region, and every result is checked against a plain torch
+computation and for bitwise identity across ranks.
+"""
+import datetime
+import os
+import random
+import re
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cpu_collectives_util import Cases, reduce_ops
+from ranks import IS_GLOO, quiet, run_ranks, set_algo
+from reference import DTYPES, dist_op, gen, reduce_ref
+
+PIPELINE_BYTES = 300 << 10  # above the pipelined threshold
+
+
+def _elems(dtype, nbytes):
+    return nbytes // torch.empty((), dtype=dtype).element_size()
+
+
+def _premul_factor(cases):
+    g = torch.Generator().manual_seed(cases.seed())
+    return 0.25 + 1.75 * torch.rand((), generator=g, dtype=torch.float64).item()
+
+
+def _check_all_reduce(cases, rank, ws, dtype, op, n):
+    xs = [gen(dtype, op, (n,), cases.seed(r)) for r in range(ws)]
+    factor = _premul_factor(cases) if op == "PREMUL_SUM" else None
+    t = xs[rank].clone()
+    dist.all_reduce(t, op=dist_op(op, factor))
+    ref, bound = reduce_ref(xs, op, dtype, factor)
+    cases.check("all_reduce", t, ref, bound)
+    cases.check_identical(t)
+
+
+def _check_reduce_scatter(cases, rank, ws, dtype, op, m, in_place):
+    big = [gen(dtype, op, (ws * m,), cases.seed(r)) for r in range(ws)]
+    mine = big[rank].clone()
+    got = mine.narrow(0, rank * m, m) if in_place else torch.empty(m, dtype=dtype)
+    dist.reduce_scatter_tensor(got, mine, op=dist_op(op))
+    ref, bound = reduce_ref([b[rank * m:(rank + 1) * m] for b in big], op, dtype)
+    cases.check("reduce_scatter", got, ref, bound)
+
+
+def _check_all_gather(cases, rank, ws, dtype, m, in_place):
+    xs = [gen(dtype, "data", (m,), cases.seed(r)) for r in range(ws)]
+    out = torch.empty(ws * m, dtype=dtype)
+    if in_place:
+        out.narrow(0, rank * m, m).copy_(xs[rank])
+        dist.all_gather_into_tensor(out, out.narrow(0, rank * m, m))
+    else:
+        dist.all_gather_into_tensor(out, xs[rank])
+    cases.check("all_gather", out, torch.cat(xs))
+
+
+def _check_broadcast(cases, rank, ws, dtype, n, root):
+    x = gen(dtype, "data", (n,), cases.seed(root))
+    b = x.clone() if rank == root else torch.zeros(n, dtype=dtype)
+    dist.broadcast(b, src=root)
+    cases.check("broadcast", b, x)
+
+
+def _collectives_rank(rank, ws, seed):
+    quiet()
+    cases = Cases("pipelined", rank, ws, seed)
+    for dtype in DTYPES:
+        n = _elems(dtype, PIPELINE_BYTES) + 3
+        for op in reduce_ops(dtype):
+            with cases.case(op="all_reduce", dtype=dtype, reduce=op, n=n):
+                _check_all_reduce(cases, rank, ws, dtype, op, n)
+        m = _elems(dtype, PIPELINE_BYTES) // ws + 5
+        for op in ("SUM", "MAX"):
+            for in_place in (False, True):
+                with cases.case(op="reduce_scatter", dtype=dtype, reduce=op, m=m, in_place=in_place):
+                    _check_reduce_scatter(cases, rank, ws, dtype, op, m, in_place)
+        for in_place in (False, True):
+            with cases.case(op="all_gather", dtype=dtype, m=m, in_place=in_place):
+                _check_all_gather(cases, rank, ws, dtype, m, in_place)
+        with cases.case(op="broadcast", dtype=dtype, n=n, root=ws - 1):
+            _check_broadcast(cases, rank, ws, dtype, n, ws - 1)
+    # Several MiB: many steps per lane, slices of unequal length.
+    big = 3_000_017
+    for dtype, op in ((torch.float32, "SUM"), (torch.bfloat16, "AVG")):
+        with cases.case(op="all_reduce", dtype=dtype, reduce=op, n=big):
+            _check_all_reduce(cases, rank, ws, dtype, op, big)
+    with cases.case(op="all_reduce strided", n=big):
+        base = gen(torch.float32, "SUM", (2 * big,), cases.seed(rank))
+        view = base[::2]
+        saved = base[1::2].clone()
+        dist.all_reduce(view)
+        ref, bound = reduce_ref([gen(torch.float32, "SUM", (2 * big,), cases.seed(r))[::2] for r in range(ws)],
+                                "SUM", torch.float32)
+        cases.check("strided result", view, ref, bound)
+        cases.check("memory between the strided elements", base[1::2], saved)
+    with cases.case(op="reduce_scatter", n=big):
+        _check_reduce_scatter(cases, rank, ws, torch.float32, "SUM", big // ws + 1, False)
+    with cases.case(op="all_gather", n=big):
+        _check_all_gather(cases, rank, ws, torch.float64, big // ws + 1, False)
+    with cases.case(op="broadcast", n=big, root=0):
+        _check_broadcast(cases, rank, ws, torch.int32, big, 0)
+    return cases.finish()
+
+
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_pipelined_collectives(ws, seed):
+    run_ranks(ws, _collectives_rank, seed, timeout=300)
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_pipelined_tiny_slots(ws, seed):
+    """A 64 KiB data region: slots of a few KiB, hundreds of steps per op, every slot reused."""
+    run_ranks(ws, _collectives_rank, seed, timeout=300, env={"PYCOLL_SHM_BYTES": "64K"})
+
+
+# A random mix of op kinds and sizes, the same on every rank: pipelined ops follow direct,
+# ring and tree ops that use the same shared memory differently.
+MIX_SIZES = [0, 7, 1031, 70_001, 300_007]
+
+
+def _mixed_rank(rank, ws, seed):
+    quiet()
+    cases = Cases("mixed", rank, ws, seed)
+    rng = random.Random(seed)
+    algos = ["auto"] if IS_GLOO else ["auto", "auto", "ring", "tree", "oneshot"]
+    for i in range(40):
+        kind = rng.choice(["all_reduce", "reduce_scatter", "all_gather", "broadcast"])
+        n = rng.choice(MIX_SIZES)
+        algo = rng.choice(algos)
+        if not IS_GLOO:
+            set_algo(algo)
+        with cases.case(i=i, op=kind, n=n, algo=algo):
+            if kind == "all_reduce":
+                _check_all_reduce(cases, rank, ws, torch.float32, "SUM", n)
+            elif kind == "reduce_scatter":
+                _check_reduce_scatter(cases, rank, ws, torch.float32, "SUM", n // ws + 1, False)
+            elif kind == "all_gather":
+                _check_all_gather(cases, rank, ws, torch.float32, n // ws + 1, False)
+            else:
+                _check_broadcast(cases, rank, ws, torch.float32, n, i % ws)
+    if not IS_GLOO:
+        set_algo("auto")
+    return cases.finish()
+
+
+@pytest.mark.parametrize("ws", [3, 4])
+def test_pipelined_mixed_with_other_algorithms(ws, seed):
+    run_ranks(ws, _mixed_rank, seed, timeout=300)
+
+
+LANES_LINE = re.compile(r"\[pycoll \d+/\d+\] (\w+) .*plan=pipelined lanes=(\d+)")
+
+
+def _lanes_rank(rank, ws, seed, expected_lanes):
+    quiet()
+    cases = Cases("lanes", rank, ws, seed)
+    n = (6 << 20) // 4 + 11  # 6 MiB: up to 12 lanes of 512 KiB
+    for dtype, op in ((torch.float32, "SUM"), (torch.float16, "MAX"), (torch.int64, "BXOR")):
+        with cases.case(op="all_reduce", dtype=dtype, reduce=op):
+            _check_all_reduce(cases, rank, ws, dtype, op, n)
+    with cases.case(op="reduce_scatter"):
+        _check_reduce_scatter(cases, rank, ws, torch.float32, "SUM", n // ws, True)
+    with cases.case(op="all_gather"):
+        _check_all_gather(cases, rank, ws, torch.float32, n // ws, False)
+    with cases.case(op="broadcast"):
+        _check_broadcast(cases, rank, ws, torch.float32, n, 1)
+    if not IS_GLOO:
+        sys.stderr.flush()
+        with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
+            lanes = {int(m.group(2)) for m in LANES_LINE.finditer(f.read())}
+        cases.expect(lanes == {expected_lanes}, f"lanes logged {lanes}, expected {{{expected_lanes}}}")
+    return cases.finish()
+
+
+@pytest.mark.pycoll_only
+def test_pipelined_lanes_use_the_fewest_threads_offered(seed):
+    """Rank 0 offers 3 threads, rank 1 offers 4: every op runs 3 lanes, on worker threads."""
+    run_ranks(2, _lanes_rank, seed, 3, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
+              rank_env=[{"PYCOLL_CPU_THREADS": "3"}, {"PYCOLL_CPU_THREADS": "4"}])
+
+
+def _dies_in_pipeline_rank(rank, ws):
+    quiet()
+    x = torch.ones((8 << 20) // 4)
+    dist.all_reduce(x)
+    if rank == ws - 1:
+        os._exit(17)
+    t0 = time.monotonic()
+    try:
+        for _ in range(3):  # the first may already fail; must not hang
+            dist.all_reduce(x)
+    except RuntimeError as e:
+        took = time.monotonic() - t0
+        assert took < 20, f"raised only after {took:.1f}s: {e}"
+        assert re.search(r"rank \d exited|timed out", str(e)), str(e)
+        return took
+    raise AssertionError("a pipelined all_reduce with a dead peer did not raise")
+
+
+@pytest.mark.pycoll_only
+@pytest.mark.parametrize("ws", [2, 3])
+def test_peer_dying_during_pipelined_ops_raises(ws):
+    run_ranks(ws, _dies_in_pipeline_rank, pg_timeout=datetime.timedelta(seconds=5),
+              expect_exit={ws - 1: 17}, timeout=60)
