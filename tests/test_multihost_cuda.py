@@ -94,8 +94,9 @@ def _every_op(rank, ws, layout):
         x = _input(torch.float32, rank, 99, 9)
         y = x.to(dev)
         dist.reduce(y, dst=root, op=R.SUM)
+        want = _gloo_all_reduce(x, R.SUM, gloo)  # a collective: every rank calls it
         if rank == root:
-            assert torch.equal(y.cpu(), _gloo_all_reduce(x, R.SUM, gloo)), (layout, "reduce", root)
+            assert torch.equal(y.cpu(), want), (layout, "reduce", root)
     send = [rank + q + 1 for q in range(ws)]
     recv = [q + rank + 1 for q in range(ws)]
     src = torch.arange(sum(send), dtype=torch.int64) + 1000 * rank

@@ -118,13 +118,6 @@ HierarchicalEngine::HierarchicalEngine(Engine& local, const HostLayout& layout, 
 
 bool HierarchicalEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& device) {
   if (device.is_cuda() != on_device_) return false;
-  // On NCCL only what ran on GPUs between simulated hosts (tests/test_multihost_cuda.py): a
-  // reduce to one root hung there (the root's NCCL kernel never finished while the other rank's
-  // had), so reduce, all_to_all, gather and scatter of CUDA tensors still go through host memory
-  // and Gloo (the backend's staged engine) until they are verified.
-  if (on_device_ && op != OpCode::AllReduce && op != OpCode::ReduceScatter && op != OpCode::AllGather &&
-      op != OpCode::Broadcast)
-    return false;
   if (moves_as_bytes(op)) return true;
   if (!reducible_dtype(dtype).has_value()) return false;
   // The local phases of a reduction run on the host's engine: a dtype its kernels do not reduce
