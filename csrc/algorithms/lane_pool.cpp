@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/owned_thread.h"
 #include "common/setting.h"
@@ -16,6 +17,21 @@ const IntSetting kCpuThreads("PYCOLL_CPU_THREADS", 0, 0, kMaxLanes, "cpu engine"
                              "Threads per rank for large CPU collectives; 0 = the CPUs in the process's affinity mask "
                              "divided by the ranks on the host. Ranks that differ use the smallest value.",
                              "0 (auto)");
+
+// How long a worker (or the caller) spins for the next op (or the workers) before it sleeps.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+// Spins until pred() or kSpin has passed; true if pred() held.
+template <typename Pred>
+bool spin_for(Pred pred) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  do {
+    for (int i = 0; i < 64; ++i) {
+      if (pred()) return true;
+    }
+  } while (std::chrono::steady_clock::now() < until);
+  return pred();
+}
 
 int affinity_cpus() {
   cpu_set_t set;
@@ -52,9 +68,9 @@ void LanePool::run(int lanes, const std::function<void(int)>& lane) {
     std::lock_guard<std::mutex> g(mu_);
     lane_fn_ = &lane;
     lanes_ = lanes;
-    running_ = lanes - 1;
+    running_.store(lanes - 1);
     error_ = nullptr;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   if (lanes > 1) start_cv_.notify_all();
   std::exception_ptr mine;
@@ -64,8 +80,9 @@ void LanePool::run(int lanes, const std::function<void(int)>& lane) {
     mine = std::current_exception();
   }
   if (lanes > 1) {
+    spin_for([&] { return running_.load(std::memory_order_acquire) == 0; });
     std::unique_lock<std::mutex> g(mu_);
-    done_cv_.wait(g, [&] { return running_ == 0; });
+    done_cv_.wait(g, [&] { return running_.load() == 0; });
     lane_fn_ = nullptr;
     if (!mine) mine = error_;
   }
@@ -76,7 +93,12 @@ void LanePool::worker_main(int lane) {
   uint64_t seen = 0;
   std::unique_lock<std::mutex> g(mu_);
   for (;;) {
-    start_cv_.wait(g, [&] { return stop_ || generation_ != seen; });
+    if (!stop_ && generation_.load() == seen) {
+      g.unlock();
+      spin_for([&] { return generation_.load(std::memory_order_acquire) != seen; });
+      g.lock();
+    }
+    start_cv_.wait(g, [&] { return stop_ || generation_.load() != seen; });
     if (stop_) return;
     seen = generation_;
     if (lane >= lanes_) continue;
@@ -90,7 +112,7 @@ void LanePool::worker_main(int lane) {
     }
     g.lock();
     if (err && !error_) error_ = err;
-    if (--running_ == 0) done_cv_.notify_all();
+    if (running_.fetch_sub(1) == 1) done_cv_.notify_all();
   }
 }
 

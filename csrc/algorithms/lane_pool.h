@@ -2,9 +2,12 @@
 //
 // A rank that has cores to spare moves a large message faster with several threads: one
 // thread's copies reach a fraction of the memory's bandwidth. Lane 0 runs on the caller, lanes
-// 1.. on persistent workers, so an op pays a wake-up, not a thread start.
+// 1.. on persistent workers, so an op pays a wake-up, not a thread start; workers and caller spin
+// for a moment (kSpin) before they sleep, because back-to-back ops (a training step's buckets)
+// would otherwise pay a futex wake-up of tens of microseconds each.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -33,9 +36,9 @@ class LanePool {
   std::mutex mu_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};  // written under mu_, read by spinning workers
   int lanes_ = 0;
-  int running_ = 0;
+  std::atomic<int> running_{0};
   bool stop_ = false;
   const std::function<void(int)>* lane_fn_ = nullptr;
   std::exception_ptr error_;
