@@ -13,7 +13,7 @@ std::mutex& table_mutex() {
 }
 
 // Provisional constants for 2-4 CPU ranks on one host, from pycoll-bench runs
-// on the 2-core CI machine (benchmarks/results/2026-11-26-amd-epyc-pycoll-vs-gloo-np2.json): one-shot wins
+// on the 2-core CI machine (measured 2026-11-26, before the two-shot was pipelined; not refitted since): one-shot wins
 // below ~32 KiB (one barrier), two-shot above (each rank reads 1/n of the data).
 // Ring and tree are never cheaper on shared memory; they exist to be compared.
 std::vector<CostEntry>& table() {
