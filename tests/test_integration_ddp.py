@@ -10,9 +10,11 @@ the parameters are bitwise identical on every rank after training.
 """
 
 import copy
+import gc
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from integration_util import (
@@ -161,6 +163,13 @@ def _ddp_rank(rank, ws, device, variant, seed):
         x = randn((BATCH,) + in_shape, seed, "eval", device=dev)
         out["eval_out"] = to_cpu(ddp(x))
         out["eval_buffers"] = to_cpu(dict(ddp.module.named_buffers()))
+    # Finish and free the training state here, on the main thread, before the group goes: under
+    # torch's Gloo a comm hook's future callback freed on one of Gloo's threads can drop the last
+    # reference to the group there, whose destructor then joins that very thread (seen once in
+    # CI, the Gloo reference run of hook_powersgd: "Resource deadlock avoided", SIGABRT).
+    dist.barrier()
+    del ddp, opt
+    gc.collect()
     return out
 
 

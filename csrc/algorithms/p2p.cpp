@@ -17,6 +17,17 @@ struct MessageHeader {
 };
 }  // namespace
 
+struct PointToPoint::AnySource {
+  int64_t tag;
+  char* data;
+  int64_t bytes;
+  DoneFrom done;
+  std::chrono::steady_clock::time_point deadline;
+  std::atomic<bool> claimed{false};
+  // The lane that claims it calls done exactly once.
+  bool claim() { return !claimed.exchange(true); }
+};
+
 PointToPoint::PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort)
     : t_(t), timeout_(timeout), abort_(abort) {
   send_lanes_.resize(t.size());
@@ -70,11 +81,94 @@ void PointToPoint::post(Lanes& lanes, int peer, Request req, bool send) {
 }
 
 void PointToPoint::post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done) {
-  post(send_lanes_, dst, Request{tag, const_cast<char*>(data), bytes, std::move(done)}, true);
+  post(send_lanes_, dst, Request{tag, const_cast<char*>(data), bytes, std::move(done), nullptr}, true);
 }
 
 void PointToPoint::post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done) {
-  post(recv_lanes_, src, Request{tag, data, bytes, std::move(done)}, false);
+  post(recv_lanes_, src, Request{tag, data, bytes, std::move(done), nullptr}, false);
+}
+
+void PointToPoint::post_recv_any(int64_t tag, char* data, int64_t bytes, DoneFrom done) {
+  auto any = std::make_shared<AnySource>();
+  any->tag = tag;
+  any->data = data;
+  any->bytes = bytes;
+  any->done = std::move(done);
+  any->deadline = std::chrono::steady_clock::now() + timeout_;
+  const int me = t_.rank();
+  if (t_.size() == 1) {
+    any->done(-1, std::make_exception_ptr(std::runtime_error(
+                      "pycoll::recv: receiving from any source in a group of one rank: no peer can send")));
+    return;
+  }
+  for (int src = 0; src < t_.size(); ++src) {
+    if (src != me) post(recv_lanes_, src, Request{tag, data, bytes, nullptr, any}, false);
+  }
+}
+
+void PointToPoint::serve_any(int src, Lane& lane, const std::shared_ptr<AnySource>& any) {
+  auto size_error = [&](int64_t sent) {
+    return std::make_exception_ptr(std::runtime_error(str("pycoll::recv: rank ", src, " sent ", sent,
+                                                          " bytes with tag ", any->tag, " but this receive expects ",
+                                                          any->bytes, " bytes")));
+  };
+  // A message that arrived before this receive was posted.
+  auto it = lane.early.find(any->tag);
+  if (it != lane.early.end() && !it->second.empty()) {
+    if (!any->claim()) return;
+    std::vector<char> msg = std::move(it->second.front());
+    it->second.pop_front();
+    std::exception_ptr err;
+    if (static_cast<int64_t>(msg.size()) != any->bytes) {
+      err = size_error(static_cast<int64_t>(msg.size()));
+    } else if (any->bytes > 0) {
+      std::memcpy(any->data, msg.data(), msg.size());
+    }
+    any->done(src, err);
+    return;
+  }
+  const int me = t_.rank();
+  auto& written = t_.control(src).p2p_written[me].value;
+  auto& read = t_.control(me).p2p_read[src].value;
+  while (!any->claimed.load()) {
+    if (written.load(std::memory_order_acquire) == read.load(std::memory_order_relaxed)) {
+      bool stopping;
+      {
+        std::lock_guard<std::mutex> g(lane.mu);
+        stopping = lane.stop;
+      }
+      const bool aborted = stopping || (abort_ && abort_->load());
+      if (aborted || std::chrono::steady_clock::now() > any->deadline) {
+        if (any->claim()) {
+          any->done(-1, std::make_exception_ptr(GroupBroken(
+                            aborted ? "pycoll::recv from any source: the group was aborted or destroyed"
+                                    : str("pycoll::recv from any source: timed out after ", timeout_.count(),
+                                          " ms with no message with tag ", any->tag, " from any peer"))));
+        }
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      continue;
+    }
+    // A message has started: read it whole (the sender is writing it).
+    MessageHeader h{};
+    read_stream(src, reinterpret_cast<char*>(&h), sizeof(h));
+    if (h.tag == any->tag && any->claim()) {
+      std::exception_ptr err;
+      if (h.bytes != any->bytes) {
+        std::vector<char> sink(static_cast<size_t>(h.bytes));  // keep the stream in step
+        read_stream(src, sink.data(), h.bytes);
+        err = size_error(h.bytes);
+      } else {
+        read_stream(src, any->data, h.bytes);
+      }
+      any->done(src, err);
+      return;
+    }
+    std::vector<char> msg(static_cast<size_t>(h.bytes));
+    read_stream(src, msg.data(), h.bytes);
+    lane.early[h.tag].push_back(std::move(msg));
+  }
 }
 
 void PointToPoint::write_stream(int dst, const char* p, int64_t n) {
@@ -159,6 +253,17 @@ void PointToPoint::send_loop(int dst, Lane& lane) {
 void PointToPoint::recv_loop(int src, Lane& lane) {
   Request req;
   while (next(lane, req)) {
+    if (req.any) {
+      try {
+        if (lane.broken) std::rethrow_exception(lane.broken);
+        serve_any(src, lane, req.any);
+      } catch (...) {
+        lane.broken = std::current_exception();
+        if (req.any->claim()) req.any->done(src, lane.broken);
+      }
+      req = Request{};
+      continue;
+    }
     std::exception_ptr err = lane.broken;
     auto size_error = [&](int64_t sent) {
       return std::make_exception_ptr(std::runtime_error(

@@ -11,6 +11,11 @@
 // match the next message buffers that message (heap copy) until a receive
 // with its tag is posted: tags may be received in any order.
 //
+// A receive from any source is posted to every source's lane; each lane polls its channel
+// without blocking until one of them finds a message with the tag and claims the receive (the
+// others buffer what they read meanwhile, as for any unexpected message). Matching stays in
+// posting order per source: requests posted on a lane after it wait behind it.
+//
 // A lane thread may destroy this object itself (its finished request held the
 // last reference to the group): lanes are shared with their threads, and the
 // destructor detaches the calling thread instead of joining it.
@@ -44,13 +49,18 @@ class PointToPoint {
   // `data` must stay valid until `done` runs (on a p2p thread).
   void post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done);
   void post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done);
+  // A receive from whichever peer first sends a message with `tag`; `done` gets that peer.
+  using DoneFrom = std::function<void(int src, std::exception_ptr)>;
+  void post_recv_any(int64_t tag, char* data, int64_t bytes, DoneFrom done);
 
  private:
+  struct AnySource;  // a receive from any source, shared by every source's lane
   struct Request {
     int64_t tag;
     char* data;
     int64_t bytes;
     Done done;
+    std::shared_ptr<AnySource> any;  // set for a receive from any source (then `done` is unused)
   };
   struct Lane {  // one peer, one direction
     std::mutex mu;
@@ -67,6 +77,8 @@ class PointToPoint {
   static bool next(Lane& lane, Request& req);
   void send_loop(int dst, Lane& lane);
   void recv_loop(int src, Lane& lane);
+  // This lane's part of a receive from any source: returns once the receive is claimed.
+  void serve_any(int src, Lane& lane, const std::shared_ptr<AnySource>& any);
   void write_stream(int dst, const char* p, int64_t n);
   void read_stream(int src, char* p, int64_t n);
 

@@ -44,8 +44,36 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::point_to_point(bool is_send, 
   return host_p2p(is_send, op, t, peer, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {
-  TORCH_CHECK(false, "pycoll::recv: receiving from any source is not supported; pass src=");
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const char* op = "pycoll::recv";
+  check_one_tensor(op, tensors);
+  const at::Tensor t = tensors[0];
+  check_dense(op, t, "tensor");
+  check_usable(op);
+  // Sends of CUDA tensors travel on the CUDA engine, and across hosts on Gloo: a receive from any
+  // source watches the CPU engine's channels, so it serves CPU tensors in a group on one host.
+  TORCH_CHECK(t.is_cpu(), "pycoll::recv: receiving from any source (no src=) supports CPU tensors; got a ",
+              t.device().str(), " tensor: pass src=");
+  TORCH_CHECK(!hosts_, "pycoll::recv: receiving from any source (no src=) is not supported in a group across hosts: "
+                       "pass src=");
+  const bool in_place = t.is_contiguous();
+  at::Tensor buf = in_place ? t : at::empty(t.sizes(), t.options());
+  auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::RECVANYSOURCE, op, ++issued_,
+                                              std::vector<at::Tensor>{t}, std::vector<c10::Device>{});
+  cpu_->p2p().post_recv_any(tag, static_cast<char*>(buf.data_ptr()), static_cast<int64_t>(buf.nbytes()),
+                            [work, buf, t](int src, std::exception_ptr err) {
+                              if (!err && !buf.is_same(t)) {
+                                try {
+                                  t.copy_(buf);
+                                } catch (...) {
+                                  err = std::current_exception();
+                                }
+                              }
+                              if (src >= 0) work->set_source_rank(src);
+                              work->mark_done(err);
+                              CompletionPool::instance().post([work] { work->settle_future(); });
+                            });
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::inter_host_p2p(bool is_send, const at::Tensor& t, int peer,

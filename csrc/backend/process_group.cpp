@@ -103,6 +103,10 @@ ProcessGroupPycoll::~ProcessGroupPycoll() {
   hierarchical_.reset();
   cpu_tensors_.reset();
   cpu_.reset();
+  // The inter-host sub-groups too, still without the GIL: Gloo's destructor joins its threads,
+  // and one of them may be freeing a finished op's tensor that Python has seen, which takes the
+  // GIL (a rank hung so in destroy_process_group, tests/test_multihost.py, 2+1 layout).
+  hosts_.reset();
 }
 
 void ProcessGroupPycoll::setTimeout(std::chrono::milliseconds timeout) {

@@ -72,6 +72,12 @@ std::exception_ptr PycollWork::exception() const {
 
 std::vector<at::Tensor> PycollWork::result() { return outputs_; }
 
+int PycollWork::sourceRank() const {
+  const int r = source_rank_.load();
+  TORCH_CHECK(r >= 0, op_name_, ": the source rank is known only for a receive from any source that completed");
+  return r;
+}
+
 bool PycollWork::wait(std::chrono::milliseconds timeout) {
   {
     std::unique_lock<std::mutex> lk(mutex_);

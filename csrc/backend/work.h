@@ -9,6 +9,8 @@
 // after wait()), without waiting for the callbacks.
 #pragma once
 
+#include <atomic>
+
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -39,6 +41,9 @@ class PycollWork : public c10d::Work {
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
+  // A receive from any source: the peer it came from (set before mark_done).
+  int sourceRank() const override;
+  void set_source_rank(int rank) { source_rank_.store(rank); }
 
   // Engine side: the op finished (err == nullptr) or failed.
   void mark_done(std::exception_ptr err);
@@ -54,6 +59,7 @@ class PycollWork : public c10d::Work {
  private:
   std::string op_name_;
   uint64_t seq_;
+  std::atomic<int> source_rank_{-1};
   std::vector<at::Tensor> outputs_;
   std::vector<c10::Device> devices_;
   std::mutex future_mu_;

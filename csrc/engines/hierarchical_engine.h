@@ -18,8 +18,15 @@
 //   3. all-gather inside the host.
 //   AVG runs as SUM on both levels and divides once at the end. Every rank ends with the same
 //   bits: each shard is reduced once, by one rail, and copied to the others.
-// reduce_scatter runs the all_reduce above and keeps this rank's block. The other ops, and every
-// op of a group whose hosts have different rank counts, run flat on the inter-host engine.
+// reduce_scatter of n blocks of m elements (same layout):
+//   1. the input's blocks reordered so that the N blocks of rail l sit side by side;
+//   2. reduce-scatter inside the host: local rank l holds the host's sum of rail l's blocks;
+//   3. reduce-scatter of those N blocks along rail l: this rank's block, (N-1) m elements
+//      crossing hosts per rank (half of what the all_reduce form would send).
+//   Bitwise ops on NCCL (which has none) run the all_reduce above and keep this rank's block.
+// CUDA all_reduce below 128 KiB runs flat (NCCL's one call beats three phases there). The other
+// ops, and every op of a group whose hosts have different rank counts, run flat on the
+// inter-host engine.
 #pragma once
 
 #include <optional>
@@ -50,6 +57,9 @@ class HierarchicalEngine : public Engine {
   // `call`: the op as the user called it (its signature is compared across hosts).
   void all_reduce(const Collective& call, const at::Tensor& in, const at::Tensor& out, ReduceKind op,
                   const c10::Stream& stream, bool* hierarchical);
+  Algo reduce_scatter(const Collective& c, const c10::Stream& stream);
+  // The group ranks in the order step 1 of reduce_scatter puts their blocks (on `device`).
+  const at::Tensor& block_order(const at::Device& device);
   // Starts comparing c with every rank's call (flat group); nullopt where not checked.
   std::optional<CallCheck> start_check(const Collective& c);
   Algo run_flat(const Collective& c);
@@ -62,6 +72,7 @@ class HierarchicalEngine : public Engine {
   int size_;
   bool on_device_;
   bool check_calls_;  // PYCOLL_CHECK_ACROSS_HOSTS
+  at::Tensor block_order_;
 };
 
 }  // namespace pycoll

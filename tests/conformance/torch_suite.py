@@ -41,10 +41,6 @@ EXPECTED_FAILURES = {
     # "custom" for every third-party backend (torch/csrc/distributed/c10d/ProcessGroup.hpp,
     # ProcessGroup::backendTypeToString), while the test expects dist.get_backend() = "pycoll".
     "test_ddp_logging_data_cpu": "torch names every third-party backend 'custom' in DDP's logging data",
-    # pycoll has no receive from any source yet (ProcessGroupPycoll::recvAnysource raises).
-    "test_send_recv_any_source": "recv without src is not implemented (issue 21)",
-    "test_send_recv_any_source_autograd_profiler": "recv without src is not implemented (issue 21)",
-    "test_send_recv_any_source_torch_profiler": "recv without src is not implemented (issue 21)",
 }
 for _name in EXPECTED_FAILURES:
     setattr(TestDistBackendWithSpawnPYCOLL, _name,
