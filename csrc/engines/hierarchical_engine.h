@@ -24,7 +24,7 @@
 //   3. reduce-scatter of those N blocks along rail l: this rank's block, (N-1) m elements
 //      crossing hosts per rank (half of what the all_reduce form would send).
 //   Bitwise ops on NCCL (which has none) run the all_reduce above and keep this rank's block.
-// CUDA all_reduce below 128 KiB runs flat (NCCL's one call beats three phases there). The other
+// CUDA reduce_scatter below 32 KiB and CUDA all_reduce below 128 KiB run flat (NCCL's one call beats three phases there). The other
 // ops, and every op of a group whose hosts have different rank counts, run flat on the
 // inter-host engine.
 #pragma once
