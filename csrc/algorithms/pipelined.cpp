@@ -82,6 +82,17 @@ Span lane_span(int64_t range_begin, int64_t count, int lanes, int lane) {
   return {range_begin + b, part_end(count, lanes, lane) - b};
 }
 
+// Runs step(g, at, len) for each chunk of `span` in order (g: the lane's step number, [at, at + len):
+// the chunk), then advances the lane's step counter. Returns the step after the last.
+template <typename Step>
+uint64_t for_each_step(Pipeline& p, int lane, const Span& span, int64_t chunk, Step&& step) {
+  const int64_t steps = ceil_div(span.len, chunk);
+  const uint64_t g0 = p.lane_step[lane];
+  for (int64_t k = 0; k < steps; ++k) step(g0 + k, span.begin + k * chunk, std::min(chunk, span.len - k * chunk));
+  p.lane_step[lane] = g0 + steps;
+  return g0 + steps;
+}
+
 void run_lanes(Pipeline& p, const std::function<void(int)>& lane) {
   if (p.lanes <= 1 || p.pool == nullptr) {
     lane(0);
@@ -145,15 +156,10 @@ void pipelined_reduce_scatter(Pipeline& p, const ReduceSpec& spec, const char* i
   const int n = p.t.size(), me = p.t.rank();
   run_lanes(p, [&](int lane) {
     LaneRing ring(p, lane, n, E);  // sub-slot q: my block q for rank q
-    const int64_t chunk = ring.chunk();
-    const Span span = lane_span(0, m, p.lanes, lane);
-    const int64_t steps = ceil_div(span.len, chunk);
     std::vector<Operand> srcs(n);
     const uint64_t g0 = p.lane_step[lane];
-    for (int64_t k = 0; k < steps; ++k) {
-      const uint64_t g = g0 + k;
-      const int64_t at = span.begin + k * chunk;
-      const int64_t len = std::min(chunk, span.len - k * chunk);
+    const uint64_t end = for_each_step(p, lane, lane_span(0, m, p.lanes, lane), ring.chunk(),
+                                       [&](uint64_t g, int64_t at, int64_t len) {
       ring.wait_slot_free(g);
       for (int q = 0; q < n; ++q) {
         if (q != me) std::memcpy(ring.sub(me, g, q), in + (q * m + at) * E, len * E);
@@ -163,9 +169,8 @@ void pipelined_reduce_scatter(Pipeline& p, const ReduceSpec& spec, const char* i
       for (int r = 0; r < n; ++r) srcs[r] = {r == me ? in + (me * m + at) * E : ring.sub(r, g, me), false};
       reduce_operands(spec, out + at * E, false, srcs.data(), n, len, true);
       ring.publish(&LaneCounters::consumed, g + 1);
-    }
-    p.lane_step[lane] = g0 + steps;
-    if (steps > 0) ring.wait_peers(&LaneCounters::consumed, g0 + steps, "pipeline: peers finishing");
+    });
+    if (end > g0) ring.wait_peers(&LaneCounters::consumed, end, "pipeline: peers finishing");
   });
 }
 
@@ -175,14 +180,9 @@ void pipelined_all_gather(Pipeline& p, DType t, const char* in, char* out, int64
   const bool in_place = in == out + me * m * E;
   run_lanes(p, [&](int lane) {
     LaneRing ring(p, lane, 1, E);
-    const int64_t chunk = ring.chunk();
-    const Span span = lane_span(0, m, p.lanes, lane);
-    const int64_t steps = ceil_div(span.len, chunk);
     const uint64_t g0 = p.lane_step[lane];
-    for (int64_t k = 0; k < steps; ++k) {
-      const uint64_t g = g0 + k;
-      const int64_t at = span.begin + k * chunk;
-      const int64_t len = std::min(chunk, span.len - k * chunk);
+    const uint64_t end = for_each_step(p, lane, lane_span(0, m, p.lanes, lane), ring.chunk(),
+                                       [&](uint64_t g, int64_t at, int64_t len) {
       ring.wait_slot_free(g);
       std::memcpy(ring.sub(me, g, 0), in + at * E, len * E);
       ring.publish(&LaneCounters::staged, g + 1);
@@ -193,9 +193,8 @@ void pipelined_all_gather(Pipeline& p, DType t, const char* in, char* out, int64
         std::memcpy(out + (q * m + at) * E, ring.sub(q, g, 0), len * E);
       }
       ring.publish(&LaneCounters::consumed, g + 1);
-    }
-    p.lane_step[lane] = g0 + steps;
-    if (steps > 0) ring.wait_peers(&LaneCounters::consumed, g0 + steps, "pipeline: peers finishing");
+    });
+    if (end > g0) ring.wait_peers(&LaneCounters::consumed, end, "pipeline: peers finishing");
   });
 }
 
@@ -204,14 +203,9 @@ void pipelined_broadcast(Pipeline& p, DType t, char* buf, int64_t count, int roo
   const int me = p.t.rank();
   run_lanes(p, [&](int lane) {
     LaneRing ring(p, lane, 1, E);
-    const int64_t chunk = ring.chunk();
-    const Span span = lane_span(0, count, p.lanes, lane);
-    const int64_t steps = ceil_div(span.len, chunk);
     const uint64_t g0 = p.lane_step[lane];
-    for (int64_t k = 0; k < steps; ++k) {
-      const uint64_t g = g0 + k;
-      const int64_t at = span.begin + k * chunk;
-      const int64_t len = std::min(chunk, span.len - k * chunk);
+    const uint64_t end = for_each_step(p, lane, lane_span(0, count, p.lanes, lane), ring.chunk(),
+                                       [&](uint64_t g, int64_t at, int64_t len) {
       if (me == root) {
         ring.wait_slot_free(g);
         std::memcpy(ring.sub(me, g, 0), buf + at * E, len * E);
@@ -222,9 +216,8 @@ void pipelined_broadcast(Pipeline& p, DType t, char* buf, int64_t count, int roo
         std::memcpy(buf + at * E, ring.sub(root, g, 0), len * E);
         ring.publish(&LaneCounters::consumed, g + 1);
       }
-    }
-    p.lane_step[lane] = g0 + steps;
-    if (me == root && steps > 0) ring.wait_peers(&LaneCounters::consumed, g0 + steps, "pipeline: peers finishing");
+    });
+    if (me == root && end > g0) ring.wait_peers(&LaneCounters::consumed, end, "pipeline: peers finishing");
   });
 }
 
