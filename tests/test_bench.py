@@ -221,7 +221,7 @@ def test_checker_catches_wrong_result():
 
     checker = _bench_module("checker")
     world, count = 3, 48
-    for op in ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "sendrecv"):
+    for op in ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "send"):
         for dtype in (torch.float32, torch.bfloat16, torch.int8):
             for reduce_op in ("sum", "prod", "max"):
                 ref = checker.expected(op, 1, world, count, dtype, "cpu", reduce_op, root=1)
@@ -244,6 +244,21 @@ def test_checker_catches_wrong_result():
     assert checker.compare(ref * (1 + 1e-3), ref, exact=False) is None
     assert checker.compare(ref + 0.5, ref, exact=False) is not None
     assert checker.expected("reduce", 0, world, count, torch.float32, "cpu", root=1) is None
+    # send: rank 2i sends to 2i+1; senders (and the idle last rank of an odd world) check nothing
+    assert checker.expected("send", 0, world, count, torch.float32, "cpu") is None
+    assert checker.expected("send", 2, world, count, torch.float32, "cpu") is None
+    assert torch.equal(checker.expected("send", 1, world, count, torch.float32, "cpu"), ins[0])
+
+
+def test_one_direction_send_rows(tmp_path):
+    """`--ops send` times back-to-back dist.send/dist.recv from rank 2i to 2i+1 and checks what
+    each receiver got; with 3 ranks the last idles."""
+    proc = run_cli(["--backends", ",".join(BACKENDS), "--nproc", "3", "--ops", "send", "-b", "8", "-e", "256K",
+                    "-f", "32", "--check", "--budget", "0.01", "--no-save", "--no-progress"], tmp_path)
+    assert proc.returncode == 0, _describe(proc)
+    rows = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("send ")]
+    assert len(rows) == 4 * len(BACKENDS), proc.stdout  # 8 B, 256 B, 8 KiB, 256 KiB
+    assert all(r[-1] == "ok" for r in rows), proc.stdout
 
 
 @pytest.mark.parametrize("argv", [

@@ -29,8 +29,6 @@ namespace {
 
 using cuda_ipc::kCollBlocks;
 using cuda_ipc::kMaxRanks;
-using cuda_ipc::kP2PBlocks;
-using cuda_ipc::kP2PSlotBytes;
 using KOp = kernels::ReduceOp;
 
 #define PYCOLL_CUDA_OK(expr, op, what) PYCOLL_CUDA_CHECK(expr, "pycoll::", op, ": ", what)
@@ -271,8 +269,11 @@ void launch_reduce_checked(const gpu::Geometry& g, cudaStream_t stream, kernels:
 }
 
 void launch_copy_checked(int grid, cudaStream_t stream, const kernels::CopyArgs& a, bool early, const char* op) {
-  TORCH_CHECK(grid >= 1 && grid <= a.h.layout.coll.nblocks, "pycoll::", op, ": bad launch geometry (", grid,
-              " CTAs)");
+  // all_to_all runs two CTAs per channel (a sender and a receiver); every other mode one.
+  const bool paired = a.mode == kernels::CopyMode::AllToAll;
+  const int channels = paired ? grid / 2 : grid;
+  TORCH_CHECK(grid >= 1 && channels <= a.h.layout.coll.nblocks && (!paired || grid % 2 == 0), "pycoll::", op,
+              ": bad launch geometry (", grid, " CTAs)");
   PYCOLL_CUDA_OK(gpu::launch_copy(grid, stream, a, early), op, "kernel launch");
 }
 
@@ -510,24 +511,33 @@ void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::ve
     a.recv_bytes[q] = recv_bytes[q];
     a.recv_off[q] = recv_offsets[q];
   }
-  launch_copy_checked(gpu::kAllToAllBlocks, stream, a, early_launch_, kOp);
+  const int channels = std::min({gpu::kAllToAllChannels, int(ws_->layout().coll.nblocks), std::max(1, sms_ / 2)});
+  launch_copy_checked(2 * channels, stream, a, early_launch_, kOp);
 }
 
 namespace {
 
-kernels::P2PArgs make_p2p_args(const cuda_ipc::DeviceHandle& h, void* buf, int64_t bytes, int peer, bool is_send) {
+kernels::P2PArgs make_p2p_args(const cuda_ipc::DeviceHandle& h, void* buf, int64_t bytes, int peer, bool is_send,
+                               const gpu::Geometry& g) {
   kernels::P2PArgs a{};
   a.h = h;
   a.peer = peer;
   a.is_send = is_send ? 1 : 0;
   a.buf = buf;
   a.bytes = bytes;
-  a.chunk = kP2PSlotBytes;
-  a.nchunks = ceil_div(bytes, kP2PSlotBytes);
+  a.chunk = g.chunk;
+  a.nchunks = g.nchunks;
+  a.blocks = g.blocks;
   return a;
 }
 
 }  // namespace
+
+gpu::Geometry CudaEngine::plan_p2p(int64_t bytes) const {
+  const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
+  const int max_blocks = std::min({gpu::kP2PMaxBlocks, int(p2p.nblocks), std::max(1, sms_ / 2)});
+  return gpu::plan_p2p(bytes, p2p.slot_bytes, max_blocks, gpu::kP2PMinChunkBytes);
+}
 
 void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
   const char* kOp = "send";
@@ -538,9 +548,8 @@ void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
   if (bytes == 0) return;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
-  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, true);
-  const int grid = int(std::min<int64_t>(kP2PBlocks, a.nchunks));
-  PYCOLL_CUDA_OK(gpu::launch_p2p(grid, stream, a, early_launch_), kOp, "kernel launch");
+  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, true, plan_p2p(bytes));
+  PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, early_launch_), kOp, "kernel launch");
 }
 
 void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
@@ -552,9 +561,8 @@ void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
   if (bytes == 0) return;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
-  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, false);
-  const int grid = int(std::min<int64_t>(kP2PBlocks, a.nchunks));
-  PYCOLL_CUDA_OK(gpu::launch_p2p(grid, stream, a, early_launch_), kOp, "kernel launch");
+  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, false, plan_p2p(bytes));
+  PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, early_launch_), kOp, "kernel launch");
 }
 
 void CudaEngine::barrier(cudaStream_t stream) {

@@ -31,6 +31,7 @@
 
 #include "common/types.h"
 #include "cuda/engine_limits.h"
+#include "cuda/select.h"
 
 namespace pycoll {
 
@@ -88,6 +89,7 @@ class CudaEngine {
 
  private:
   void check_usable(const char* op) const;
+  gpu::Geometry plan_p2p(int64_t bytes) const;  // the cut of a send/recv (both ends agree)
 
   int rank_;
   int size_;

@@ -70,6 +70,19 @@ Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_byte
   return g;
 }
 
+Geometry plan_p2p(int64_t bytes, int64_t slot_bytes, int max_blocks, int64_t min_chunk_bytes) {
+  Geometry g;
+  g.chunk = slot_bytes;
+  g.nchunks = 0;
+  g.blocks = 1;
+  if (bytes <= 0) return g;
+  const int64_t floor = std::min(min_chunk_bytes, slot_bytes);
+  g.chunk = std::clamp(round_up(ceil_div(bytes, int64_t(max_blocks)), int64_t(4096)), floor, slot_bytes);
+  g.nchunks = ceil_div(bytes, g.chunk);
+  g.blocks = int(std::min<int64_t>(max_blocks, g.nchunks));
+  return g;
+}
+
 Geometry plan_split(int64_t elems, int64_t elem_bytes, int64_t chunk_bytes, int max_channels) {
   Geometry g;
   const int64_t pack = std::max<int64_t>(1, 16 / elem_bytes);

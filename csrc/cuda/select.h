@@ -79,9 +79,23 @@ constexpr int64_t kTwoRankWideTwoShotChunkBytes = int64_t(128) << 10;
 constexpr int64_t kDefaultTwoRankLL128MaxBytes = int64_t(16) << 20;
 constexpr int64_t kLL128MinLinesPerBlock = 64;
 
-// All-to-all always launches this many CTAs: chunk j of a pair goes through CTA j % kAllToAllBlocks
-// on both ends, so the count cannot depend on a rank's own sizes. Provisional (not measured).
-constexpr int kAllToAllBlocks = 16;
+// All-to-all uses this many channels (2 CTAs each: a sender and a receiver), fewer where the
+// workspace has fewer or the GPU has less than two SMs per CTA: chunk j of a pair goes through
+// channel j % channels on both ends, so the count cannot depend on a rank's own sizes.
+// docs/decisions/0011-p2p-channels.md
+constexpr int kAllToAllChannels = 64;
+
+// Send/recv: at most kP2PMaxBlocks CTAs (fewer on a GPU with less than two SMs per CTA), chunks
+// of at least kP2PMinChunkBytes (unless the message or the slot is smaller).
+// docs/decisions/0011-p2p-channels.md
+constexpr int kP2PMaxBlocks = 64;
+constexpr int64_t kP2PMinChunkBytes = 128 << 10;
+
+// Cut a send/recv of `bytes`: chunks of at most `slot_bytes` (a multiple of 4 KiB but the last),
+// spread over up to `max_blocks` CTAs, none below `min_chunk_bytes` unless the message is. Both
+// ends call it with the same arguments (the layout's slot and the message length), so they agree
+// on which CTA carries which chunk.
+Geometry plan_p2p(int64_t bytes, int64_t slot_bytes, int max_blocks, int64_t min_chunk_bytes);
 
 // Cut `elems` elements of `elem_bytes` each. A chunk is at most `max_chunk_bytes` (a slot, or the
 // PYCOLL_CUDA_CHUNK_KIB cap), is a multiple of 16 bytes (so chunk boundaries keep 16-byte

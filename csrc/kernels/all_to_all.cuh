@@ -1,14 +1,16 @@
 // All-to-all with per-peer byte counts and offsets (in and out viewed as bytes).
 //
+//   Every CTA serves one side of one pair: C = gridDim.x / 2 slots, the n-1 pairs of this rank
+//   get Cp = C / (n-1) channels each; CTA 2i sends on channel i / (n-1) to the (i mod (n-1))-th
+//   peer after this rank, CTA 2i+1 receives on it from the (i mod (n-1))-th peer before it.
+//   So a rank's copies into its peers' slots never wait behind the copies out of its own, and a
+//   slow peer holds up only its own CTAs (docs/decisions/0011-p2p-channels.md). Senders and
+//   receivers alternate so that a grid only partly resident still has both sides of a pair.
 //   pair (me -> p): send_bytes[p] bytes at in + send_off[p], cut into chunks of `chunk` bytes (the
-//   slot size); chunk j goes through CTA j % B, B = gridDim.x, a constant of this mode so that both
-//   ends of a pair agree on the mapping whatever their other pairs carry.
-//   self:    my own slice is copied locally, split evenly over the CTAs.
-//   send(k): for every peer p that has a chunk j = b + k*B, copy it into channel me->p.
-//   recv(k): for every peer q that sent a chunk j, copy it from the slot to out + recv_off[q] + j*chunk.
-//   Schedule send(0); for k: recv(k) and send(k+1) in one step (it waits only for messages and
-//   slots of earlier steps). Pairs with nothing to carry cost nothing.
-//   Bytes sent per rank: sum of send_bytes over peers.
+//   slot size); chunk j goes through channel j % Cp, Cp a constant of the engine and the world
+//   size, so that both ends of a pair agree on the mapping whatever their other pairs carry.
+//   self:  my own slice is copied locally, split evenly over all CTAs.
+//   Pairs with nothing to carry cost nothing. Bytes sent per rank: sum of send_bytes over peers.
 #pragma once
 
 #include "kernels/args.h"
@@ -17,21 +19,41 @@
 namespace pycoll {
 namespace kernels {
 
+// The pair side CTA b serves; peer < 0: none (the last C mod (n-1) slots idle).
+struct AllToAllRole {
+  int chan;      // channel of the pair
+  int channels;  // Cp: channels per pair
+  int peer;
+  bool sender;
+};
+
+__device__ __forceinline__ AllToAllRole all_to_all_role(int n, int me, int grid, int b) {
+  const int np = n > 1 ? n - 1 : 1;
+  const int C = grid / 2;
+  const int i = b / 2;
+  AllToAllRole r;
+  r.channels = C / np;
+  r.chan = i / np;
+  r.sender = (b % 2) == 0;
+  const int pi = i % np;
+  r.peer = (n < 2 || r.chan >= r.channels) ? -1 : (r.sender ? (me + 1 + pi) % n : (me + 2 * n - 1 - pi) % n);
+  return r;
+}
+
 static __device__ bool all_to_all(const CopyArgs& a, BlockChannels& ch, StepShared* sh) {
   const int n = sh->h->nranks;
   const int me = sh->h->rank;
-  const uint32_t peers = peer_mask(n, me);
-  const int B = gridDim.x;
-  const int b = blockIdx.x;
+  const AllToAllRole role = all_to_all_role(n, me, int(gridDim.x), int(blockIdx.x));
   const char* in = static_cast<const char*>(a.in);
   char* out = static_cast<char*>(a.out);
   const int64_t chunk = a.chunk;
 
-  // Own slice.
+  // Own slice, over every CTA.
   {
     const int64_t self = a.send_bytes[me];
+    const int B = int(gridDim.x);
     const int64_t per = ((self + B - 1) / B + 15) / 16 * 16;
-    const int64_t f = int64_t(b) * per;
+    const int64_t f = int64_t(blockIdx.x) * per;
     const int64_t len = self - f < per ? self - f : per;
     if (threadIdx.x == 0) {
       sh->clear();
@@ -41,58 +63,26 @@ static __device__ bool all_to_all(const CopyArgs& a, BlockChannels& ch, StepShar
     copy_run(sh->cjob, sh->njobs);
     __syncthreads();
   }
+  if (role.peer < 0) return true;
 
-  auto chunks = [&](int64_t bytes) { return (bytes + chunk - 1) / chunk; };
-  int64_t K = 0;
-  for (int p = 0; p < n; ++p) {
-    if (!has(peers, p)) continue;
-    const int64_t ks = block_chunk_count(chunks(a.send_bytes[p]), b, B);
-    const int64_t kr = block_chunk_count(chunks(a.recv_bytes[p]), b, B);
-    K = ks > K ? ks : K;
-    K = kr > K ? kr : K;
-  }
-
-  // Peers that exchange chunk j = b + k*B of their pair with this rank.
-  auto send_mask = [&](int64_t k) {
-    const int64_t j = int64_t(b) + k * B;
-    uint32_t mask = 0;
-    for (int p = 0; p < n; ++p)
-      if (has(peers, p) && j < chunks(a.send_bytes[p])) mask |= 1u << p;
-    return mask;
-  };
-  auto recv_mask = [&](int64_t k) {
-    const int64_t j = int64_t(b) + k * B;
-    uint32_t mask = 0;
-    for (int q = 0; q < n; ++q)
-      if (has(peers, q) && j < chunks(a.recv_bytes[q])) mask |= 1u << q;
-    return mask;
-  };
-  auto add_send = [&](int64_t k, uint32_t mask) {
-    const int64_t f = (int64_t(b) + k * B) * chunk;
-    for (int p = 0; p < n; ++p) {
-      if (!has(mask, p)) continue;
-      const int64_t len = a.send_bytes[p] - f < chunk ? a.send_bytes[p] - f : chunk;
-      push_dst(sh->add_copy(in + a.send_off[p] + f, len), sh->oslot[p]);
-    }
-  };
-  auto add_recv = [&](int64_t k, uint32_t mask) {
-    const int64_t f = (int64_t(b) + k * B) * chunk;
-    for (int q = 0; q < n; ++q) {
-      if (!has(mask, q)) continue;
-      const int64_t len = a.recv_bytes[q] - f < chunk ? a.recv_bytes[q] - f : chunk;
-      push_dst(sh->add_copy(sh->islot[q], len), out + a.recv_off[q] + f);
-    }
-  };
-
-  for (int64_t k = -1; k < K; ++k) {  // step k: recv(k) (k >= 0) + send(k+1)
-    const uint32_t in_mask = k >= 0 ? recv_mask(k) : 0u;
-    const uint32_t out_mask = k + 1 < K ? send_mask(k + 1) : 0u;
-    if (in_mask == 0 && out_mask == 0) continue;
+  const int p = role.peer;
+  const uint32_t mask = 1u << p;
+  const uint32_t out_mask = role.sender ? mask : 0u;
+  const uint32_t in_mask = role.sender ? 0u : mask;
+  const int64_t bytes = role.sender ? a.send_bytes[p] : a.recv_bytes[p];
+  const int64_t off = role.sender ? a.send_off[p] : a.recv_off[p];
+  const int64_t K = block_chunk_count((bytes + chunk - 1) / chunk, role.chan, role.channels);
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t f = (int64_t(role.chan) + k * role.channels) * chunk;
+    const int64_t len = bytes - f < chunk ? bytes - f : chunk;
     if (!ch.acquire(out_mask, in_mask)) return false;
     if (threadIdx.x == 0) {
       sh->clear();
-      add_recv(k, in_mask);
-      add_send(k + 1, out_mask);
+      if (role.sender) {
+        push_dst(sh->add_copy(in + off + f, len), sh->oslot[p]);
+      } else {
+        push_dst(sh->add_copy(sh->islot[p], len), out + off + f);
+      }
     }
     ch.execute_copy(out_mask, in_mask);
   }

@@ -92,7 +92,8 @@ struct CopyArgs {
   uint64_t check;  // what every rank must have called (transport/cuda_ipc/check_word.h)
 };
 
-// Point-to-point on the p2p channel set. Chunk j (of `chunk` bytes) goes through CTA j % kP2PBlocks.
+// Point-to-point on the p2p channel set. Chunk j (of `chunk` bytes) goes through CTA j % blocks
+// (gpu::plan_p2p: both ends derive chunk and blocks from the message length alone).
 struct P2PArgs {
   cuda_ipc::DeviceHandle h;
   int32_t peer;
@@ -101,6 +102,8 @@ struct P2PArgs {
   int64_t bytes;
   int64_t chunk;
   int64_t nchunks;
+  int32_t blocks;
+  int32_t pad;
 };
 
 }  // namespace kernels

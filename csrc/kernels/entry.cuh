@@ -69,7 +69,14 @@ static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const __grid_c
   load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
   wait_for_previous_grid();
   let_next_grid_launch();
-  BlockChannels ch(&sh, &sa.h.layout.coll, sa.op, sa.check);
+  int chan = -1;  // every mode but all_to_all: channel = blockIdx.x, both directions
+  uint32_t roles = BlockChannels::kOutbound | BlockChannels::kInbound;
+  if (sa.mode == CopyMode::AllToAll) {  // one side of one pair per CTA (all_to_all.cuh)
+    const AllToAllRole r = all_to_all_role(sa.h.nranks, sa.h.rank, int(gridDim.x), int(blockIdx.x));
+    chan = r.chan;
+    roles = r.sender ? BlockChannels::kOutbound : BlockChannels::kInbound;
+  }
+  BlockChannels ch(&sh, &sa.h.layout.coll, sa.op, sa.check, chan, roles);
   bool ok = false;
   switch (sa.mode) {
     case CopyMode::AllGatherDirect: ok = all_gather_direct(sa, ch, &sh); break;

@@ -1,14 +1,16 @@
 // Point-to-point copy on the p2p channel set (separate slots and counters from collectives, so a
 // send/recv may run on another stream while a collective runs).
 //
-//   Message of `bytes` to/from `peer`, cut into chunks of the p2p slot size; chunk j goes through
-//   CTA j % kP2PBlocks (a constant, so both ends agree whatever grid each launches).
+//   Message of `bytes` to/from `peer`, cut into `nchunks` chunks of at most a slot; chunk j goes
+//   through CTA j % blocks. Both ends derive chunk and blocks from the message length
+//   (gpu::plan_p2p), so they agree; when the lengths differ, the first chunk of CTA 0 carries the
+//   mismatch to the receiver.
 //   send: wait for a free slot of channel me->peer, copy the chunk in, post it with the total
 //         message length beside it.
 //   recv: wait for the chunk, check the sender's total length against ours (kErrSizeMismatch),
 //         copy it out, free the slot.
 //   Messages between one pair are matched in issue order. A send never waits for the receiver
-//   to start unless the message exceeds kP2PBlocks * kP2PSlots slots (1 MiB); beyond that it needs
+//   to start unless the message exceeds blocks * kP2PSlots chunks; beyond that it needs
 //   the matching recv to run concurrently (the backend issues sends and receives on different
 //   streams), and two opposite sends then drain each other's channels without deadlock.
 #pragma once
@@ -21,7 +23,7 @@ namespace kernels {
 
 static __device__ bool p2p_run(const P2PArgs& a, BlockChannels& ch, StepShared* sh) {
   const uint32_t m = 1u << a.peer;
-  const int B = cuda_ipc::kP2PBlocks;
+  const int B = a.blocks;
   const int64_t K = block_chunk_count(a.nchunks, blockIdx.x, B);
   char* buf = static_cast<char*>(a.buf);
   for (int64_t k = 0; k < K; ++k) {

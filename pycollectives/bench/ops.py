@@ -190,7 +190,32 @@ class SendRecv(Collective):
         return run
 
 
-COLLECTIVES = {c.name: c() for c in (AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, SendRecv)}
+class Send(Collective):
+    """One direction: rank 2i sends its buffer to rank 2i+1 with ``dist.send``, which receives it
+    with ``dist.recv`` (a last rank of an odd world idles). Back-to-back calls, so the time per call
+    is what a stream of messages between a pipeline's stages gets."""
+    name = "send"
+    inplace = "never"
+    min_world = 2
+
+    def setup(self, count, dtype, device, rank, world, inplace):
+        return {"input": torch.empty(count, dtype=dtype, device=device),
+                "output": torch.empty(count, dtype=dtype, device=device)}
+
+    def bind(self, bufs, group, op, root, rank, world):
+        if rank % 2 == 0 and rank + 1 < world:
+            dst = dist.get_global_rank(group, rank + 1)
+            x = bufs["input"]
+            return lambda: dist.send(x, dst, group=group)
+        if rank % 2 == 1:
+            src = dist.get_global_rank(group, rank - 1)
+            y = bufs["output"]
+            return lambda: dist.recv(y, src, group=group)
+        return lambda: None
+
+
+COLLECTIVES = {c.name: c() for c in (AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, SendRecv,
+                                     Send)}
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
