@@ -221,7 +221,8 @@ def test_checker_catches_wrong_result():
 
     checker = _bench_module("checker")
     world, count = 3, 48
-    for op in ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "send"):
+    for op in ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "send",
+               "pingpong"):
         for dtype in (torch.float32, torch.bfloat16, torch.int8):
             for reduce_op in ("sum", "prod", "max"):
                 ref = checker.expected(op, 1, world, count, dtype, "cpu", reduce_op, root=1)
@@ -248,17 +249,22 @@ def test_checker_catches_wrong_result():
     assert checker.expected("send", 0, world, count, torch.float32, "cpu") is None
     assert checker.expected("send", 2, world, count, torch.float32, "cpu") is None
     assert torch.equal(checker.expected("send", 1, world, count, torch.float32, "cpu"), ins[0])
+    # pingpong: rank 0's buffer goes to rank 1 and back, so both end with it; rank 2 idles
+    for r in (0, 1):
+        assert torch.equal(checker.expected("pingpong", r, world, count, torch.float32, "cpu"), ins[0])
+    assert checker.expected("pingpong", 2, world, count, torch.float32, "cpu") is None
 
 
-def test_one_direction_send_rows(tmp_path):
-    """`--ops send` times back-to-back dist.send/dist.recv from rank 2i to 2i+1 and checks what
-    each receiver got; with 3 ranks the last idles."""
-    proc = run_cli(["--backends", ",".join(BACKENDS), "--nproc", "3", "--ops", "send", "-b", "8", "-e", "256K",
-                    "-f", "32", "--check", "--budget", "0.01", "--no-save", "--no-progress"], tmp_path)
+def test_one_direction_send_and_pingpong_rows(tmp_path):
+    """`--ops send` times back-to-back dist.send/dist.recv from rank 2i to 2i+1, `pingpong` round
+    trips between ranks 0 and 1; both check what the receivers got; with 3 ranks the last idles."""
+    proc = run_cli(["--backends", ",".join(BACKENDS), "--nproc", "3", "--ops", "send,pingpong", "-b", "8",
+                    "-e", "256K", "-f", "32", "--check", "--budget", "0.01", "--no-save", "--no-progress"], tmp_path)
     assert proc.returncode == 0, _describe(proc)
-    rows = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("send ")]
-    assert len(rows) == 4 * len(BACKENDS), proc.stdout  # 8 B, 256 B, 8 KiB, 256 KiB
-    assert all(r[-1] == "ok" for r in rows), proc.stdout
+    for op in ("send", "pingpong"):
+        rows = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith(op + " ")]
+        assert len(rows) == 4 * len(BACKENDS), proc.stdout  # 8 B, 256 B, 8 KiB, 256 KiB
+        assert all(r[-1] == "ok" for r in rows), proc.stdout
 
 
 @pytest.mark.parametrize("argv", [

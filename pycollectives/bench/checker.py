@@ -109,6 +109,10 @@ def expected(op, rank, world, numel, dtype, device, reduce_op="sum", root=0):
         ref = torch.cat([pattern(j, rank * chunk, chunk, dtype, device, reduce_op) for j in range(world)])
     elif op == "sendrecv":
         ref = pattern((rank - 1) % world, 0, numel, dtype, device, reduce_op)
+    elif op == "pingpong":
+        if rank > 1:
+            return None
+        ref = pattern(0, 0, numel, dtype, device, reduce_op)  # rank 0's buffer, there and back
     elif op == "send":
         if rank % 2 == 0:
             return None  # a sender (or the idle last rank of an odd world) receives nothing

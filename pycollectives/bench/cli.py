@@ -102,7 +102,7 @@ def build_parser():
     g.add_argument("--inplace", action="store_true",
                    help="in-place all_gather / reduce_scatter (input is the rank's chunk of the output / "
                         "output is the rank's chunk of the input); default out-of-place. all_reduce, "
-                        "broadcast, reduce are in place by definition, all_to_all, sendrecv and send never")
+                        "broadcast, reduce are in place by definition, all_to_all, sendrecv, send and pingpong never")
     g = p.add_argument_group("sizes (nccl-tests flags)")
     g.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (default: 8)")
     g.add_argument("-e", "--maxbytes", type=_size_arg, default=None,

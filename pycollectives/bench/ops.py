@@ -214,8 +214,40 @@ class Send(Collective):
         return lambda: None
 
 
+class PingPong(Collective):
+    """A round trip: rank 0 sends its buffer to rank 1 and receives it back; rank 1 receives and
+    sends what it got back (the other ranks idle). A call is the whole round trip, so half the
+    time is one message's latency; busbw counts both messages."""
+    name = "pingpong"
+    inplace = "never"
+    min_world = 2
+
+    @staticmethod
+    def busbw_factor(world):
+        return 2.0
+
+    def setup(self, count, dtype, device, rank, world, inplace):
+        return {"input": torch.empty(count, dtype=dtype, device=device),
+                "output": torch.empty(count, dtype=dtype, device=device)}
+
+    def bind(self, bufs, group, op, root, rank, world):
+        peer = dist.get_global_rank(group, 1 - rank) if rank < 2 else None
+        x, y = bufs["input"], bufs["output"]
+        if rank == 0:
+            def run():
+                dist.send(x, peer, group=group)
+                dist.recv(y, peer, group=group)
+            return run
+        if rank == 1:
+            def run():
+                dist.recv(y, peer, group=group)
+                dist.send(y, peer, group=group)
+            return run
+        return lambda: None
+
+
 COLLECTIVES = {c.name: c() for c in (AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, SendRecv,
-                                     Send)}
+                                     Send, PingPong)}
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
