@@ -313,12 +313,16 @@ class Block(nn.Module):
         self.fc = nn.Linear(dim, 4 * dim)
         self.out = nn.Linear(4 * dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """x plus the block's causal self-attention (the first residual half)."""
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attend(x)
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 

@@ -25,6 +25,13 @@ MOVE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torc
 MiB = 1 << 20
 
 
+def run_on(world, fn, seed, timeout=300):
+    """Runs fn on `world` ranks, one GPU each (skips where fewer are visible); every rank returns True."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    assert run_ranks(world, fn, seed, timeout=timeout, pg_timeout=PG_TIMEOUT) == [True] * world
+
+
 def needs(world):
     return pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < world,
                               reason=f"needs {world} CUDA GPUs")
@@ -169,23 +176,17 @@ def _every_peer_at_once(rank, world, seed):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_send_recv_dtypes_and_sizes(world, seed):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
-    assert run_ranks(world, _dtypes_and_sizes, seed, timeout=600, pg_timeout=PG_TIMEOUT) == [True] * world
+    run_on(world, _dtypes_and_sizes, seed, timeout=600)
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_send_recv_layouts_and_tags(world, seed):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
-    assert run_ranks(world, _layouts_and_tags, seed, timeout=300, pg_timeout=PG_TIMEOUT) == [True] * world
+    run_on(world, _layouts_and_tags, seed, timeout=300)
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_send_recv_every_peer_at_once(world, seed):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
-    assert run_ranks(world, _every_peer_at_once, seed, timeout=300, pg_timeout=PG_TIMEOUT) == [True] * world
+    run_on(world, _every_peer_at_once, seed, timeout=300)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,9 +232,7 @@ def _all_to_all(rank, world, seed):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_all_to_all_uneven_and_large(world, seed):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
-    assert run_ranks(world, _all_to_all, seed, timeout=300, pg_timeout=PG_TIMEOUT) == [True] * world
+    run_on(world, _all_to_all, seed, timeout=300)
 
 
 # ---------------------------------------------------------------------------------------------

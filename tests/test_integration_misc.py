@@ -325,6 +325,8 @@ EXAMPLE_CASES = {
                                                                   "--layers", "4", "--steps", "4",
                                                                   "--warmup", "1"]),
     "ddp_gpt-powersgd": ("ddp_gpt", TINY_GPT + ["--hook", "powersgd", "--accum", "2"]),
+    # Uneven all_to_all_single token routing (top-2, capacity drops) forward and backward.
+    "moe_gpt": ("moe_gpt", TINY_GPT + ["--capacity-factor", "0.75"]),
 }
 
 
@@ -354,8 +356,9 @@ GPU_EXAMPLE_ARGS = ["--layers", "2", "--dim", "256", "--heads", "4", "--seq", "1
     ("ddp_gpt.py", ["--hook", "powersgd"]),
     ("fsdp_gpt.py", []),
     ("pipeline_gpt.py", []),
+    ("moe_gpt.py", []),
     ("ddp_cnn.py", None),
-], ids=["ddp_gpt", "ddp_gpt-fp16", "ddp_gpt-powersgd", "fsdp_gpt", "pipeline_gpt", "ddp_cnn"])
+], ids=["ddp_gpt", "ddp_gpt-fp16", "ddp_gpt-powersgd", "fsdp_gpt", "pipeline_gpt", "moe_gpt", "ddp_cnn"])
 def test_example_gpu(example, extra):
     require_device("cuda")
     if extra is None:  # the CNN

@@ -60,6 +60,15 @@ class Collective:
         return {"both": bool(inplace), "always": True, "never": False}[self.inplace]
 
 
+class SeparateBuffers(Collective):
+    """An op with an input and an output buffer of the same size that never alias."""
+    inplace = "never"
+
+    def setup(self, count, dtype, device, rank, world, inplace):
+        return {"input": torch.empty(count, dtype=dtype, device=device),
+                "output": torch.empty(count, dtype=dtype, device=device)}
+
+
 class AllReduce(Collective):
     name = "all_reduce"
     reduces = True
@@ -149,34 +158,26 @@ class ReduceScatter(Collective):
         return lambda: _reduce_scatter(out, inp, op=op, group=group)
 
 
-class AllToAll(Collective):
+class AllToAll(SeparateBuffers):
     name = "all_to_all"
     split = True
-    inplace = "never"
 
     @staticmethod
     def busbw_factor(world):
         return (world - 1) / world
 
-    def setup(self, count, dtype, device, rank, world, inplace):
-        return {"input": torch.empty(count, dtype=dtype, device=device),
-                "output": torch.empty(count, dtype=dtype, device=device)}
 
     def bind(self, bufs, group, op, root, rank, world):
         out, inp = bufs["output"], bufs["input"]
         return lambda: dist.all_to_all_single(out, inp, group=group)
 
 
-class SendRecv(Collective):
+class SendRecv(SeparateBuffers):
     """nccl-tests' sendrecv: every rank sends its buffer to rank+1 and receives rank-1's,
     both at once (one batch_isend_irecv, so NCCL groups them and cannot deadlock)."""
     name = "sendrecv"
-    inplace = "never"
     min_world = 2
 
-    def setup(self, count, dtype, device, rank, world, inplace):
-        return {"input": torch.empty(count, dtype=dtype, device=device),
-                "output": torch.empty(count, dtype=dtype, device=device)}
 
     def bind(self, bufs, group, op, root, rank, world):
         nxt = dist.get_global_rank(group, (rank + 1) % world)
@@ -190,17 +191,13 @@ class SendRecv(Collective):
         return run
 
 
-class Send(Collective):
+class Send(SeparateBuffers):
     """One direction: rank 2i sends its buffer to rank 2i+1 with ``dist.send``, which receives it
     with ``dist.recv`` (a last rank of an odd world idles). Back-to-back calls, so the time per call
     is what a stream of messages between a pipeline's stages gets."""
     name = "send"
-    inplace = "never"
     min_world = 2
 
-    def setup(self, count, dtype, device, rank, world, inplace):
-        return {"input": torch.empty(count, dtype=dtype, device=device),
-                "output": torch.empty(count, dtype=dtype, device=device)}
 
     def bind(self, bufs, group, op, root, rank, world):
         if rank % 2 == 0 and rank + 1 < world:
@@ -214,21 +211,17 @@ class Send(Collective):
         return lambda: None
 
 
-class PingPong(Collective):
+class PingPong(SeparateBuffers):
     """A round trip: rank 0 sends its buffer to rank 1 and receives it back; rank 1 receives and
     sends what it got back (the other ranks idle). A call is the whole round trip, so half the
     time is one message's latency; busbw counts both messages."""
     name = "pingpong"
-    inplace = "never"
     min_world = 2
 
     @staticmethod
     def busbw_factor(world):
         return 2.0
 
-    def setup(self, count, dtype, device, rank, world, inplace):
-        return {"input": torch.empty(count, dtype=dtype, device=device),
-                "output": torch.empty(count, dtype=dtype, device=device)}
 
     def bind(self, bufs, group, op, root, rank, world):
         peer = dist.get_global_rank(group, 1 - rank) if rank < 2 else None
