@@ -186,7 +186,7 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
     const bool exact = shard * L == n;
     at::Tensor whole = exact ? in.reshape({-1}) : at::zeros({shard * L}, in.options());
     if (!exact) whole.narrow(0, 0, n).copy_(in.reshape({-1}));
-    at::Tensor mine = at::empty({shard}, in.options());
+    at::Tensor mine = scratch(shard, in.options());
     Collective rs;
     rs.op = OpCode::ReduceScatter;
     rs.input = whole;
@@ -238,6 +238,13 @@ Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& stream) {
   }
 }
 
+at::Tensor HierarchicalEngine::scratch(int64_t numel, const at::TensorOptions& options) {
+  if (on_device_) return at::empty({numel}, options);
+  const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
+  if (!scratch_.defined() || scratch_.numel() < bytes) scratch_ = at::empty({bytes}, options.dtype(at::kByte));
+  return scratch_.narrow(0, 0, bytes).view(options.dtype().toScalarType());
+}
+
 const at::Tensor& HierarchicalEngine::block_order(const at::Device& device) {
   if (!block_order_.defined()) {
     // Group ranks by host, ascending (a rank's local rank is its place there), then list rail l's
@@ -271,7 +278,7 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
     // 1. the blocks rail l owns side by side, 2. reduce-scatter inside the host: local rank l
     // holds the host's sum of rail l's N blocks, 3. reduce-scatter of those along rail l.
     at::Tensor staged = blocks.index_select(0, block_order(blocks.device())).reshape({-1});
-    across_hosts = at::empty({N * m}, c.input.options());
+    across_hosts = scratch(N * m, c.input.options());
     Collective rs;
     rs.op = OpCode::ReduceScatter;
     rs.input = staged;

@@ -63,6 +63,11 @@ class HierarchicalEngine : public Engine {
   // Starts comparing c with every rank's call (flat group); nullopt where not checked.
   std::optional<CallCheck> start_check(const Collective& c);
   Algo run_flat(const Collective& c);
+  // `numel` elements of `options`' dtype: on CPU a view of a buffer kept across calls (ops run
+  // one at a time; a fresh buffer of several MiB costs its page faults on every call, inside the
+  // local phase its peers wait on); on a device a fresh tensor (the caching allocator is cheap
+  // and keeps stream order).
+  at::Tensor scratch(int64_t numel, const at::TensorOptions& options);
 
   Engine& local_;
   HostLayout layout_;
@@ -73,6 +78,7 @@ class HierarchicalEngine : public Engine {
   bool on_device_;
   bool check_calls_;  // PYCOLL_CHECK_ACROSS_HOSTS
   at::Tensor block_order_;
+  at::Tensor scratch_;  // CPU: bytes, grown as needed (scratch())
 };
 
 }  // namespace pycoll
