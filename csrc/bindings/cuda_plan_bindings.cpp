@@ -7,6 +7,9 @@
 
 #include "cuda/all_reduce_plan.h"
 #include "cuda/engine_limits.h"
+#include "cuda/select.h"
+#include "kernels/all_to_all_role.h"
+#include "transport/cuda_ipc/layout.h"
 #include "transport/cuda_ipc/check_word.h"
 
 namespace py = pybind11;
@@ -73,6 +76,41 @@ void register_cuda_plan(py::module_& m) {
       py::arg("count"), py::arg("elem_bytes"), py::arg("world"), py::arg("algo") = "auto", py::arg("sms") = 132,
       "The CUDA engine's plan for an all_reduce of `count` elements of `elem_bytes` each on `world` ranks "
       "(cuda/all_reduce_plan.h), with the PYCOLL_CUDA_* settings as set now; what the engine launches and logs.");
+  m.def(
+      "cuda_p2p_plan",
+      [](int64_t bytes, int world, int sms) {
+        if (bytes < 0 || world < 2 || world > cuda_ipc::kMaxRanks || sms < 1)
+          throw py::value_error("cuda_p2p_plan: bytes must be >= 0, world 2..8 and sms >= 1");
+        const cuda_ipc::Layout L = cuda_ipc::make_layout(world);
+        const gpu::Geometry g = gpu::plan_p2p_message(bytes, L.p2p.slot_bytes, L.p2p.nblocks, sms);
+        py::dict d;
+        d["blocks"] = g.blocks;
+        d["chunk"] = g.chunk;
+        d["nchunks"] = g.nchunks;
+        d["slot_bytes"] = L.p2p.slot_bytes;
+        d["slots"] = L.p2p.nslots;
+        d["channels"] = L.p2p.nblocks;
+        return d;
+      },
+      py::arg("bytes"), py::arg("world"), py::arg("sms") = 132,
+      "How the CUDA engine cuts a send/recv of `bytes` on a group of `world` ranks (gpu::plan_p2p_message): "
+      "CTAs, chunk, chunks, and the p2p channel set's slot size, depth and channel count.");
+  m.def(
+      "cuda_all_to_all_roles",
+      [](int world, int rank, int coll_channels, int sms) {
+        if (world < 1 || world > cuda_ipc::kMaxRanks || rank < 0 || rank >= world || coll_channels < world || sms < 1)
+          throw py::value_error("cuda_all_to_all_roles: world 1..8, rank in 0..world-1, coll_channels >= world, sms >= 1");
+        const int grid = 2 * gpu::all_to_all_channels(world, coll_channels, sms);
+        py::list roles;
+        for (int b = 0; b < grid; ++b) {
+          const kernels::AllToAllRole r = kernels::all_to_all_role(world, rank, grid, b);
+          roles.append(py::make_tuple(r.peer, r.chan, r.channels, r.sender));
+        }
+        return roles;
+      },
+      py::arg("world"), py::arg("rank"), py::arg("coll_channels") = int(cuda_ipc::kCollBlocks), py::arg("sms") = 132,
+      "The all_to_all's CTAs on `rank` (kernels/all_to_all_role.h): per CTA (peer or -1, channel, channels per "
+      "pair, sender).");
 }
 
 }  // namespace pycoll

@@ -511,8 +511,7 @@ void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::ve
     a.recv_bytes[q] = recv_bytes[q];
     a.recv_off[q] = recv_offsets[q];
   }
-  const int channels = std::min({gpu::kAllToAllChannels, int(ws_->layout().coll.nblocks), std::max(1, sms_ / 2)});
-  launch_copy_checked(2 * channels, stream, a, early_launch_, kOp);
+  launch_copy_checked(2 * gpu::all_to_all_channels(size_, ws_->layout().coll.nblocks, sms_), stream, a, early_launch_, kOp);
 }
 
 namespace {
@@ -535,8 +534,7 @@ kernels::P2PArgs make_p2p_args(const cuda_ipc::DeviceHandle& h, void* buf, int64
 
 gpu::Geometry CudaEngine::plan_p2p(int64_t bytes) const {
   const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
-  const int max_blocks = std::min({gpu::kP2PMaxBlocks, int(p2p.nblocks), std::max(1, sms_ / 2)});
-  return gpu::plan_p2p(bytes, p2p.slot_bytes, max_blocks, gpu::kP2PMinChunkBytes);
+  return gpu::plan_p2p_message(bytes, p2p.slot_bytes, p2p.nblocks, sms_);
 }
 
 void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {

@@ -83,6 +83,16 @@ Geometry plan_p2p(int64_t bytes, int64_t slot_bytes, int max_blocks, int64_t min
   return g;
 }
 
+Geometry plan_p2p_message(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms) {
+  const int max_blocks = std::min({kP2PMaxBlocks, p2p_channels, std::max(1, sms / 2)});
+  return plan_p2p(bytes, p2p_slot_bytes, std::max(1, max_blocks), kP2PMinChunkBytes);
+}
+
+int all_to_all_channels(int nranks, int coll_channels, int sms) {
+  const int channels = std::min({kAllToAllChannels, coll_channels, std::max(1, sms / 2)});
+  return std::min(coll_channels, std::max(channels, nranks - 1));
+}
+
 Geometry plan_split(int64_t elems, int64_t elem_bytes, int64_t chunk_bytes, int max_channels) {
   Geometry g;
   const int64_t pack = std::max<int64_t>(1, 16 / elem_bytes);

@@ -96,6 +96,12 @@ constexpr int64_t kP2PMinChunkBytes = 128 << 10;
 // ends call it with the same arguments (the layout's slot and the message length), so they agree
 // on which CTA carries which chunk.
 Geometry plan_p2p(int64_t bytes, int64_t slot_bytes, int max_blocks, int64_t min_chunk_bytes);
+// The engine's cut of a send/recv: plan_p2p with at most kP2PMaxBlocks CTAs, no more than the
+// workspace's `p2p_channels` or half the GPU's `sms`, and chunks of at least kP2PMinChunkBytes.
+Geometry plan_p2p_message(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms);
+// Channels of an all_to_all of `nranks` (it launches two CTAs per channel): kAllToAllChannels, no
+// more than the workspace's `coll_channels` or half the GPU's `sms`, but at least one per pair.
+int all_to_all_channels(int nranks, int coll_channels, int sms);
 
 // Cut `elems` elements of `elem_bytes` each. A chunk is at most `max_chunk_bytes` (a slot, or the
 // PYCOLL_CUDA_CHUNK_KIB cap), is a multiple of 16 bytes (so chunk boundaries keep 16-byte

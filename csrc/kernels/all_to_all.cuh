@@ -13,32 +13,12 @@
 //   Pairs with nothing to carry cost nothing. Bytes sent per rank: sum of send_bytes over peers.
 #pragma once
 
+#include "kernels/all_to_all_role.h"
 #include "kernels/args.h"
 #include "kernels/channel.cuh"
 
 namespace pycoll {
 namespace kernels {
-
-// The pair side CTA b serves; peer < 0: none (the last C mod (n-1) slots idle).
-struct AllToAllRole {
-  int chan;      // channel of the pair
-  int channels;  // Cp: channels per pair
-  int peer;
-  bool sender;
-};
-
-__device__ __forceinline__ AllToAllRole all_to_all_role(int n, int me, int grid, int b) {
-  const int np = n > 1 ? n - 1 : 1;
-  const int C = grid / 2;
-  const int i = b / 2;
-  AllToAllRole r;
-  r.channels = C / np;
-  r.chan = i / np;
-  r.sender = (b % 2) == 0;
-  const int pi = i % np;
-  r.peer = (n < 2 || r.chan >= r.channels) ? -1 : (r.sender ? (me + 1 + pi) % n : (me + 2 * n - 1 - pi) % n);
-  return r;
-}
 
 static __device__ bool all_to_all(const CopyArgs& a, BlockChannels& ch, StepShared* sh) {
   const int n = sh->h->nranks;

@@ -1,0 +1,65 @@
+"""The CUDA engine's cut of a send/recv (gpu::plan_p2p_message) and the all_to_all's CTA roles
+(kernels/all_to_all_role.h), tested without a GPU through pycollectives._C: both ends of a pair
+must derive the same launch from what they both know, every byte must have a chunk, and every
+side of every pair exactly one CTA. docs/decisions/0011-p2p-channels.md."""
+import pytest
+
+import pycollectives
+
+p2p_plan = pycollectives._C.cuda_p2p_plan
+roles = pycollectives._C.cuda_all_to_all_roles
+
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = (1, 7, 4095, 4096, 4097, 128 * KiB - 1, 128 * KiB, 128 * KiB + 1, MiB, 4 * MiB + 3, 8 * MiB,
+         33 * MiB + 5, 256 * MiB, 1 << 30, (1 << 34) + 1)
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+@pytest.mark.parametrize("sms", (132, 108, 40, 1))
+def test_every_byte_has_a_chunk_and_every_chunk_a_slot(world, sms):
+    for nbytes in SIZES:
+        p = p2p_plan(nbytes, world, sms)
+        what = (world, sms, nbytes, p)
+        assert 1 <= p["blocks"] <= min(64, p["channels"], max(1, sms // 2), p["nchunks"]), what
+        assert 0 < p["chunk"] <= p["slot_bytes"], what
+        assert (p["nchunks"] - 1) * p["chunk"] < nbytes <= p["nchunks"] * p["chunk"], what
+        assert p["chunk"] % 4096 == 0 or p["nchunks"] == 1, what
+        # Chunks are not cut finer than 128 KiB (or the slot) unless the message is smaller.
+        assert p["chunk"] >= min(128 * KiB, p["slot_bytes"]) or p["nchunks"] == 1, what
+
+
+def test_sizes_scale_the_ctas_on_h100_class_gpus():
+    by_size = {n: p2p_plan(n, 2)["blocks"] for n in (64 * KiB, 128 * KiB, 4 * MiB, 8 * MiB, 1 << 30)}
+    assert by_size == {64 * KiB: 1, 128 * KiB: 1, 4 * MiB: 32, 8 * MiB: 64, 1 << 30: 64}
+    assert p2p_plan(1 << 30, 2)["slot_bytes"] == 128 * KiB
+    assert p2p_plan(1 << 30, 8)["slot_bytes"] == 64 * KiB
+    assert p2p_plan(0, 2)["nchunks"] == 0
+
+
+@pytest.mark.parametrize("world", range(1, 9))
+@pytest.mark.parametrize("coll_channels,sms", ((64, 132), (128, 132), (64, 40), (16, 132), (64, 1), (8, 6)))
+def test_all_to_all_serves_every_side_of_every_pair_once(world, coll_channels, sms):
+    grids = {len(roles(world, r, coll_channels, sms)) for r in range(world)}
+    assert len(grids) == 1, "every rank launches the same grid"
+    per_pair = {r: [x for x in roles(world, r, coll_channels, sms)] for r in range(world)}
+    channels = {c for r in range(world) for (peer, _, c, _) in per_pair[r] if peer >= 0}
+    assert len(channels) <= 1, "every pair has the same number of channels"
+    for r in range(world):
+        sends = [(peer, chan) for peer, chan, _, sender in per_pair[r] if peer >= 0 and sender]
+        recvs = [(peer, chan) for peer, chan, _, sender in per_pair[r] if peer >= 0 and not sender]
+        if world == 1:
+            assert not sends and not recvs
+            continue
+        (cp,) = channels
+        want = sorted((p, c) for p in range(world) if p != r for c in range(cp))
+        assert sorted(sends) == want and sorted(recvs) == want, (world, r)
+        assert cp >= 1
+    # Senders and receivers alternate, so a partly resident grid still has both sides.
+    assert all(x[3] == (b % 2 == 0) for b, x in enumerate(per_pair[0]))
+
+
+def test_bad_arguments_name_the_problem():
+    with pytest.raises(ValueError, match="world 2..8"):
+        p2p_plan(10, 9)
+    with pytest.raises(ValueError, match="rank in"):
+        roles(4, 4)
