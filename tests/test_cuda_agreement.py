@@ -8,7 +8,7 @@ import pytest
 import pycollectives
 
 C = pycollectives._C
-ALL_REDUCE, REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER = 1, 2, 3, 4, 5  # common/types.h: OpCode
+ALL_REDUCE, REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = 1, 2, 3, 4, 5, 6  # common/types.h: OpCode
 FLOAT32, BFLOAT16 = 0, 3  # DType
 PLANS = {1: "one-shot", 2: "two-shot", 3: "ring", 4: "tree", 5: "split one-shot (static ranges)",
          6: "split one-shot (claimed chunks)", 7: "one-shot (LL protocol)", 8: "direct",
@@ -21,6 +21,16 @@ def test_every_field_changes_the_word():
     for field, other in (("op", REDUCE_SCATTER), ("dtype", BFLOAT16), ("reduce_op", 3), ("root", 1),
                          ("count", 1032), ("plan", 3)):
         assert C.cuda_check_word(**dict(base, **{field: other})) != w0, field
+
+
+def test_all_to_all_pairs_carry_their_size():
+    # Each pair of an all_to_all checks its own byte count (kernels/entry.cuh, with_pair_bytes):
+    # the words of two sizes differ, and the error names both.
+    w1 = C.cuda_check_word(ALL_TO_ALL, 0, 0, 0, 4096, 0)
+    w2 = C.cuda_check_word(ALL_TO_ALL, 0, 0, 0, 8192, 0)
+    assert w1 != w2
+    assert C.describe_cuda_check_word(w1) == "alltoall sending 4096 bytes from one rank to the other"
+    assert C.describe_cuda_check_word(C.cuda_check_word(ALL_TO_ALL, 0, 0, 0, 0, 0)) == "alltoall"
 
 
 def test_plans_are_distinct_and_named():

@@ -20,12 +20,21 @@ def test_every_byte_has_a_chunk_and_every_chunk_a_slot(world, sms):
     for nbytes in SIZES:
         p = p2p_plan(nbytes, world, sms)
         what = (world, sms, nbytes, p)
-        assert 1 <= p["blocks"] <= min(64, p["channels"], max(1, sms // 2), p["nchunks"]), what
+        assert 1 <= p["blocks"] <= min(64, p["channels"], max(1, (sms - 4) // 2), p["nchunks"]), what
         assert 0 < p["chunk"] <= p["slot_bytes"], what
         assert (p["nchunks"] - 1) * p["chunk"] < nbytes <= p["nchunks"] * p["chunk"], what
         assert p["chunk"] % 4096 == 0 or p["nchunks"] == 1, what
         # Chunks are not cut finer than 128 KiB (or the slot) unless the message is smaller.
         assert p["chunk"] >= min(128 * KiB, p["slot_bytes"]) or p["nchunks"] == 1, what
+
+
+@pytest.mark.parametrize("sms", (78, 108, 114, 132, 144))
+def test_kernels_that_wait_on_each_other_leave_sms_free(sms):
+    # Every CTA fills an SM; a send and a receive at once, or an all_to_all, must leave room for a
+    # CTA of the kernel the peer waits on, or the ranks can wait on each other for good.
+    assert 2 * p2p_plan(1 << 30, 2, sms)["blocks"] <= sms - 4
+    assert len(roles(2, 0, 128, sms)) <= sms - 4
+    assert len(roles(8, 0, 64, sms)) <= sms - 4
 
 
 def test_sizes_scale_the_ctas_on_h100_class_gpus():

@@ -240,36 +240,47 @@ def test_all_to_all_uneven_and_large(world, seed):
 
 
 def _length_mismatch(rank, world, seed):
-    """Rank 0 sends 5 MiB, rank 1 expects 5 MiB + 4 bytes: both raise, naming the mismatch, well
-    within the group's timeout, at the latest at the group's next call."""
+    """Rank 0 sends, rank 1 expects another length: both raise, the receiver naming both lengths,
+    well within the group's timeout, at the latest at the group's next call. Each case in a fresh
+    group (an engine that saw an error stays unusable): a near miss (40 against 41 CTAs, the sender
+    never waits), a send far larger than the receive (the sender's CTAs wait for credits that never
+    come and must leave through the group's error state) and the reverse."""
     dev = setup_device(rank)
-    g = dist.new_group([0, 1], timeout=PG_TIMEOUT)
-    if rank > 1:
-        return "idle"
-    t0 = time.monotonic()
-    n = 5 * MiB // 4
-    try:
-        if rank == 0:
-            dist.send(torch.ones(n, device=dev), 1, group=g)
-        else:
-            dist.recv(torch.empty(n + 1, device=dev), 0, group=g)
-        torch.cuda.synchronize()
-        for _ in range(3):
-            dist.all_reduce(torch.ones(4, device=dev), group=g)
+    cases = ((5 * MiB, 5 * MiB + 4), (64 * MiB, MiB), (MiB, 64 * MiB))
+    texts = []
+    for sent, expected in cases:
+        g = dist.new_group([0, 1], timeout=PG_TIMEOUT)
+        if rank > 1:
+            continue
+        dist.all_reduce(torch.ones(4, device=dev), group=g)  # the group's engine works
+        t0 = time.monotonic()
+        try:
+            if rank == 0:
+                dist.send(torch.ones(sent // 4, device=dev), 1, group=g)
+            else:
+                dist.recv(torch.empty(expected // 4, device=dev), 0, group=g)
             torch.cuda.synchronize()
-    except RuntimeError as e:
-        took = time.monotonic() - t0
-        assert took < PG_TIMEOUT.total_seconds() / 2, f"rank {rank}: detected only after {took:.1f} s"
-        return str(e)
-    raise AssertionError(f"rank {rank}: a send/recv length mismatch went unnoticed")
+            for _ in range(3):
+                dist.all_reduce(torch.ones(4, device=dev), group=g)
+                torch.cuda.synchronize()
+        except RuntimeError as e:
+            took = time.monotonic() - t0
+            assert took < PG_TIMEOUT.total_seconds() / 2, f"rank {rank}, {sent}/{expected}: after {took:.1f} s"
+            texts.append(str(e))
+            continue
+        raise AssertionError(f"rank {rank}: sending {sent} bytes to a receive of {expected} went unnoticed")
+    return texts if rank <= 1 else "idle"
 
 
 @needs(2)
 def test_send_recv_length_mismatch_raises(seed):
     texts = run_ranks(2, _length_mismatch, seed, timeout=300, pg_timeout=PG_TIMEOUT)
-    # The receiver names both lengths; the sender learns of it through the group's error state.
-    assert any("5242884 bytes but the peer sent 5242880" in t for t in texts), texts
-    assert all("unusable" in t for t in texts), texts
+    for i, (sent, expected) in enumerate(((5 * MiB, 5 * MiB + 4), (64 * MiB, MiB), (MiB, 64 * MiB))):
+        pair = [texts[0][i], texts[1][i]]
+        # The receiver's kernel names both lengths; the sender learns of it through the group's
+        # error state (the first error of either rank is what both report).
+        assert any(f"{expected} bytes but the peer sent {sent}" in t for t in pair), pair
+        assert all("unusable" in t for t in pair), pair
 
 
 def _graph(rank, world, seed):

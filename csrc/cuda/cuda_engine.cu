@@ -537,6 +537,8 @@ gpu::Geometry CudaEngine::plan_p2p(int64_t bytes) const {
   return gpu::plan_p2p_message(bytes, p2p.slot_bytes, p2p.nblocks, sms_);
 }
 
+// Send/recv kernels launch without programmatic dependent launch: an early-launched successor on the
+// same stream would park up to 64 CTAs on SMs that the kernels its peers wait on need.
 void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
   const char* kOp = "send";
   check_tensor(t, kOp, "tensor", device_);
@@ -547,7 +549,7 @@ void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
   const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, true, plan_p2p(bytes));
-  PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, early_launch_), kOp, "kernel launch");
+  PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 
 void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
@@ -560,7 +562,7 @@ void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
   const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, false, plan_p2p(bytes));
-  PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, early_launch_), kOp, "kernel launch");
+  PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 
 void CudaEngine::barrier(cudaStream_t stream) {

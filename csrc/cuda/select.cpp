@@ -84,12 +84,12 @@ Geometry plan_p2p(int64_t bytes, int64_t slot_bytes, int max_blocks, int64_t min
 }
 
 Geometry plan_p2p_message(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms) {
-  const int max_blocks = std::min({kP2PMaxBlocks, p2p_channels, std::max(1, sms / 2)});
+  const int max_blocks = std::min({kP2PMaxBlocks, p2p_channels, std::max(1, (sms - kSmHeadroom) / 2)});
   return plan_p2p(bytes, p2p_slot_bytes, std::max(1, max_blocks), kP2PMinChunkBytes);
 }
 
 int all_to_all_channels(int nranks, int coll_channels, int sms) {
-  const int channels = std::min({kAllToAllChannels, coll_channels, std::max(1, sms / 2)});
+  const int channels = std::min({kAllToAllChannels, coll_channels, std::max(1, (sms - kSmHeadroom) / 2)});
   return std::min(coll_channels, std::max(channels, nranks - 1));
 }
 

@@ -85,11 +85,15 @@ constexpr int64_t kLL128MinLinesPerBlock = 64;
 // docs/decisions/0011-p2p-channels.md
 constexpr int kAllToAllChannels = 64;
 
-// Send/recv: at most kP2PMaxBlocks CTAs (fewer on a GPU with less than two SMs per CTA), chunks
-// of at least kP2PMinChunkBytes (unless the message or the slot is smaller).
+// Send/recv: at most kP2PMaxBlocks CTAs, chunks of at least kP2PMinChunkBytes (unless the message
+// or the slot is smaller). Every CTA of these kernels fills an SM (512 threads x 128 registers), and
+// a send and a receive (or an all_to_all) spin on each other across ranks: so that some CTA of
+// every kernel can always be placed, a send and a receive together, and an all_to_all alone,
+// leave kSmHeadroom SMs free.
 // docs/decisions/0011-p2p-channels.md
 constexpr int kP2PMaxBlocks = 64;
 constexpr int64_t kP2PMinChunkBytes = 128 << 10;
+constexpr int kSmHeadroom = 4;
 
 // Cut a send/recv of `bytes`: chunks of at most `slot_bytes` (a multiple of 4 KiB but the last),
 // spread over up to `max_blocks` CTAs, none below `min_chunk_bytes` unless the message is. Both
@@ -97,10 +101,12 @@ constexpr int64_t kP2PMinChunkBytes = 128 << 10;
 // on which CTA carries which chunk.
 Geometry plan_p2p(int64_t bytes, int64_t slot_bytes, int max_blocks, int64_t min_chunk_bytes);
 // The engine's cut of a send/recv: plan_p2p with at most kP2PMaxBlocks CTAs, no more than the
-// workspace's `p2p_channels` or half the GPU's `sms`, and chunks of at least kP2PMinChunkBytes.
+// workspace's `p2p_channels` or half the GPU's SMs less kSmHeadroom, and chunks of at least
+// kP2PMinChunkBytes.
 Geometry plan_p2p_message(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms);
 // Channels of an all_to_all of `nranks` (it launches two CTAs per channel): kAllToAllChannels, no
-// more than the workspace's `coll_channels` or half the GPU's `sms`, but at least one per pair.
+// more than the workspace's `coll_channels` or half the GPU's SMs less kSmHeadroom, but at least
+// one per pair.
 int all_to_all_channels(int nranks, int coll_channels, int sms);
 
 // Cut `elems` elements of `elem_bytes` each. A chunk is at most `max_chunk_bytes` (a slot, or the

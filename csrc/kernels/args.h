@@ -73,7 +73,7 @@ struct ReduceArgs {
 
 // Byte-based modes. All-gather: `bytes` per rank, out = nranks * bytes. Broadcast: `bytes` of
 // `out` (in place), from `root`. All-to-all: per-peer byte counts/offsets; chunk = slot size and
-// chunk j of a pair goes through CTA j % gridDim.x (gridDim.x is a fixed constant for this mode).
+// chunk j of a pair goes through channel j % (channels per pair) (kernels/all_to_all_role.h).
 struct CopyArgs {
   cuda_ipc::DeviceHandle h;
   CopyMode mode;

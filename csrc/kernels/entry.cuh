@@ -24,6 +24,7 @@
 #include "kernels/trace.cuh"
 #include "kernels/tree.cuh"
 #include "kernels/two_shot.cuh"
+#include "transport/cuda_ipc/check_word.h"
 
 namespace pycoll {
 namespace kernels {
@@ -71,12 +72,17 @@ static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const __grid_c
   let_next_grid_launch();
   int chan = -1;  // every mode but all_to_all: channel = blockIdx.x, both directions
   uint32_t roles = BlockChannels::kOutbound | BlockChannels::kInbound;
+  uint64_t check = sa.check;
   if (sa.mode == CopyMode::AllToAll) {  // one side of one pair per CTA (all_to_all.cuh)
     const AllToAllRole r = all_to_all_role(sa.h.nranks, sa.h.rank, int(gridDim.x), int(blockIdx.x));
     chan = r.chan;
     roles = r.sender ? BlockChannels::kOutbound : BlockChannels::kInbound;
+    // Both ends of a pair must agree on its size: a receiver expecting fewer bytes would leave
+    // the sender's extra chunks in the channel for the next all_to_all to read as its own.
+    if (r.peer >= 0)
+      check = cuda_ipc::with_pair_bytes(sa.check, r.sender ? sa.send_bytes[r.peer] : sa.recv_bytes[r.peer]);
   }
-  BlockChannels ch(&sh, &sa.h.layout.coll, sa.op, sa.check, chan, roles);
+  BlockChannels ch(&sh, &sa.h.layout.coll, sa.op, check, chan, roles);
   bool ok = false;
   switch (sa.mode) {
     case CopyMode::AllGatherDirect: ok = all_gather_direct(sa, ch, &sh); break;

@@ -9,10 +9,11 @@
 //         message length beside it.
 //   recv: wait for the chunk, check the sender's total length against ours (kErrSizeMismatch),
 //         copy it out, free the slot.
-//   Messages between one pair are matched in issue order. A send never waits for the receiver
-//   to start unless the message exceeds blocks * kP2PSlots chunks; beyond that it needs
-//   the matching recv to run concurrently (the backend issues sends and receives on different
-//   streams), and two opposite sends then drain each other's channels without deadlock.
+//   Messages between one pair are matched in issue order. A send waits for the receiver once a
+//   channel it uses holds kP2PSlots unconsumed chunks: a message of more than that many chunks per
+//   CTA, or any send behind unreceived ones (channel 0 carries a chunk of every message). It then
+//   needs the matching recv to run concurrently (the backend issues sends and receives on
+//   different streams), and two opposite sends drain each other's channels without deadlock.
 #pragma once
 
 #include "kernels/args.h"

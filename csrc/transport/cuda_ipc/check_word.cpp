@@ -38,6 +38,7 @@ std::string describe_check(const CollectiveCheck& c) {
        << dtype_name(static_cast<DType>(c.dtype)) << " ("
        << (c.reduce_op >= 0 && c.reduce_op < 7 ? kReduceNames[c.reduce_op] : "?") << ")";
   }
+  if (op == OpCode::AllToAll && c.count > 0) os << " sending " << c.count << " bytes from one rank to the other";
   if (op == OpCode::Broadcast || op == OpCode::Reduce) os << " with root " << c.root;
   const char* plan = check_plan_name(c.plan);
   if (*plan != '\0') os << ", " << plan;

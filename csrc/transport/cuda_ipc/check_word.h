@@ -6,7 +6,7 @@
 //                called a collective with different sizes (or dtypes, ops, roots), or that chose
 //                different algorithms for it (PYCOLL_ALGO or set_algo() on some ranks only), then
 //                fail with an error that names both calls, instead of returning garbage or timing
-//                out. All-to-all leaves the count out (its per-peer sizes differ legally).
+//                out. All-to-all carries each pair's byte count instead (with_pair_bytes).
 // Collective layout: op 8 bits | dtype 4 | reduce op 4 | root 4 | plan 4 | count 40 (up to 1 Ti
 // elements). No torch, no CUDA headers.
 #pragma once
@@ -44,6 +44,13 @@ PYCOLL_HD uint64_t collective_check_word(int op, int dtype, int reduce_op, int r
   return (uint64_t(op & 0xff) << 56) | (uint64_t(dtype & 0xf) << 52) | (uint64_t(reduce_op & 0xf) << 48) |
          (uint64_t(root & 0xf) << kCheckRootShift) | (uint64_t(int(plan) & 0xf) << kCheckPlanShift) |
          (uint64_t(count) & mask);
+}
+
+// All-to-all: the word the messages of one pair carry, the call's word (whose count is 0) with the
+// pair's byte count: the sizes may differ between pairs, never between the two ends of one.
+PYCOLL_HD uint64_t with_pair_bytes(uint64_t word, int64_t bytes) {
+  const uint64_t mask = (uint64_t(1) << kCheckCountBits) - 1;
+  return (word & ~mask) | (uint64_t(bytes) & mask);
 }
 
 struct CollectiveCheck {

@@ -7,8 +7,9 @@
 //     workspace. src writes a slot and then bumps `tail` (also in dst's workspace); dst reads the
 //     slot and then bumps `head` (in src's workspace). Both counters count messages since the
 //     engine was created and only grow, so a flag never needs a reset and a waiter compares with >=.
-//   block b: a CTA index. CTA b of one rank only ever talks to CTA b of its peers, so the CTAs of
-//     a kernel are independent pipelines.
+//   block b: a channel index, driven by CTA b (all_to_all: a sender and a receiver CTA per
+//     channel, kernels/all_to_all_role.h). Channel b of one rank only ever talks to channel b of
+//     its peers, so the channels of a kernel are independent pipelines.
 //   sent/recvd: the local copies of a channel's counters (only the owning rank touches them); a
 //     kernel loads them at start and stores them back at the end, which is what makes the kernels
 //     replayable inside a CUDA graph (no counter travels as a kernel argument).
