@@ -169,6 +169,39 @@ def test_debug_log_names_the_path(layout, expected):
     assert all(algos and algos[-1] == expected for algos in out), out
 
 
+def _all_gather_by_rail_then_host(rank, ws):
+    """all_gather of CPU tensors across hosts: along the rail, inside the host, then into rank
+    order; out of place and in place (the input is this rank's block of the output), sizes 0, 1,
+    odd, dtypes as bytes; the log names the hierarchical path."""
+    gloo = dist.new_group(backend="gloo")
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
+        for n in (0, 1, 7, 1031, 65537):
+            x = (torch.arange(n) * 3 + rank * 1000).to(dtype)
+            ref = [torch.empty(n, dtype=torch.int64) for _ in range(ws)]
+            dist.all_gather(ref, x.to(torch.int64), group=gloo)
+            out = torch.full((n * ws,), 7, dtype=dtype)
+            dist.all_gather_into_tensor(out, x)
+            assert torch.equal(out.to(torch.int64), torch.cat(ref)), ("out of place", dtype, n)
+            inplace = torch.full((n * ws,), 7, dtype=dtype)
+            inplace[rank * n:(rank + 1) * n] = x
+            dist.all_gather_into_tensor(inplace, inplace[rank * n:(rank + 1) * n])
+            assert torch.equal(inplace.to(torch.int64), torch.cat(ref)), ("in place", dtype, n)
+            lst = [torch.empty(n, dtype=dtype) for _ in range(ws)]
+            dist.all_gather(lst, x)
+            assert torch.equal(torch.cat(lst).to(torch.int64), torch.cat(ref)), ("list", dtype, n)
+    with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
+        return sorted({line.split("algo=")[1].split()[0] for line in fh if "allgather" in line and "algo=" in line})
+
+
+@pytest.mark.parametrize("layout,expected", [("2x2", ["hierarchical"]), ("interleaved", ["hierarchical"]),
+                                             ("2+1", ["flat"]), ("4x1", ["flat"])])
+def test_all_gather_by_rail_then_host(layout, expected):
+    ids = LAYOUTS[layout]
+    out = run_ranks(len(ids), _all_gather_by_rail_then_host, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
+                    env={"PYCOLL_DEBUG": "INFO"}, timeout=300)
+    assert all(algos == expected for algos in out), out
+
+
 def _cuda_across_hosts(rank, ws):
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)

@@ -234,6 +234,7 @@ Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& stream) {
       c.output.reshape({-1}).copy_(whole.reshape({-1}).narrow(0, rank_ * m, m));
       return hier ? Algo::Hierarchical : Algo::Flat;
     }
+    case OpCode::AllGather: return all_gather(c, stream);
     default: return run_flat(c);
   }
 }
@@ -245,19 +246,32 @@ at::Tensor HierarchicalEngine::scratch(int64_t numel, const at::TensorOptions& o
   return scratch_.narrow(0, 0, bytes).view(options.dtype().toScalarType());
 }
 
-const at::Tensor& HierarchicalEngine::block_order(const at::Device& device) {
-  if (!block_order_.defined()) {
+const std::vector<int64_t>& HierarchicalEngine::rail_major_ranks() {
+  if (rail_major_ranks_.empty()) {
     // Group ranks by host, ascending (a rank's local rank is its place there), then list rail l's
     // ranks (local rank l on every host, by host) for l = 0..L-1.
     std::vector<std::vector<int64_t>> by_host(layout_.num_hosts);
     for (int r = 0; r < size_; ++r) by_host[layout_.host_of[r]].push_back(r);
-    std::vector<int64_t> order;
     for (int l = 0; l < layout_.local_size(); ++l)
-      for (int h = 0; h < layout_.num_hosts; ++h) order.push_back(by_host[h][l]);
-    block_order_ = at::tensor(order, at::kLong);
+      for (int h = 0; h < layout_.num_hosts; ++h) rail_major_ranks_.push_back(by_host[h][l]);
   }
+  return rail_major_ranks_;
+}
+
+const at::Tensor& HierarchicalEngine::block_order(const at::Device& device) {
+  if (!block_order_.defined()) block_order_ = at::tensor(rail_major_ranks(), at::kLong);
   if (block_order_.device() != device) block_order_ = block_order_.to(device);
   return block_order_;
+}
+
+void HierarchicalEngine::gather_rows(const at::Tensor& from, const at::Tensor& to) {
+  const std::vector<int64_t>& order = rail_major_ranks();
+  for (size_t i = 0; i < order.size(); ++i) to[static_cast<int64_t>(i)].copy_(from[order[i]]);
+}
+
+void HierarchicalEngine::scatter_rows(const at::Tensor& from, const at::Tensor& to) {
+  const std::vector<int64_t>& order = rail_major_ranks();
+  for (size_t i = 0; i < order.size(); ++i) to[order[i]].copy_(from[static_cast<int64_t>(i)]);
 }
 
 Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& stream) {
@@ -277,8 +291,16 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
   if (hier) {
     // 1. the blocks rail l owns side by side, 2. reduce-scatter inside the host: local rank l
     // holds the host's sum of rail l's N blocks, 3. reduce-scatter of those along rail l.
-    at::Tensor staged = blocks.index_select(0, block_order(blocks.device())).reshape({-1});
-    across_hosts = scratch(N * m, c.input.options());
+    at::Tensor staged;
+    if (on_device_) {
+      staged = blocks.index_select(0, block_order(blocks.device())).reshape({-1});
+      across_hosts = scratch(N * m, c.input.options());
+    } else {
+      at::Tensor buf = scratch((size_ + N) * m, c.input.options());
+      staged = buf.narrow(0, 0, size_ * m);
+      gather_rows(blocks, staged.view({size_, m}));
+      across_hosts = buf.narrow(0, size_ * m, N * m);
+    }
     Collective rs;
     rs.op = OpCode::ReduceScatter;
     rs.input = staged;
@@ -290,6 +312,32 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
   backend_reduce_scatter(hier ? *rail_ : *flat_, across_hosts, c.output, level_op, on_device_);
   if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
   return hier ? Algo::Hierarchical : Algo::Flat;
+}
+
+Algo HierarchicalEngine::all_gather(const Collective& c, const c10::Stream& stream) {
+  const int64_t L = layout_.local_size(), N = layout_.num_hosts;
+  // CPU tensors only for now: on CUDA tensors NCCL's flat all_gather stays (not measured here).
+  const bool hier = c.algo != Algo::Flat && !on_device_ && layout_.uniform && rail_ && L > 1 && N > 1;
+  if (!hier) return run_flat(c);
+  if (auto check = start_check(c)) check->finish();  // before any byte crosses hosts
+  at::Tensor in = bytes_of(c.input);
+  const int64_t m = in.numel();
+  if (m == 0) return Algo::Hierarchical;
+  // 1. along the rail: the N blocks of this rank's local rank, by host; 2. inside the host: every
+  // rail's N blocks, by local rank; 3. into group-rank order (block_order lists the rank of each
+  // (local rank, host) block). Across hosts each rank sends (N-1) blocks in N-1 steps, against
+  // n-1 steps of the flat ring.
+  at::Tensor buf = scratch((N + L * N) * m, in.options());
+  at::Tensor by_host = buf.narrow(0, 0, N * m);
+  at::Tensor by_local = buf.narrow(0, N * m, L * N * m);
+  rail_->_allgather_base(by_host, in, c10d::AllgatherOptions())->wait();
+  Collective ag;
+  ag.op = OpCode::AllGather;
+  ag.input = by_host;
+  ag.output = by_local;
+  local_.run(ag, stream);
+  scatter_rows(by_local.view({L * N, m}), bytes_of(c.output).view({size_, m}));
+  return Algo::Hierarchical;
 }
 
 Algo HierarchicalEngine::run_flat(const Collective& c) {
