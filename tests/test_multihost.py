@@ -189,6 +189,12 @@ def _all_gather_by_rail_then_host(rank, ws):
             lst = [torch.empty(n, dtype=dtype) for _ in range(ws)]
             dist.all_gather(lst, x)
             assert torch.equal(torch.cat(lst).to(torch.int64), torch.cat(ref)), ("list", dtype, n)
+    # Past the 128 MiB the engine keeps between calls (here 2 + 4 blocks of 24 MiB): its own buffer.
+    x = torch.arange(6 << 20, dtype=torch.float32) + rank
+    out = torch.empty(ws * x.numel())
+    dist.all_gather_into_tensor(out, x)
+    assert torch.equal(out.view(ws, -1), torch.stack([torch.arange(6 << 20, dtype=torch.float32) + r
+                                                      for r in range(ws)])), "large"
     with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
         return sorted({line.split("algo=")[1].split()[0] for line in fh if "allgather" in line and "algo=" in line})
 

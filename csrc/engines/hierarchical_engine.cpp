@@ -127,6 +127,10 @@ constexpr size_t kDeviceHierarchicalMinBytes = 128 << 10;
 // The same for reduce_scatter (input bytes): hierarchical 0.5x NCCL at 4 KiB, 1.06x at 32 KiB.
 constexpr size_t kDeviceHierarchicalReduceScatterMinBytes = 32 << 10;
 
+// The CPU scratch buffer kept across calls grows to at most this; a larger op allocates its own
+// (its page faults then cost a smaller share of its time, and a group keeps no more memory).
+constexpr int64_t kKeptScratchMaxBytes = int64_t(128) << 20;
+
 }  // namespace
 
 HierarchicalEngine::HierarchicalEngine(Engine& local, const HostLayout& layout, int rank, int size, bool on_device)
@@ -240,8 +244,8 @@ Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& stream) {
 }
 
 at::Tensor HierarchicalEngine::scratch(int64_t numel, const at::TensorOptions& options) {
-  if (on_device_) return at::empty({numel}, options);
   const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
+  if (on_device_ || bytes > kKeptScratchMaxBytes) return at::empty({numel}, options);
   if (!scratch_.defined() || scratch_.numel() < bytes) scratch_ = at::empty({bytes}, options.dtype(at::kByte));
   return scratch_.narrow(0, 0, bytes).view(options.dtype().toScalarType());
 }

@@ -70,10 +70,10 @@ class HierarchicalEngine : public Engine {
   // Starts comparing c with every rank's call (flat group); nullopt where not checked.
   std::optional<CallCheck> start_check(const Collective& c);
   Algo run_flat(const Collective& c);
-  // `numel` elements of `options`' dtype: on CPU a view of a buffer kept across calls (ops run
-  // one at a time; a fresh buffer of several MiB costs its page faults on every call, inside the
-  // local phase its peers wait on); on a device a fresh tensor (the caching allocator is cheap
-  // and keeps stream order).
+  // `numel` elements of `options`' dtype: on CPU a view of a buffer kept across calls, up to
+  // 128 MiB (ops run one at a time; a fresh buffer of several MiB costs its page faults on every
+  // call, inside the local phase its peers wait on); on a device a fresh tensor (the caching
+  // allocator is cheap and keeps stream order).
   at::Tensor scratch(int64_t numel, const at::TensorOptions& options);
 
   Engine& local_;
