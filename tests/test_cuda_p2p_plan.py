@@ -1,4 +1,4 @@
-"""The CUDA engine's cut of a send/recv (gpu::plan_p2p_message) and the all_to_all's CTA roles
+"""The CUDA engine's cut of a send/recv (gpu::plan_p2p) and the all_to_all's CTA roles
 (kernels/all_to_all_role.h), tested without a GPU through pycollectives._C: both ends of a pair
 must derive the same launch from what they both know, every byte must have a chunk, and every
 side of every pair exactly one CTA. docs/decisions/0011-p2p-channels.md."""

@@ -82,7 +82,7 @@ void register_cuda_plan(py::module_& m) {
         if (bytes < 0 || world < 2 || world > cuda_ipc::kMaxRanks || sms < 1)
           throw py::value_error("cuda_p2p_plan: bytes must be >= 0, world 2..8 and sms >= 1");
         const cuda_ipc::Layout L = cuda_ipc::make_layout(world);
-        const gpu::Geometry g = gpu::plan_p2p_message(bytes, L.p2p.slot_bytes, L.p2p.nblocks, sms);
+        const gpu::Geometry g = gpu::plan_p2p(bytes, L.p2p.slot_bytes, L.p2p.nblocks, sms);
         py::dict d;
         d["blocks"] = g.blocks;
         d["chunk"] = g.chunk;
@@ -93,7 +93,7 @@ void register_cuda_plan(py::module_& m) {
         return d;
       },
       py::arg("bytes"), py::arg("world"), py::arg("sms") = 132,
-      "How the CUDA engine cuts a send/recv of `bytes` on a group of `world` ranks (gpu::plan_p2p_message): "
+      "How the CUDA engine cuts a send/recv of `bytes` on a group of `world` ranks (gpu::plan_p2p): "
       "CTAs, chunk, chunks, and the p2p channel set's slot size, depth and channel count.");
   m.def(
       "cuda_all_to_all_roles",

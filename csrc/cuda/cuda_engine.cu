@@ -534,7 +534,7 @@ kernels::P2PArgs make_p2p_args(const cuda_ipc::DeviceHandle& h, void* buf, int64
 
 gpu::Geometry CudaEngine::plan_p2p(int64_t bytes) const {
   const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
-  return gpu::plan_p2p_message(bytes, p2p.slot_bytes, p2p.nblocks, sms_);
+  return gpu::plan_p2p(bytes, p2p.slot_bytes, p2p.nblocks, sms_);
 }
 
 // Send/recv kernels launch without programmatic dependent launch: an early-launched successor on the

@@ -70,22 +70,19 @@ Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_byte
   return g;
 }
 
-Geometry plan_p2p(int64_t bytes, int64_t slot_bytes, int max_blocks, int64_t min_chunk_bytes) {
+Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms) {
+  const int64_t max_blocks =
+      std::max(1, std::min({kP2PMaxBlocks, p2p_channels, std::max(1, (sms - kSmHeadroom) / 2)}));
   Geometry g;
-  g.chunk = slot_bytes;
+  g.chunk = p2p_slot_bytes;
   g.nchunks = 0;
   g.blocks = 1;
   if (bytes <= 0) return g;
-  const int64_t floor = std::min(min_chunk_bytes, slot_bytes);
-  g.chunk = std::clamp(round_up(ceil_div(bytes, int64_t(max_blocks)), int64_t(4096)), floor, slot_bytes);
+  const int64_t floor = std::min(kP2PMinChunkBytes, p2p_slot_bytes);
+  g.chunk = std::clamp(round_up(ceil_div(bytes, max_blocks), int64_t(4096)), floor, p2p_slot_bytes);
   g.nchunks = ceil_div(bytes, g.chunk);
-  g.blocks = int(std::min<int64_t>(max_blocks, g.nchunks));
+  g.blocks = int(std::min(max_blocks, g.nchunks));
   return g;
-}
-
-Geometry plan_p2p_message(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms) {
-  const int max_blocks = std::min({kP2PMaxBlocks, p2p_channels, std::max(1, (sms - kSmHeadroom) / 2)});
-  return plan_p2p(bytes, p2p_slot_bytes, std::max(1, max_blocks), kP2PMinChunkBytes);
 }
 
 int all_to_all_channels(int nranks, int coll_channels, int sms) {

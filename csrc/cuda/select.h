@@ -95,15 +95,12 @@ constexpr int kP2PMaxBlocks = 64;
 constexpr int64_t kP2PMinChunkBytes = 128 << 10;
 constexpr int kSmHeadroom = 4;
 
-// Cut a send/recv of `bytes`: chunks of at most `slot_bytes` (a multiple of 4 KiB but the last),
-// spread over up to `max_blocks` CTAs, none below `min_chunk_bytes` unless the message is. Both
-// ends call it with the same arguments (the layout's slot and the message length), so they agree
-// on which CTA carries which chunk.
-Geometry plan_p2p(int64_t bytes, int64_t slot_bytes, int max_blocks, int64_t min_chunk_bytes);
-// The engine's cut of a send/recv: plan_p2p with at most kP2PMaxBlocks CTAs, no more than the
-// workspace's `p2p_channels` or half the GPU's SMs less kSmHeadroom, and chunks of at least
-// kP2PMinChunkBytes.
-Geometry plan_p2p_message(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms);
+// Cut a send/recv of `bytes`: chunks of at most `p2p_slot_bytes` (a multiple of 4 KiB but the
+// last), none below kP2PMinChunkBytes unless the message or the slot is, spread over at most
+// kP2PMaxBlocks CTAs, no more than the workspace's `p2p_channels` or half the GPU's SMs less
+// kSmHeadroom. Both ends call it with the same arguments (their layouts and GPUs are alike, the
+// message length the same), so they agree on which CTA carries which chunk.
+Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms);
 // Channels of an all_to_all of `nranks` (it launches two CTAs per channel): kAllToAllChannels, no
 // more than the workspace's `coll_channels` or half the GPU's SMs less kSmHeadroom, but at least
 // one per pair.

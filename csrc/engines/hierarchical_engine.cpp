@@ -145,6 +145,24 @@ HierarchicalEngine::HierarchicalEngine(Engine& local, const HostLayout& layout, 
   TORCH_INTERNAL_ASSERT(flat_, "pycoll: a group across hosts needs its flat inter-host group");
 }
 
+bool HierarchicalEngine::can_be_hierarchical() const {
+  return layout_.uniform && rail_ && layout_.local_size() > 1 && layout_.num_hosts > 1;
+}
+
+bool HierarchicalEngine::small_on_device(const Collective& c, size_t bytes, size_t min_bytes) const {
+  return on_device_ && c.algo != Algo::Hierarchical && bytes < min_bytes;
+}
+
+void HierarchicalEngine::run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce,
+                                   const c10::Stream& stream) {
+  Collective c;
+  c.op = op;
+  c.input = in;
+  c.output = out;
+  c.reduce = reduce;
+  local_.run(c, stream);
+}
+
 bool HierarchicalEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& device) {
   if (device.is_cuda() != on_device_) return false;
   if (moves_as_bytes(op)) return true;
@@ -171,9 +189,7 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
   const ReduceKind level_op = op == ReduceKind::Avg ? ReduceKind::Sum : op;
   const int64_t L = layout_.local_size();
   const int64_t n = in.numel();
-  const bool small_on_device = on_device_ && call.algo != Algo::Hierarchical &&
-                               static_cast<size_t>(in.nbytes()) < kDeviceHierarchicalMinBytes;
-  *hierarchical = layout_.uniform && rail_ && L > 1 && layout_.num_hosts > 1 && !small_on_device;
+  *hierarchical = can_be_hierarchical() && !small_on_device(call, in.nbytes(), kDeviceHierarchicalMinBytes);
   // The exchange of call signatures runs while the host reduces (call_check.h).
   std::optional<CallCheck> check = start_check(call);
   if (n == 0 || !*hierarchical) {
@@ -191,19 +207,10 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
     at::Tensor whole = exact ? in.reshape({-1}) : at::zeros({shard * L}, in.options());
     if (!exact) whole.narrow(0, 0, n).copy_(in.reshape({-1}));
     at::Tensor mine = scratch(shard, in.options());
-    Collective rs;
-    rs.op = OpCode::ReduceScatter;
-    rs.input = whole;
-    rs.output = mine;
-    rs.reduce = level_op;
-    local_.run(rs, stream);
+    run_local(OpCode::ReduceScatter, whole, mine, level_op, stream);
     if (check) check->finish();
     backend_all_reduce(rail_, mine, level_op, on_device_);
-    Collective ag;
-    ag.op = OpCode::AllGather;
-    ag.input = mine;
-    ag.output = exact ? out.reshape({-1}) : whole;
-    local_.run(ag, stream);
+    run_local(OpCode::AllGather, mine, exact ? out.reshape({-1}) : whole, level_op, stream);
     if (!exact) out.reshape({-1}).copy_(whole.narrow(0, 0, n));
   }
   if (op == ReduceKind::Avg) out.div_(size_);
@@ -280,19 +287,20 @@ void HierarchicalEngine::scatter_rows(const at::Tensor& from, const at::Tensor& 
 
 Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& stream) {
   const ReduceKind level_op = c.reduce == ReduceKind::Avg ? ReduceKind::Sum : c.reduce;
-  const int64_t L = layout_.local_size(), N = layout_.num_hosts, m = c.output.numel();
-  const bool small_on_device = on_device_ && c.algo != Algo::Hierarchical &&
-                               static_cast<size_t>(c.input.nbytes()) < kDeviceHierarchicalReduceScatterMinBytes;
-  const bool hier = c.algo != Algo::Flat && layout_.uniform && rail_ && L > 1 && N > 1 && !small_on_device;
+  const int64_t N = layout_.num_hosts, m = c.output.numel();
+  const bool hier = c.algo != Algo::Flat && can_be_hierarchical() &&
+                    !small_on_device(c, c.input.nbytes(), kDeviceHierarchicalReduceScatterMinBytes);
   std::optional<CallCheck> check = start_check(c);
   if (m == 0) {
     if (check) check->finish();
     return hier ? Algo::Hierarchical : Algo::Flat;
   }
   at::Tensor blocks = c.input.reshape({size_, m});
-  // In place (the output is this rank's block of the input), the flat form reads a copy.
-  at::Tensor across_hosts = c.output.is_alias_of(c.input) ? blocks.reshape({-1}).clone() : blocks.reshape({-1});
-  if (hier) {
+  at::Tensor across_hosts;
+  if (!hier) {
+    // In place (the output is this rank's block of the input), the flat form reads a copy.
+    across_hosts = c.output.is_alias_of(c.input) ? blocks.reshape({-1}).clone() : blocks.reshape({-1});
+  } else {
     // 1. the blocks rail l owns side by side, 2. reduce-scatter inside the host: local rank l
     // holds the host's sum of rail l's N blocks, 3. reduce-scatter of those along rail l.
     at::Tensor staged;
@@ -305,12 +313,7 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
       gather_rows(blocks, staged.view({size_, m}));
       across_hosts = buf.narrow(0, size_ * m, N * m);
     }
-    Collective rs;
-    rs.op = OpCode::ReduceScatter;
-    rs.input = staged;
-    rs.output = across_hosts;
-    rs.reduce = level_op;
-    local_.run(rs, stream);
+    run_local(OpCode::ReduceScatter, staged, across_hosts, level_op, stream);
   }
   if (check) check->finish();
   backend_reduce_scatter(hier ? *rail_ : *flat_, across_hosts, c.output, level_op, on_device_);
@@ -321,25 +324,21 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
 Algo HierarchicalEngine::all_gather(const Collective& c, const c10::Stream& stream) {
   const int64_t L = layout_.local_size(), N = layout_.num_hosts;
   // CPU tensors only for now: on CUDA tensors NCCL's flat all_gather stays (not measured here).
-  const bool hier = c.algo != Algo::Flat && !on_device_ && layout_.uniform && rail_ && L > 1 && N > 1;
+  const bool hier = c.algo != Algo::Flat && !on_device_ && can_be_hierarchical();
   if (!hier) return run_flat(c);
   if (auto check = start_check(c)) check->finish();  // before any byte crosses hosts
   at::Tensor in = bytes_of(c.input);
   const int64_t m = in.numel();
   if (m == 0) return Algo::Hierarchical;
   // 1. along the rail: the N blocks of this rank's local rank, by host; 2. inside the host: every
-  // rail's N blocks, by local rank; 3. into group-rank order (block_order lists the rank of each
-  // (local rank, host) block). Across hosts each rank sends (N-1) blocks in N-1 steps, against
+  // rail's N blocks, by local rank; 3. into group-rank order (rail_major_ranks lists the rank of
+  // each (local rank, host) block). Across hosts each rank sends (N-1) blocks in N-1 steps, against
   // n-1 steps of the flat ring.
   at::Tensor buf = scratch((N + L * N) * m, in.options());
   at::Tensor by_host = buf.narrow(0, 0, N * m);
   at::Tensor by_local = buf.narrow(0, N * m, L * N * m);
   rail_->_allgather_base(by_host, in, c10d::AllgatherOptions())->wait();
-  Collective ag;
-  ag.op = OpCode::AllGather;
-  ag.input = by_host;
-  ag.output = by_local;
-  local_.run(ag, stream);
+  run_local(OpCode::AllGather, by_host, by_local, ReduceKind::Sum, stream);
   scatter_rows(by_local.view({L * N, m}), bytes_of(c.output).view({size_, m}));
   return Algo::Hierarchical;
 }

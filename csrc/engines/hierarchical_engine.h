@@ -57,6 +57,14 @@ class HierarchicalEngine : public Engine {
   // `call`: the op as the user called it (its signature is compared across hosts).
   void all_reduce(const Collective& call, const at::Tensor& in, const at::Tensor& out, ReduceKind op,
                   const c10::Stream& stream, bool* hierarchical);
+  // The layout allows the hierarchical forms: the same number of ranks on every host, more than
+  // one host, more than one rank per host.
+  bool can_be_hierarchical() const;
+  // A device op below `min_bytes` (and not forced hierarchical) runs as one flat NCCL call.
+  bool small_on_device(const Collective& c, size_t bytes, size_t min_bytes) const;
+  // One op of the host's engine (reduce: only for the reductions).
+  void run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce,
+                 const c10::Stream& stream);
   Algo reduce_scatter(const Collective& c, const c10::Stream& stream);
   Algo all_gather(const Collective& c, const c10::Stream& stream);
   // The group ranks in the order step 1 of reduce_scatter puts their blocks (on `device`).
