@@ -490,3 +490,34 @@ def _zero_rank(rank, ws):
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_zero_elements_every_op(world_size):
     run_ranks(world_size, _zero_rank)
+
+
+# --------------------------------------------------------------------------
+# ProcessGroup.abort() from another thread
+
+
+def _abort_pending_rank(rank, ws):
+    quiet()
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(1 << 16), async_op=True)  # rank 1 never joins
+        timer = threading.Timer(0.5, dist.group.WORLD.abort)
+        t0 = time.monotonic()
+        timer.start()
+        try:
+            work.wait()
+        except RuntimeError:
+            took = time.monotonic() - t0
+        else:
+            raise AssertionError("wait() returned on an all_reduce the peer never joined")
+        timer.join()
+        assert 0.4 <= took < 5, f"wait() raised {took:.2f}s after the op; abort() came at 0.5s"
+        store.set("aborted", "1")
+        return took
+    store.wait(["aborted"], datetime.timedelta(seconds=60))
+    return None
+
+
+@pytest.mark.pycoll_only
+def test_abort_unblocks_pending_collective():
+    run_ranks(2, _abort_pending_rank, pg_timeout=datetime.timedelta(seconds=60), destroy=False, timeout=60)

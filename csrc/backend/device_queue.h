@@ -43,6 +43,10 @@ class DeviceQueue {
   virtual c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, uint64_t seq) = 0;
   virtual c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, uint64_t seq) = 0;
 
+  // ProcessGroup.abort(): every kernel of the group that waits on a peer ends (with an error the
+  // next op raises) instead of holding the GPU until the group's timeout. Any thread, idempotent.
+  virtual void abort() noexcept = 0;
+
   // The last traced kernel's timeline (PYCOLL_CUDA_TRACE=1); empty before the first CUDA collective.
   virtual std::vector<int64_t> trace() = 0;
 };

@@ -124,7 +124,13 @@ std::vector<int64_t> ProcessGroupPycoll::cuda_trace() { return cuda_ ? cuda_->tr
 
 void ProcessGroupPycoll::abort() {
   closed_.store(true);
+  if (cuda_) cuda_->abort();  // first: a kernel waiting on a peer ends, and the stream drains
   cpu_->abort();
+  if (hosts_) {
+    // The inter-host sub-groups (NCCL's abort ends its kernels too).
+    for (auto* b : {&hosts_->rail, &hosts_->flat, &hosts_->device_rail, &hosts_->device_flat})
+      if (*b) (*b)->abort();
+  }
   ReleaseGilIfHeld nogil;
   executor_->stop();
 }

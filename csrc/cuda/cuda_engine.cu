@@ -204,6 +204,7 @@ CudaEngine::~CudaEngine() = default;
 
 bool CudaEngine::peers_reachable() const { return ws_->reachable(); }
 int CudaEngine::device_error() const { return ws_->error_code(); }
+void CudaEngine::abort() noexcept { ws_->abort(); }
 std::string CudaEngine::device_error_message() const { return ws_->error_message(); }
 
 void CudaEngine::check_usable(const char* op) const {

@@ -79,6 +79,9 @@ class CudaEngine {
   // Non-zero if a kernel's bounded spin-wait expired (peer never arrived); kernels write it into host-mapped memory.
   int device_error() const;
   std::string device_error_message() const;
+  // ProcessGroup.abort(): a kernel of this engine that waits on a peer ends within a poll
+  // interval, and so does every later one (cuda_ipc::IpcWorkspace::abort). Any thread.
+  void abort() noexcept;
 
   int rank() const { return rank_; }
   int size() const { return size_; }

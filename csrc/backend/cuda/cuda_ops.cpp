@@ -72,6 +72,12 @@ std::vector<int64_t> CudaOps::trace() {
   return e != nullptr ? e->trace() : std::vector<int64_t>();
 }
 
+void CudaOps::abort() noexcept {
+  // Not under mu_: an engine being created holds it across a Store exchange with peers that may
+  // be gone. The engines outlive this call (destroyed with the group, after abort).
+  if (CudaEngine* e = bound_engine_.load(std::memory_order_acquire)) e->abort();
+}
+
 c10::cuda::CUDAStream CudaOps::comm_stream(const at::Device& device, Lane lane) {
   std::lock_guard<std::mutex> g(mu_);
   const auto key = std::make_pair(static_cast<int>(device.index()), static_cast<int>(lane));

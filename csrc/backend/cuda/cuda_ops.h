@@ -43,6 +43,7 @@ class CudaOps : public DeviceQueue {
   // every rank, in the same order.
   Engine* engine(const at::Device& device) override;
   std::vector<int64_t> trace() override;
+  void abort() noexcept override;
 
   // Collectives share one stream per device; sends and receives get one
   // each, so a send never waits behind a receive that depends on it.

@@ -39,6 +39,9 @@ struct HostErrorRecord {
   uint64_t expected;
   uint64_t observed;
   uint64_t waited_ns;
+  // Host side only: the abort word that IpcWorkspace::abort() copies into this rank's workspace
+  // (pinned, so the copy needs no staging and runs on a copy engine while kernels hold every SM).
+  uint32_t abort_source;
 };
 
 struct DeviceHandle {

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
@@ -242,6 +243,32 @@ IpcWorkspace::~IpcWorkspace() {
   }
 }
 
+void IpcWorkspace::abort() noexcept {
+  if (aborted_.exchange(true) || host_err_ == nullptr || local_ == nullptr) return;
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    // The word a kernel's own error would leave (signal.cuh: raise_error): origin this rank.
+    host_err_->abort_source = uint32_t(rank_ + 1) | (uint32_t(kErrPeerAborted) << 8);
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (cudaMemcpyAsync(local_ + layout_.off_abort, &host_err_->abort_source, sizeof(uint32_t),
+                        cudaMemcpyHostToDevice, s) == cudaSuccess) {
+      // Bounded: a copy engine that does not finish a 4-byte copy in a second will not be helped by
+      // waiting longer, and abort() must return.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    (void)cudaGetLastError();
+    (void)cudaStreamDestroy(s);  // returns at once; the stream goes when its copy is done
+  } catch (...) {
+    // abort() is called on the way out of a failure: never throw from it.
+  }
+}
+
 int IpcWorkspace::error_code() const {
   if (host_err_ == nullptr) return 0;
   const int code = *reinterpret_cast<const volatile int32_t*>(&host_err_->code);
@@ -269,6 +296,10 @@ std::string IpcWorkspace::error_message() const {
          << "). That rank crashed, hangs, or issued a different sequence of operations.";
       break;
     case kErrPeerAborted:
+      if (e->peer == e->rank && aborted()) {
+        os << what << " (CTA " << e->block << ") stopped: this rank's process group was aborted (ProcessGroup.abort()).";
+        break;
+      }
       os << what << " (CTA " << e->block << ") stopped because rank " << e->peer
          << " reported an error first; see that rank's error.";
       break;

@@ -7,6 +7,7 @@
 // publish / read every rank's verdict) so that all ranks agree on reachable().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -46,6 +47,14 @@ class IpcWorkspace {
   int error_code() const;
   std::string error_message() const;
 
+  // ProcessGroup.abort(): sets this rank's sticky abort word, so that a kernel waiting on a peer
+  // (and every later one) ends within one poll interval and reports kErrPeerAborted with this
+  // rank as the origin. Safe from any thread while kernels run: the word is copied from pinned
+  // memory on a stream of its own (a copy engine, no SM needed); waits at most about a second
+  // for the copy. Peers are not told (as NCCL's abort, it is local). Idempotent.
+  void abort() noexcept;
+  bool aborted() const { return aborted_.load(); }
+
  private:
   void init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, std::chrono::milliseconds timeout,
             int64_t coll_slot_bytes, int coll_blocks, int64_t ll128_max_bytes);
@@ -60,6 +69,7 @@ class IpcWorkspace {
   char* local_ = nullptr;      // this rank's workspace (cudaMalloc)
   std::vector<char*> peers_;   // peers' workspaces, opened with cudaIpcOpenMemHandle
   HostErrorRecord* host_err_ = nullptr;  // cudaHostAlloc(mapped)
+  std::atomic<bool> aborted_{false};
   DeviceHandle handle_;
 };
 
