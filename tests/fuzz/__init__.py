@@ -1,7 +1,8 @@
 """Seeded random sequences of torch.distributed ops on pycoll, each checked
 against the same op on Gloo.
 
-Shared by tests/test_fuzz.py (1,500-3,000 ops per world size, in CI) and
+Shared by tests/test_fuzz.py (1,500-3,000 ops per world size, in CI),
+tests/test_gpu_fuzz.py (the same with pycoll's tensors on the GPUs) and
 benchmarks/soak.py (``make soak``: 100,000 ops with resource checks).
 
 The package: core.py (the Fuzzer: the sequence, shared draws, checks against
@@ -14,6 +15,13 @@ Every rank draws the same sequence from ``random.Random(seed)``: the op, the
 group, dtype, reduce op, sizes, layouts, roots, split matrices, async or not,
 and when (and in which order) pending async work is waited.  Tensor contents
 are rank-specific (a torch.Generator seeded from seed, op index, rank).
+
+Device: CPU by default; in CUDA mode (Fuzzer(device="cuda:<rank>"),
+fuzz_rank(..., device="cuda")) every tensor handed to pycoll (inputs, outputs,
+strided views and the buffers around them, point-to-point and coalesced
+tensors) is on the rank's GPU, made from the same CPU-generated values; the
+Gloo twins and torch references use CPU copies, and every comparison is made
+on CPU.  The device takes no draw: a seed runs the same ops on CPU and GPU.
 
 Groups: the default pycoll group ("world"), a second pycoll group over the
 same ranks ("dup"), a pycoll group of ranks 1.. ("sub"), and for 3+ ranks

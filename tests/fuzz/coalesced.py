@@ -54,24 +54,26 @@ class CoalescedOps:
                     if reduces and (d.is_floating_point or refs[i] is None):
                         gath[i] = self.gathered(grp, xs[i])
             if form == "all_reduce_coalesced":
-                outs = [x.clone() for x in xs]
+                outs = [self.dev_copy(x) for x in xs]
                 w = dist.all_reduce_coalesced(outs, op=dist_op(op, factor), group=grp.pg, async_op=a)
             else:
                 if form == "all_reduce":
-                    outs = [x.clone() for x in xs]
+                    outs = [self.dev_copy(x) for x in xs]
                 elif form == "reduce_scatter_tensor":
-                    outs = [filler(d, (n,)) for d, n in zip(dtypes, sizes)]
+                    outs = [self.dev(filler(d, (n,))) for d, n in zip(dtypes, sizes)]
                 else:
-                    outs = [filler(d, (W * n,)) for d, n in zip(dtypes, sizes)]
+                    outs = [self.dev(filler(d, (W * n,))) for d, n in zip(dtypes, sizes)]
+                # The pair forms' inputs (on CPU, xs themselves); all_reduce works in place on outs.
+                ins = [self.dev(x) for x in xs] if form != "all_reduce" else None
                 with dist._coalescing_manager(group=grp.pg, async_ops=a) as cm:
                     for i in range(k):
                         if form == "all_reduce":
                             dist.all_reduce(outs[i], op=dist_op(op, factor), group=grp.pg)
                         elif form == "reduce_scatter_tensor":
-                            dist.reduce_scatter_tensor(outs[i], xs[i], op=dist_op(op, factor),
+                            dist.reduce_scatter_tensor(outs[i], ins[i], op=dist_op(op, factor),
                                                        group=grp.pg)
                         else:
-                            dist.all_gather_into_tensor(outs[i], xs[i], group=grp.pg)
+                            dist.all_gather_into_tensor(outs[i], ins[i], group=grp.pg)
                 w = cm if a else None
 
             def finish():

@@ -50,8 +50,13 @@ class FuzzerCore:
     helpers and checks, bookkeeping (arguments: see Fuzzer)."""
 
     def __init__(self, rank, ws, seed, *, check=True, trace=False, max_bytes=MIB,
-                 max_pending=8, groups=None, algos=ALGOS, set_algo_with_pending=None):
+                 max_pending=8, groups=None, algos=ALGOS, set_algo_with_pending=None, device="cpu"):
         self.rank, self.ws, self.seed = rank, ws, seed
+        # Where pycoll's tensors live; Gloo's and the references stay on CPU.  No rng draw
+        # depends on it: a seed gives the same sequence on CPU and on a GPU.
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self.rng = random.Random(seed)
         self.check = check
         self.trace = trace
@@ -78,7 +83,8 @@ class FuzzerCore:
 
     def where(self, index=None, desc=None, group=None):
         index = self.index if index is None else index
-        return (f"[fuzz seed={self.seed} op #{index} ws={self.ws} rank={self.rank} "
+        on = "" if self.device.type == "cpu" else f" device={self.device}"
+        return (f"[fuzz seed={self.seed} op #{index} ws={self.ws} rank={self.rank}{on} "
                 f"group={group or self.group} algo={self.algo}: {desc or self.desc}]")
 
     def fail(self, what, msg):
@@ -95,6 +101,21 @@ class FuzzerCore:
 
     def count(self, key):
         self.counts[key] = self.counts.get(key, 0) + 1
+
+    def dev(self, t):
+        """Fresh CPU tensor `t` where pycoll's tensors live (on CPU, `t` itself)."""
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    def dev_copy(self, t):
+        """A copy of CPU tensor `t` where pycoll's tensors live."""
+        return t.clone() if self.device.type == "cpu" else t.to(self.device)
+
+    def is_completed(self, w):
+        """Work.is_completed() after its wait().  On a GPU, wait() makes the current stream wait
+        for the op, not the host (as ProcessGroupNCCL): the op is complete once that stream is."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return w.is_completed()
 
     def seed_of(self, k=0, rank=None):
         """Seed of a rank's tensor `k` in the current op."""
@@ -331,6 +352,9 @@ class Fuzzer(ReductionOps, DataMovementOps, PointToPointOps, CoalescedOps, Fuzze
 
     ``fz = Fuzzer(rank, ws, seed); fz.run(n); fz.finish()``.
     check=False skips the Gloo references and comparisons (pycoll alone).
+    device: where the tensors handed to pycoll live ("cpu", or "cuda:<i>": the
+    rank's GPU, made current); the Gloo twins and the references always work
+    on CPU copies of the same inputs, and results are compared on CPU.
     trace: print each op to stderr before issuing it (the rank's log tail
     then shows where a hang or crash happened).
     """

@@ -21,7 +21,7 @@ class DataMovementOps:
 
         def run():
             x = self._data(dtype, "data", shape)
-            t, guard = place(x, layout)
+            t, guard = place(x, layout, device=self.device)
             gloo_t = None
             if self.check:
                 gloo_t = x.clone()
@@ -43,12 +43,12 @@ class DataMovementOps:
 
         def run():
             x = self._data(dtype, "data", shape)
-            inp, guard = place(x, layout)
+            inp, guard = place(x, layout, device=self.device)
             refs = None
             if self.check:
                 refs = [filler(dtype, shape) for _ in range(grp.size)]
                 dist.all_gather(refs, x.clone(), group=grp.ref)
-            outs = [filler(dtype, shape) for _ in range(grp.size)]
+            outs = [self.dev(filler(dtype, shape)) for _ in range(grp.size)]
             w = dist.all_gather(outs, inp, group=grp.pg, async_op=a)
 
             def finish():
@@ -70,12 +70,12 @@ class DataMovementOps:
 
         def run():
             x = self._data(dtype, "data", (n,))
-            inp, guard = place(x, layout)
+            inp, guard = place(x, layout, device=self.device)
             ref = None
             if self.check:  # Gloo: flat output only
                 ref = filler(dtype, (grp.size * n,))
                 dist.all_gather_into_tensor(ref, x.clone(), group=grp.ref)
-            out = filler(dtype, (grp.size, n) if stacked else (grp.size * n,))
+            out = self.dev(filler(dtype, (grp.size, n) if stacked else (grp.size * n,)))
             w = dist.all_gather_into_tensor(out, inp, group=grp.pg, async_op=a)
 
             def finish():
@@ -99,16 +99,16 @@ class DataMovementOps:
         def run():
             me = grp.me
             x = self._data(dtype, "data", (sum(S[me]),))
-            ins = [c.clone() for c in x.split(S[me])]
+            ins = [self.dev_copy(c) for c in x.split(S[me])]
             want = None
             if self.check:
                 if not uneven:  # Gloo: equal sizes only ("invalid tensor size")
                     want = [filler(dtype, (S[j][me],)) for j in range(W)]
-                    dist.all_to_all(want, [c.clone() for c in ins], group=grp.ref)
+                    dist.all_to_all(want, [c.clone() for c in x.split(S[me])], group=grp.ref)
                 else:  # torch: slice every rank's input, all_gathered through Gloo
                     xs = self.gathered_uneven(grp, x, [sum(S[r]) for r in range(W)])
                     want = [xs[j][sum(S[j][:me]):sum(S[j][:me + 1])] for j in range(W)]
-            outs = [filler(dtype, (S[j][me],)) for j in range(W)]
+            outs = [self.dev(filler(dtype, (S[j][me],))) for j in range(W)]
             w = dist.all_to_all(outs, ins, group=grp.pg, async_op=a)
 
             def finish():
@@ -137,7 +137,7 @@ class DataMovementOps:
             me = grp.me
             cols = (3,) if form == "rows" else ()
             x = self._data(dtype, "data", (sum(S[me]),) + cols)
-            inp, guard = place(x, "rows" if form == "rows" else "contig")
+            inp, guard = place(x, "rows" if form == "rows" else "contig", device=self.device)
             out_rows = sum(S[j][me] for j in range(W))
             splits = {} if form == "even" else {
                 "output_split_sizes": [S[j][me] for j in range(W)],
@@ -146,7 +146,7 @@ class DataMovementOps:
             if self.check:
                 ref = filler(dtype, (out_rows,) + cols)
                 dist.all_to_all_single(ref, x.clone(), group=grp.ref, **splits)
-            out = filler(dtype, (out_rows,) + cols)
+            out = self.dev(filler(dtype, (out_rows,) + cols))
             w = dist.all_to_all_single(out, inp, group=grp.pg, async_op=a, **splits)
 
             def finish():
@@ -166,13 +166,13 @@ class DataMovementOps:
 
         def run():
             x = self._data(dtype, "data", shape)
-            inp, guard = place(x, layout)
+            inp, guard = place(x, layout, device=self.device)
             is_root = grp.me == root
             refs = None
             if self.check:
                 refs = [filler(dtype, shape) for _ in range(grp.size)] if is_root else None
                 dist.gather(x.clone(), refs, dst=grp.g(root), group=grp.ref)
-            outs = [filler(dtype, shape) for _ in range(grp.size)] if is_root else None
+            outs = [self.dev(filler(dtype, shape)) for _ in range(grp.size)] if is_root else None
             w = dist.gather(inp, outs, dst=grp.g(root), group=grp.pg, async_op=a)
 
             def finish():
@@ -200,8 +200,8 @@ class DataMovementOps:
                 ref = filler(dtype, shape)
                 dist.scatter(ref, [x.clone() for x in xs] if is_root else None,
                              src=grp.g(root), group=grp.ref)
-            out, guard = place(filler(dtype, shape), layout)
-            ins = [x.clone() for x in xs] if is_root else None
+            out, guard = place(filler(dtype, shape), layout, device=self.device)
+            ins = [self.dev_copy(x) for x in xs] if is_root else None
             w = dist.scatter(out, ins, src=grp.g(root), group=grp.pg, async_op=a)
 
             def finish():
@@ -222,7 +222,7 @@ class DataMovementOps:
             w = dist.barrier(group=grp.pg, async_op=a)
 
             def finish():
-                if a and not w.is_completed():
+                if a and not self.is_completed(w):
                     self.fail("work", "is_completed() is False after wait()")
             return w, finish
         return desc, a, run

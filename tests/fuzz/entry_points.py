@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+import torch
 import torch.distributed as dist
 
 from ranks import quiet
@@ -20,13 +21,18 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIX = "pycoll-"
 
 
-def fuzz_rank(rank, ws, seed, n_ops):
-    """The CI fuzz: n_ops random ops, every one checked; returns op counts."""
+def fuzz_rank(rank, ws, seed, n_ops, device="cpu"):
+    """The CI fuzz: n_ops random ops, every one checked; returns op counts.
+    device "cuda": pycoll's tensors on this rank's GPU (cuda:rank), the references on CPU."""
     quiet()
-    fz = Fuzzer(rank, ws, seed, trace=True)
+    if device == "cuda":
+        device = f"cuda:{rank}"
+    fz = Fuzzer(rank, ws, seed, trace=True, device=device)
     t0 = time.monotonic()
     fz.run(n_ops)
     counts = fz.finish()
+    if fz.device.type == "cuda":  # a late device-side error fails this rank, not the teardown
+        torch.cuda.synchronize(fz.device)
     dist.barrier(group=fz.groups[0].ref)
     return {"counts": counts, "seconds": time.monotonic() - t0}
 

@@ -37,8 +37,8 @@ class PointToPointOps:
             sends = me == src or mode == "exchange"
             recvs = me == dst or mode == "exchange"
             x = self._data(dtype, "data", shape)
-            st, sguard = place(x, layout) if sends else (None, None)
-            rt, rguard = place(filler(dtype, shape), rlayout) if recvs else (None, None)
+            st, sguard = place(x, layout, device=self.device) if sends else (None, None)
+            rt, rguard = place(filler(dtype, shape), rlayout, device=self.device) if recvs else (None, None)
             ref = None
             if self.check:
                 ref = filler(dtype, shape) if recvs else None
@@ -90,33 +90,34 @@ class PointToPointOps:
             nxt, prv = grp.g((me + 1) % W), grp.g((me - 1) % W)
             fwd = self._data(dtype, "data", (n,), k=0)
             bwd = self._data(dtype, "data", (n,), k=1)
-            plan = [("send", fwd, nxt, tag), ("recv", 0, prv, tag)]
+            plan = [("send", 0, nxt, tag), ("recv", 0, prv, tag)]
             if both:
-                plan += [("send", bwd, prv, tag + 1), ("recv", 1, nxt, tag + 1)]
+                plan += [("send", 1, prv, tag + 1), ("recv", 1, nxt, tag + 1)]
 
-            def ops(pg, bufs, clone):
+            def ops(pg, sends, bufs):
                 out = []
-                for kind, t, peer, tg in plan:
+                for kind, j, peer, tg in plan:
                     if kind == "send":
-                        out.append(dist.P2POp(dist.isend, t.clone() if clone else t, peer, pg, tg))
+                        out.append(dist.P2POp(dist.isend, sends[j], peer, pg, tg))
                     else:
-                        out.append(dist.P2POp(dist.irecv, bufs[t], peer, pg, tg))
+                        out.append(dist.P2POp(dist.irecv, bufs[j], peer, pg, tg))
                 return out
 
             refs = None
             if self.check:
                 refs = [filler(dtype, (n,)), filler(dtype, (n,))]
-                for r in dist.batch_isend_irecv(ops(grp.ref, refs, True)):
+                for r in dist.batch_isend_irecv(ops(grp.ref, [fwd.clone(), bwd.clone()], refs)):
                     r.wait()
-            got = [filler(dtype, (n,)), filler(dtype, (n,))]
-            reqs = dist.batch_isend_irecv(ops(grp.pg, got, False))
+            fwd_t, bwd_t = self.dev(fwd), self.dev(bwd)  # pycoll sends these themselves
+            got = [self.dev(filler(dtype, (n,))), self.dev(filler(dtype, (n,)))]
+            reqs = dist.batch_isend_irecv(ops(grp.pg, [fwd_t, bwd_t], got))
 
             def finish():
                 if self.check:
                     self.expect("received from prev vs gloo", got[0], refs[0], bitwise=True)
                     if both:
                         self.expect("received from next vs gloo", got[1], refs[1], bitwise=True)
-                self.expect("sent tensor unchanged", fwd,
+                self.expect("sent tensor unchanged", fwd_t,
                             self._data(dtype, "data", (n,), k=0), bitwise=True)
             return reqs, finish
         return desc, a, run

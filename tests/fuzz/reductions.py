@@ -23,7 +23,7 @@ class ReductionOps:
 
         def run():
             x = self._data(dtype, op, shape)
-            t, guard = place(x, layout)
+            t, guard = place(x, layout, device=self.device)
             gloo_t = xs = None
             if self.check:
                 if gloo_has(op):
@@ -43,7 +43,7 @@ class ReductionOps:
                         self.fail("future", f"value is not a list of one tensor: {type(val)}")
                     else:
                         self.expect("future value", val[0], t, bitwise=True)
-                elif a and not w.is_completed():
+                elif a and not self.is_completed(w):
                     self.fail("work", "is_completed() is False after wait()")
                 if self.check:
                     self.check_reduced("result", t, gloo_t, xs, op, dtype, factor)
@@ -62,7 +62,7 @@ class ReductionOps:
 
         def run():
             x = self._data(dtype, op, shape)
-            t, guard = place(x, layout)
+            t, guard = place(x, layout, device=self.device)
             gloo_t = xs = None
             if self.check:
                 if gloo_has(op):
@@ -92,7 +92,7 @@ class ReductionOps:
 
         def run():
             x = self._data(dtype, op, (W * n,))
-            buf, guard = place(x, layout)
+            buf, guard = place(x, layout, device=self.device)
             gloo_out = xs = None
             if self.check:
                 if gloo_has(op):
@@ -105,7 +105,7 @@ class ReductionOps:
                         dist.reduce_scatter_tensor(gloo_out, x.clone(), op=dist_op(op), group=grp.ref)
                 if dtype.is_floating_point or gloo_out is None:
                     xs = self.gathered(grp, x)
-            out = filler(dtype, (n,))
+            out = self.dev(filler(dtype, (n,)))
             if form == "list":
                 chunks = [buf[j * n:(j + 1) * n] for j in range(W)]
                 w = dist.reduce_scatter(out, chunks, op=dist_op(op, factor), group=grp.pg, async_op=a)

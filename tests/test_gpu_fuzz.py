@@ -1,0 +1,53 @@
+"""The random op sequences of tests/test_fuzz.py with pycoll's tensors on the GPUs (rank r on
+cuda:r): every collective, point-to-point and coalesced form, dtype, reduce op, layout and
+forced algorithm on the CUDA engine (or, for what it does not run, staged through host memory),
+each op checked against its Gloo twin on CPU copies of the same inputs (tests/fuzz/).
+
+    PYCOLL_GPU_WORLD=4 PYCOLL_FUZZ_SEED=1234 PYCOLL_FUZZ_OPS=3000 pytest -q tests/test_gpu_fuzz.py
+
+The seed defaults to the session seed (PYCOLL_TEST_SEED); a failure names the seed, the op index
+and the op.  The same seed on CPU (tests/test_fuzz.py, same world size) runs the same ops.
+"""
+
+import os
+import time
+
+import pytest
+
+from fuzz import KINDS, fuzz_rank
+from gpu_collectives_util import GPU_MARKS, PG_TIMEOUT, WORLD, run_as_script
+from ranks import run_ranks
+
+pytestmark = GPU_MARKS
+
+OPS = 1500
+
+
+@pytest.mark.pycoll_only  # the reference is Gloo
+def test_gpu_fuzz(seed):
+    fuzz_seed = int(os.environ.get("PYCOLL_FUZZ_SEED", seed))
+    n_ops = int(os.environ.get("PYCOLL_FUZZ_OPS", OPS))
+    t0 = time.monotonic()
+    try:
+        # PG_TIMEOUT bounds the engine's spin-waits: a protocol bug fails instead of hanging.
+        out = run_ranks(WORLD, fuzz_rank, fuzz_seed, n_ops, "cuda", timeout=120 + 0.1 * n_ops,
+                        pg_timeout=PG_TIMEOUT)
+    except Exception as e:
+        raise AssertionError(
+            f"GPU fuzz failed: seed={fuzz_seed} ops={n_ops} world_size={WORLD} "
+            f"(PYCOLL_GPU_WORLD={WORLD} PYCOLL_FUZZ_SEED={fuzz_seed} PYCOLL_FUZZ_OPS={n_ops} "
+            f"pytest tests/test_gpu_fuzz.py)\n{e}") from None
+    ran = {}
+    for r in out:
+        for kind, n in r["counts"].items():
+            ran[kind] = ran.get(kind, 0) + n
+    if n_ops >= len(KINDS):
+        missing = sorted(set(KINDS) - set(ran))
+        assert not missing, f"seed={fuzz_seed}: op kinds never run: {missing}"
+    print(f"fuzz ws={WORLD} seed={fuzz_seed} ops={n_ops}: {time.monotonic() - t0:.1f}s, "
+          f"per rank {[round(r['seconds'], 1) for r in out]}s; ops run by some rank: "
+          f"{dict(sorted(ran.items()))}")
+
+
+if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins
+    run_as_script(globals())
