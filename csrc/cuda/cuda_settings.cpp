@@ -54,7 +54,7 @@ const IntSetting kTwoShotBlocks("PYCOLL_CUDA_TWO_SHOT_BLOCKS", gpu::kTwoRankWide
 const IntSetting kLL128MaxKiB("PYCOLL_CUDA_LL128_MAX_KIB", 0, 0, int64_t(1) << 20, kScope, true, Audience::Developer,
                               "Largest two-shot all_reduce (KiB) run with the LL128 protocol; 0 turns it off. The "
                               "workspace holds a whole message of this size. docs/decisions/0010-ll128-two-shot.md",
-                              "gpu::default_ll128_max_bytes (two ranks: 16 MiB; more ranks: 0)");
+                              "gpu::default_ll128_max_bytes (2 to 4 ranks: 16 MiB; more ranks: 0)");
 const IntSetting kLL128Blocks("PYCOLL_CUDA_LL128_BLOCKS", cuda_ipc::kLL128Blocks, 1, cuda_ipc::kLL128Blocks, kScope,
                               true, Audience::Developer, "CTAs of an LL128 kernel at most (never more than the SMs).");
 const IntSetting kEarlyLaunch("PYCOLL_CUDA_EARLY_LAUNCH", 1, 0, 1, kScope, false, Audience::Developer,

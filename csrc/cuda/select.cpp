@@ -153,8 +153,15 @@ constexpr int64_t kManyRanksRingAllGatherBytesPerRank = int64_t(8) << 20;
 
 namespace {
 
+// Three and four ranks: measured (select.h, kFewRanks*).
+bool few_ranks(int nranks) { return nranks == 3 || nranks == 4; }
+
 Algo builtin_all_reduce(int64_t bytes, int nranks) {
-  if (nranks > 2 && bytes >= kManyRanksRingAllReduceBytes) return Algo::Ring;
+  if (few_ranks(nranks)) {
+    if (bytes > kFewRanksLL128MaxBytes) return Algo::Ring;
+    if (bytes >= kFewRanksTwoShotAllReduceBytes) return Algo::TwoShot;
+  }
+  if (nranks > 4 && bytes >= kManyRanksRingAllReduceBytes) return Algo::Ring;
   if (nranks == 2 && bytes >= kTwoRankSplitAllReduceBytes) return Algo::OneShot;  // runs split (select.h)
   if (nranks == 2 && bytes >= kTwoRankTwoShotAllReduceBytes) return Algo::TwoShot;
   Algo best = Algo::OneShot;
@@ -223,7 +230,10 @@ Algo choose(OpCode op, int64_t bytes, int nranks) {
   return builtin_choice(op, bytes, nranks);
 }
 
-int64_t default_ll128_max_bytes(int nranks) { return nranks == 2 ? kDefaultTwoRankLL128MaxBytes : 0; }
+int64_t default_ll128_max_bytes(int nranks) {
+  if (nranks == 2) return kDefaultTwoRankLL128MaxBytes;
+  return few_ranks(nranks) ? kFewRanksLL128MaxBytes : 0;
+}
 
 Algo choose_all_reduce(int64_t bytes, int nranks, int64_t ll128_max_bytes) {
   const Algo a = choose(OpCode::AllReduce, bytes, nranks);

@@ -79,6 +79,14 @@ constexpr int64_t kTwoRankWideTwoShotChunkBytes = int64_t(128) << 10;
 constexpr int64_t kDefaultTwoRankLL128MaxBytes = int64_t(16) << 20;
 constexpr int64_t kLL128MinLinesPerBlock = 64;
 
+// Three and four ranks (measured on 3 and 4 H100, 2026-11-27): the LL128 two-shot from
+// kFewRanksTwoShotAllReduceBytes up to kFewRanksLL128MaxBytes (at 4 ranks 20.6 against 35.8 us for the
+// LL one-shot at 1 MiB, 104 against 113 us for the ring at 16 MiB), the ring above it (178 against
+// 202 us at 32 MiB). The workspace grows by about 2 x 1.07 x (n-1)/n of the limit (27 MB at 4 ranks).
+// docs/decisions/0012-three-and-four-rank-all-reduce.md
+constexpr int64_t kFewRanksTwoShotAllReduceBytes = int64_t(512) << 10;
+constexpr int64_t kFewRanksLL128MaxBytes = int64_t(16) << 20;
+
 // All-to-all uses this many channels (2 CTAs each: a sender and a receiver), fewer where the
 // workspace has fewer or the GPU has less than two SMs per CTA: chunk j of a pair goes through
 // channel j % channels on both ends, so the count cannot depend on a rank's own sizes.
@@ -133,7 +141,7 @@ Algo choose(OpCode op, int64_t bytes, int nranks);
 Algo builtin_choice(OpCode op, int64_t bytes, int nranks);
 
 // The LL128 limit of an engine without PYCOLL_CUDA_LL128_MAX_KIB: kDefaultTwoRankLL128MaxBytes for
-// two ranks, 0 (off) otherwise.
+// two ranks, kFewRanksLL128MaxBytes for three and four, 0 (off, not measured) for more.
 int64_t default_ll128_max_bytes(int nranks);
 // The all_reduce `auto` of an engine whose LL128 limit is `ll128_max_bytes`: choose(), except that
 // two ranks run one-shot where it picked two-shot below kTwoRankChannelTwoShotAllReduceBytes for a
