@@ -57,8 +57,16 @@ def _issue(family, rank, world, dev, peer_joins=True):
 # abort() ends a waiting kernel
 
 
+def _start_engine(dev):
+    """Every rank's first CUDA op: it creates the group's CUDA engine, which is collective (every
+    rank maps every peer's workspace). A send from 0 to 3 as the group's first CUDA op would wait
+    for ranks 1 and 2 to make theirs."""
+    dist.all_reduce(torch.ones(16, device=dev))
+
+
 def _abort_rank(rank, world, family, store_dir):
     dev = setup_device(rank)
+    _start_engine(dev)
     store = dist.FileStore(os.path.join(store_dir, "side"), world)
     for _ in range(2):  # warm: the engine exists, every path has run once
         _issue(family, rank, world, dev)
@@ -108,6 +116,7 @@ def test_abort_ends_waiting_kernel(family, tmp_path):
 
 def _sigkill_rank(rank, world, family):
     dev = setup_device(rank)
+    _start_engine(dev)
     victim = world - 1
     for _ in range(2):
         _issue(family, rank, world, dev)
@@ -165,6 +174,7 @@ def _recreate_rank(rank, world, store_dir, rounds):
         store = dist.FileStore(os.path.join(store_dir, f"round{i}"), world)
         dist.init_process_group("pycoll", store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=60))
+        _start_engine(dev)
         for family in FAMILIES:
             _issue(family, rank, world, dev)
         x = torch.full((4 << 20,), float(rank + 1), device=dev)
