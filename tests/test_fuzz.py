@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from fuzz import KINDS, fuzz_rank
+from fuzz import fuzz_rank, summarize
 from ranks import run_ranks
 
 # 30-60 s for the three on the 2-core CI machine (about 2-4, 4-7 and 7-10 ms per op).
@@ -38,13 +38,4 @@ def test_fuzz(world_size, seed):
             f"fuzz failed: seed={fuzz_seed} ops={n_ops} world_size={world_size} "
             f"(PYCOLL_FUZZ_SEED={fuzz_seed} PYCOLL_FUZZ_OPS={n_ops} "
             f"pytest tests/test_fuzz.py -k ws{world_size})\n{e}") from None
-    ran = {}
-    for r in out:
-        for kind, n in r["counts"].items():
-            ran[kind] = ran.get(kind, 0) + n
-    if n_ops >= len(KINDS):
-        missing = sorted(set(KINDS) - set(ran))
-        assert not missing, f"seed={fuzz_seed}: op kinds never run: {missing}"
-    print(f"fuzz ws={world_size} seed={fuzz_seed} ops={n_ops}: {time.monotonic() - t0:.1f}s, "
-          f"per rank {[round(r['seconds'], 1) for r in out]}s; ops run by some rank: "
-          f"{dict(sorted(ran.items()))}")
+    print(summarize(out, fuzz_seed, n_ops, world_size, time.monotonic() - t0))

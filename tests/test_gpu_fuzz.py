@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from fuzz import KINDS, fuzz_rank
+from fuzz import fuzz_rank, summarize
 from gpu_collectives_util import GPU_MARKS, PG_TIMEOUT, WORLD, run_as_script
 from ranks import run_ranks
 
@@ -37,16 +37,7 @@ def test_gpu_fuzz(seed):
             f"GPU fuzz failed: seed={fuzz_seed} ops={n_ops} world_size={WORLD} "
             f"(PYCOLL_GPU_WORLD={WORLD} PYCOLL_FUZZ_SEED={fuzz_seed} PYCOLL_FUZZ_OPS={n_ops} "
             f"pytest tests/test_gpu_fuzz.py)\n{e}") from None
-    ran = {}
-    for r in out:
-        for kind, n in r["counts"].items():
-            ran[kind] = ran.get(kind, 0) + n
-    if n_ops >= len(KINDS):
-        missing = sorted(set(KINDS) - set(ran))
-        assert not missing, f"seed={fuzz_seed}: op kinds never run: {missing}"
-    print(f"fuzz ws={WORLD} seed={fuzz_seed} ops={n_ops}: {time.monotonic() - t0:.1f}s, "
-          f"per rank {[round(r['seconds'], 1) for r in out]}s; ops run by some rank: "
-          f"{dict(sorted(ran.items()))}")
+    print(summarize(out, fuzz_seed, n_ops, WORLD, time.monotonic() - t0))
 
 
 if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins

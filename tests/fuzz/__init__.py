@@ -46,7 +46,7 @@ re-raised at once with the same context.
 """
 
 from .core import ALGOS, KINDS, Fuzzer, FuzzError
-from .entry_points import SHM_DIR, SHM_PREFIX, fuzz_rank, soak_rank, usage
+from .entry_points import SHM_DIR, SHM_PREFIX, fuzz_rank, soak_rank, summarize, usage
 
 __all__ = ["ALGOS", "KINDS", "Fuzzer", "FuzzError", "SHM_DIR", "SHM_PREFIX", "fuzz_rank", "soak_rank",
-           "usage"]
+           "summarize", "usage"]

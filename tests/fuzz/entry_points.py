@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ranks import quiet
 
-from .core import Fuzzer
+from .core import KINDS, Fuzzer
 
 # Where pycoll's CPU transport names its POSIX shared memory
 # (csrc/transport/shm/shm_transport.cpp: "/pycoll-<job token>-<rank>").
@@ -35,6 +35,21 @@ def fuzz_rank(rank, ws, seed, n_ops, device="cpu"):
         torch.cuda.synchronize(fz.device)
     dist.barrier(group=fz.groups[0].ref)
     return {"counts": counts, "seconds": time.monotonic() - t0}
+
+
+def summarize(out, seed, n_ops, world_size, seconds):
+    """The parent's check of fuzz_rank's results: every op kind ran on some rank (when the sequence
+    is long enough to hold each); returns the one-line summary the tests print."""
+    ran = {}
+    for r in out:
+        for kind, n in r["counts"].items():
+            ran[kind] = ran.get(kind, 0) + n
+    if n_ops >= len(KINDS):
+        missing = sorted(set(KINDS) - set(ran))
+        assert not missing, f"seed={seed}: op kinds never run: {missing}"
+    return (f"fuzz ws={world_size} seed={seed} ops={n_ops}: {seconds:.1f}s, "
+            f"per rank {[round(r['seconds'], 1) for r in out]}s; ops run by some rank: "
+            f"{dict(sorted(ran.items()))}")
 
 
 def _malloc_trim():
