@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -46,7 +47,14 @@ class ProcessGroupPycoll : public c10d::Backend {
 
   const std::string getBackendName() const override { return "pycoll"; }
   bool supportsCoalescing() const override { return false; }
-  bool supportsSplitting() const override { return false; }
+  // split_group (what DeviceMesh uses after init_process_group(device_id=)): backend/split.cpp.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+  // init_process_group(device_id=cuda:k): makes the group's CUDA engine now, while every rank is in
+  // init, instead of at its first CUDA op (which every rank must then issue before any completes).
+  void eagerConnectSingleDevice(at::Device device) override;
   uint64_t getSequenceNumberForGroup() override { return issued_.load(); }
   // Every rank's count starts at 0 when the group is made, so there is nothing to agree on here
   // (torch 2.11's default throws, which breaks TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper group).
@@ -144,6 +152,10 @@ class ProcessGroupPycoll : public c10d::Backend {
   std::unique_ptr<CpuEngine> cpu_;
   std::unique_ptr<Engine> cpu_tensors_;     // CPU tensors, on cpu_ (this host's ranks)
   std::unique_ptr<Engine> hierarchical_;    // a group across hosts: CPU tensors, on cpu_tensors_ + Gloo
+  // split(): ProcessGroup::splitGroup calls it once per device type (cpu, cuda) with the same
+  // group name, and both must get the one child (it owns Store keys and shared memory).
+  std::mutex split_mu_;
+  std::map<std::string, c10::weak_intrusive_ptr<c10d::Backend>> split_children_;
   std::optional<HostLayout> hosts_;
   std::unique_ptr<Engine> staged_;          // CUDA tensors through host memory, on the CPU tensors' engine
   std::unique_ptr<DeviceQueue> cuda_;       // nullptr in a build without CUDA (or across hosts without NCCL)
