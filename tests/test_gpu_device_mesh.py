@@ -29,6 +29,13 @@ def _mesh_rank(rank, world, store_dir):
         assert torch.all(t == 7.0).item()
     torch.cuda.synchronize()
     dist.barrier(group=dist.new_group(backend="gloo"))
+    # A new_group without the last rank: with a device bound, torch asks that rank's backend for a
+    # "no-color split" (NCCL's collective ncclCommSplit); pycoll's groups are made by members only.
+    sub = dist.new_group(list(range(world - 1)))
+    if rank < world - 1:
+        y = torch.ones(33, device=dev)
+        dist.all_reduce(y, group=sub)
+        assert torch.all(y == world - 1).item()
 
     from torch.distributed.device_mesh import init_device_mesh
 

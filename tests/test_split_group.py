@@ -18,6 +18,9 @@ TIMEOUT = timedelta(seconds=30)
 
 
 def _split(rank, ws, splits):
+    # What torch calls on new_group's non-members when the default group is bound to a device
+    # (tests/test_gpu_device_mesh.py runs that path): nothing to do for pycoll, but it must exist.
+    dist.group.WORLD._get_backend(torch.device("cpu")).perform_nocolor_split(torch.device("cpu"))
     mine = next((s for s in splits if rank in s), splits[0])
     name = "split-" + "-".join(map(str, mine))  # one name per split, as torch's hashed names are
     child = dist.group.WORLD.split_group(mine, timeout=TIMEOUT, group_name=name)

@@ -86,6 +86,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "A group across hosts (pycollectives/hosts.py): the CPU engine over host_ranks, the inter-host "
            "backends rail (this rank's local rank on every host; None unless uniform) and flat (every rank), "
            "and the same two for CUDA tensors (device_rail, device_flat: NCCL; None without CUDA).")
+      .def(
+          "perform_nocolor_split", [](pycoll::ProcessGroupPycoll&, const at::Device&) {},
+          "Nothing to do: torch calls it on the ranks outside a new_group when the default group is bound "
+          "to a device (init_process_group(device_id=)) and can split, for NCCL's collective ncclCommSplit; a "
+          "pycoll group is made by its members only.")
       .def("cuda_trace", &pycoll::ProcessGroupPycoll::cuda_trace, py::call_guard<py::gil_scoped_release>(),
            "Timeline of the last kernel traced with PYCOLL_CUDA_TRACE=1: rows of trace_events() "
            "%globaltimer stamps (ns), one per CTA (kernels/trace.cuh).");
