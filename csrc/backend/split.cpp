@@ -58,6 +58,12 @@ void ProcessGroupPycoll::eagerConnectSingleDevice(at::Device device) {
   if (!device.is_cuda() || !cuda_) return;
   ReleaseGilIfHeld nogil;  // the engine's start waits on the Store for every peer
   (void)cuda_->engine(device);
+  // Between hosts, the NCCL communicator this group's layout uses (every rank connects the same
+  // ones, in the same order): the rail where hosts are alike, else the flat group.
+  if (hosts_) {
+    const auto& inter = hosts_->uniform ? hosts_->device_rail : hosts_->device_flat;
+    if (inter) inter->eagerConnectSingleDevice(device);
+  }
 }
 
 }  // namespace pycoll
