@@ -3,7 +3,7 @@
 * ProcessGroup.abort() from another thread ends a kernel that waits on a peer which never joins
   (LL all_reduce, channel all_reduce, send), within a second, and leaves the GPU usable;
 * a peer SIGKILLed in the middle of each op family makes the survivors raise within the group's
-  timeout, naming the timeout, with the GPU still usable;
+  timeout, naming the timeout, with the GPU still usable; abort() ends that wait at once;
 * destroying and re-creating the group in the same processes 20 times grows neither GPU memory
   nor threads nor file descriptors.
 """
@@ -154,6 +154,46 @@ def test_sigkill_peer_raises(family):
     print(f"{family}: survivors raised after {[r for r in res if r is not None]} s")
 
 
+def _abort_after_kill_rank(rank, world, family):
+    """abort() on the survivors while their kernel waits on a SIGKILLed peer: with a 60 s group
+    timeout only abort() can end the wait, within a second of the call."""
+    dev = setup_device(rank)
+    _start_engine(dev)
+    victim = world - 1
+    for _ in range(2):
+        _issue(family, rank, world, dev)
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda.synchronize()
+    if rank == victim:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    timer = threading.Timer(1.5, dist.group.WORLD.abort)
+    t0 = time.monotonic()
+    timer.start()
+    if family == "send_recv" and rank not in (0, victim):
+        timer.join()
+        return None  # nothing of theirs waits on the victim
+    try:
+        while time.monotonic() - t0 < 30:
+            _issue(family, rank, world, dev)
+            torch.cuda.synchronize()
+    except RuntimeError as e:
+        took = time.monotonic() - t0
+        timer.join()
+        assert took < 4.0, f"{family}: raised {took:.1f}s after the peer's kill; abort() came at 1.5s: {e}"
+        assert (torch.ones(1000, device=dev) * 2).sum().item() == 2000  # the GPU is usable
+        return took
+    timer.join()
+    raise AssertionError(f"{family}: ops kept completing with a SIGKILLed peer and an aborted group")
+
+
+@pytest.mark.parametrize("family", ["all_reduce_channel", "send_recv"])
+def test_abort_while_waiting_on_a_killed_peer(family):
+    res = run_ranks(WORLD, _abort_after_kill_rank, family, timeout=120, pg_timeout=ABORT_TIMEOUT, destroy=False,
+                    expect_exit={WORLD - 1: -signal.SIGKILL})
+    print(f"{family}: survivors raised after {[r for r in res if r is not None]} s (abort at 1.5s)")
+
+
 # ---------------------------------------------------------------------------------------------
 # destroy and re-create, 20 times
 
@@ -208,5 +248,7 @@ if __name__ == "__main__":
         test_abort_ends_waiting_kernel(fam, pathlib.Path(tempfile.mkdtemp()))
     for fam in FAMILIES:
         test_sigkill_peer_raises(fam)
+    for fam in ("all_reduce_channel", "send_recv"):
+        test_abort_while_waiting_on_a_killed_peer(fam)
     test_destroy_and_recreate_20_times(pathlib.Path(tempfile.mkdtemp()))
     print("all passed")
