@@ -91,6 +91,25 @@ def test_two_rank_plans_follow_the_measured_decisions(nbytes, expected):
     assert plan(nbytes // 4, 4, 2)["describe"].startswith(expected)
 
 
+@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("nbytes,expected", [
+    (256 * KiB, "oneshot ll"),                 # 0001: LL one-shot below 512 KiB
+    (512 * KiB, "twoshot ll128"),              # 0012: LL128 two-shot 512 KiB-16 MiB on 3 and 4 ranks
+    (1 * MiB, "twoshot ll128"),
+    (16 * MiB, "twoshot ll128"),
+    (16 * MiB + 16, "ring channel"),           # 0012: the ring above 16 MiB
+    (64 * MiB, "ring channel"),
+])
+def test_three_and_four_rank_plans_follow_the_measured_decisions(world, nbytes, expected):
+    assert plan(nbytes // 4, 4, world)["describe"].startswith(expected)
+
+
+def test_more_than_four_ranks_keep_ll128_off():
+    # Not measured beyond four ranks: the cost model and the ring from 16 MiB (decision 0003).
+    assert "ll128" not in plan(4 * MiB // 4, 4, 8)["describe"]
+    assert plan(16 * MiB // 4, 4, 8)["describe"].startswith("ring channel")
+
+
 def test_two_rank_wide_two_shot_uses_128_ctas():
     assert plan(32 * MiB // 4, 4, 2)["grid"] == 128
 
