@@ -114,7 +114,9 @@ def test_abort_ends_waiting_kernel(family, tmp_path):
 # a peer SIGKILLed in the middle of an op family
 
 
-def _sigkill_rank(rank, world, family):
+def _warm_then_arm_victim(rank, world, family):
+    """Every rank starts the engine and runs the family twice; then the last rank (the victim)
+    SIGKILLs itself 0.3 s later, in the middle of the ops that follow."""
     dev = setup_device(rank)
     _start_engine(dev)
     victim = world - 1
@@ -125,6 +127,11 @@ def _sigkill_rank(rank, world, family):
     torch.cuda.synchronize()
     if rank == victim:
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    return dev, victim
+
+
+def _sigkill_rank(rank, world, family):
+    dev, victim = _warm_then_arm_victim(rank, world, family)
     t0 = time.monotonic()
     limit = KILL_TIMEOUT.total_seconds() + 20
     try:
@@ -157,16 +164,7 @@ def test_sigkill_peer_raises(family):
 def _abort_after_kill_rank(rank, world, family):
     """abort() on the survivors while their kernel waits on a SIGKILLed peer: with a 60 s group
     timeout only abort() can end the wait, within a second of the call."""
-    dev = setup_device(rank)
-    _start_engine(dev)
-    victim = world - 1
-    for _ in range(2):
-        _issue(family, rank, world, dev)
-    torch.cuda.synchronize()
-    dist.barrier()
-    torch.cuda.synchronize()
-    if rank == victim:
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    dev, victim = _warm_then_arm_victim(rank, world, family)
     timer = threading.Timer(1.5, dist.group.WORLD.abort)
     t0 = time.monotonic()
     timer.start()
