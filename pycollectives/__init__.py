@@ -6,6 +6,8 @@ any launcher (torchrun's env://, ``store=``, ``init_method="file://..."``).
 """
 from __future__ import annotations
 
+import atexit
+
 import torch
 import torch.distributed as dist
 
@@ -59,6 +61,10 @@ def cuda_built() -> bool:
 
 
 _register()
+# Before finalization: background threads still holding tensors must let go while they can take
+# the GIL (csrc/backend/executor.h: wait_for_background_work). Bounded: an op stuck on a peer that
+# is gone does not hold the exit up for more than this.
+atexit.register(_C._wait_for_background_work, 5.0)
 try:
     load_cost_model()
 except Exception as _exc:  # a bad or unreadable file must not break the import

@@ -251,6 +251,59 @@ def test_normal_interpreter_exit(tmp_path, teardown):
                 f"round {rnd} ({teardown}): rank {r} exited with {p.returncode}:\n{out[-3000:]}")
 
 
+PENDING_AT_EXIT_SCRIPT = textwrap.dedent("""
+    import os, sys, datetime
+    import torch
+    import torch.distributed as dist
+    import pycollectives
+
+    rank, ws = int(sys.argv[1]), int(sys.argv[2])
+    store = dist.FileStore(sys.argv[3], ws)
+    dist.init_process_group("pycoll", store=store, rank=rank, world_size=ws,
+                            timeout=datetime.timedelta(seconds=60))
+    keep = []
+    for i in range(40):
+        t = torch.ones(1031 + i)
+        w = dist.all_reduce(t, async_op=True)
+        keep.append(w.get_future().then(lambda f: f.value()[0].sum()))
+        del t
+    for k in keep[:-5]:  # the last ones are still settling on pycoll's threads at exit
+        k.wait()
+    print(f"exit-ok rank={rank}", flush=True)
+""")
+
+
+@pytest.mark.pycoll_only
+def test_exit_while_completions_run(tmp_path):
+    """A script that leaves async ops' Future callbacks running and exits without
+    destroy_process_group: pycoll's completion threads drop the last references to tensors
+    Python has seen. Without the wait at exit (pycollectives/__init__.py, atexit) a thread doing
+    so during finalization took the process down ("terminate called without an active
+    exception"): 7 of 8 launches of this script failed."""
+    script = tmp_path / "pending.py"
+    script.write_text(PENDING_AT_EXIT_SCRIPT)
+    ws = 2
+    for rnd in range(3):
+        store = tmp_path / f"store{rnd}"
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(ws), str(store)], env=_python_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                 for r in range(ws)]
+        outs = []
+        try:
+            for p in procs:
+                outs.append(p.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"round {rnd}: a rank did not exit within 120s")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        for r, (p, out) in enumerate(zip(procs, outs)):
+            assert p.returncode == 0 and f"exit-ok rank={r}" in out, (
+                f"round {rnd}: rank {r} exited with {p.returncode}:\n{out[-3000:]}")
+
+
 # --------------------------------------------------------------------------
 # the spawn helper itself (on Gloo, so that it is tested whatever the backend)
 

@@ -1,5 +1,7 @@
 #include "backend/executor.h"
 
+#include <atomic>
+
 #include "common/owned_thread.h"
 #include "common/test_hooks.h"
 
@@ -7,7 +9,18 @@ namespace pycoll {
 
 namespace {
 thread_local bool t_running_inline = false;
+// Engine-thread tasks and completions queued or running, captures not yet dropped.
+std::atomic<int64_t> g_background{0};
 }  // namespace
+
+bool wait_for_background_work(std::chrono::milliseconds bound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (g_background.load() > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
 
 bool SerialExecutor::running_inline() { return t_running_inline; }
 
@@ -37,6 +50,8 @@ void SerialExecutor::stop() {
         s.queue.pop_front();
       }
       task();
+      task = nullptr;
+      g_background.fetch_sub(1);
     }
   }
   join_unless_current(thread_);
@@ -47,6 +62,7 @@ bool SerialExecutor::submit(std::function<void()> task, bool inline_ok) {
   {
     std::lock_guard<std::mutex> g(s.mu);
     if (!(inline_ok && !s.busy && s.queue.empty())) {
+      g_background.fetch_add(1);
       s.queue.push_back(std::move(task));
       s.cv.notify_one();
       return false;
@@ -81,6 +97,7 @@ void SerialExecutor::loop(const std::shared_ptr<State>& state) {
     // Still busy while the task's captures go: dropping them may destroy the group, and with it
     // this executor (stop() then runs the rest of the queue here).
     task = nullptr;
+    g_background.fetch_sub(1);
     {
       std::lock_guard<std::mutex> g(s.mu);
       s.busy = false;
@@ -105,6 +122,7 @@ CompletionPool::~CompletionPool() {
 
 void CompletionPool::post(std::function<void()> fn) {
   std::lock_guard<std::mutex> g(mu_);
+  g_background.fetch_add(1);
   queue_.push_back(std::move(fn));
   // Completions come in bursts (a batch of async ops waited together): a few threads from the
   // start absorb them, so the pool does not grow thread by thread while a job runs.
@@ -142,6 +160,8 @@ void CompletionPool::loop() {
       queue_.pop_front();
     }
     fn();
+    fn = nullptr;  // the captures go here, still counted
+    g_background.fetch_sub(1);
   }
 }
 

@@ -10,6 +10,7 @@
 // with the thread, which the destructor then detaches (common/owned_thread.h).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -67,5 +68,13 @@ class CompletionPool {
   int starting_ = 0;  // started, not yet waiting for work
   bool stop_ = false;
 };
+
+// Waits, at most `bound`, until no engine thread has a task queued or running and no completion is
+// queued or running; false if the bound passed first. pycollectives calls it at interpreter exit
+// (atexit, before finalization): a background thread that drops the last reference to a tensor
+// Python has seen takes the GIL, and during finalization CPython ends such a thread with
+// pthread_exit, whose unwinding through the (noexcept) destructor calls std::terminate
+// ("terminate called without an active exception", seen at exit without destroy_process_group).
+bool wait_for_background_work(std::chrono::milliseconds bound);
 
 }  // namespace pycoll

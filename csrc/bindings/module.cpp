@@ -15,6 +15,7 @@
 #include "common/test_hooks.h"
 #include "cuda/measured_choices.h"
 #include "cuda/select.h"
+#include "backend/executor.h"
 #include "backend/op_stats.h"
 #include "backend/process_group.h"
 #include "backend/settings.h"
@@ -97,6 +98,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("trace_events", []() { return pycoll::cuda_ipc::kTraceEvents; });
 
   m.def("built_with_cuda", &built_with_cuda, "True if the CUDA engine was compiled in");
+  m.def(
+      "_wait_for_background_work",
+      [](double seconds) {
+        return pycoll::wait_for_background_work(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+      },
+      py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
+      "Waits (at most `seconds`) until no engine thread or completion thread holds work; False if it "
+      "gave up. Called at interpreter exit (backend/executor.h says why).");
   m.def("set_algo", [](const std::string& name) { pycoll::set_algo_override(pycoll::parse_algo(name)); },
         "Force an algorithm for every later op of this process (ring, tree, oneshot, twoshot, auto)");
   m.def("algorithm_names", &pycoll::forcible_algorithm_names,
