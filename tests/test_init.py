@@ -269,6 +269,11 @@ PENDING_AT_EXIT_SCRIPT = textwrap.dedent("""
         del t
     for k in keep[:-5]:  # the last ones are still settling on pycoll's threads at exit
         k.wait()
+    peer = 1 - rank  # point-to-point requests still on the CPU engine's lane threads at exit
+    sends = [dist.isend(torch.full((1000,), float(i)), peer, tag=i) for i in range(10)]
+    recvs = [dist.irecv(torch.empty(1000), peer, tag=i) for i in range(10)]
+    for r in recvs[:-3]:
+        r.wait()
     print(f"exit-ok rank={rank}", flush=True)
 """)
 

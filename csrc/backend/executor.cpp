@@ -13,6 +13,9 @@ thread_local bool t_running_inline = false;
 std::atomic<int64_t> g_background{0};
 }  // namespace
 
+BackgroundWork::BackgroundWork() { g_background.fetch_add(1); }
+BackgroundWork::~BackgroundWork() { g_background.fetch_sub(1); }
+
 bool wait_for_background_work(std::chrono::milliseconds bound) {
   const auto deadline = std::chrono::steady_clock::now() + bound;
   while (g_background.load() > 0) {

@@ -77,4 +77,15 @@ class CompletionPool {
 // ("terminate called without an active exception", seen at exit without destroy_process_group).
 bool wait_for_background_work(std::chrono::milliseconds bound);
 
+// Counts as background work while it lives (for work queued elsewhere, e.g. a point-to-point
+// request on a lane thread of the CPU engine): declare it first in what the queue holds, so that
+// it goes last.
+class BackgroundWork {
+ public:
+  BackgroundWork();
+  ~BackgroundWork();
+  BackgroundWork(const BackgroundWork&) = delete;
+  BackgroundWork& operator=(const BackgroundWork&) = delete;
+};
+
 }  // namespace pycoll

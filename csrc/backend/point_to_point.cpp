@@ -6,13 +6,34 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <memory>
 #include <optional>
+#include <tuple>
 
 #include "backend/op_stats.h"
 #include "backend/tensor_args.h"
 #include "common/check.h"
 
 namespace pycoll {
+
+namespace {
+
+// What a request queued on a CPU engine lane keeps alive. The lane thread drops it after the
+// callback: counted as background work until then (the exit waits for it, backend/executor.h),
+// the count going last.
+struct HeldRequest {
+  HeldRequest(c10::intrusive_ptr<PycollWork> w, at::Tensor b, at::Tensor tensor)
+      : work(std::move(w)), buf(std::move(b)), t(std::move(tensor)) {}
+  BackgroundWork counted;
+  c10::intrusive_ptr<PycollWork> work;
+  at::Tensor buf;
+  at::Tensor t;
+  std::tuple<const c10::intrusive_ptr<PycollWork>&, const at::Tensor&, const at::Tensor&> parts() const {
+    return {work, buf, t};
+  }
+};
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   return point_to_point(/*is_send=*/true, tensors, dst, tag);
@@ -60,8 +81,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
   at::Tensor buf = in_place ? t : at::empty(t.sizes(), t.options());
   auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::RECVANYSOURCE, op, ++issued_,
                                               std::vector<at::Tensor>{t}, std::vector<c10::Device>{});
+  auto held = std::make_shared<HeldRequest>(work, buf, t);
   cpu_->p2p().post_recv_any(tag, static_cast<char*>(buf.data_ptr()), static_cast<int64_t>(buf.nbytes()),
-                            [work, buf, t](int src, std::exception_ptr err) {
+                            [held](int src, std::exception_ptr err) {
+                              const auto& [work, buf, t] = held->parts();
                               if (!err && !buf.is_same(t)) {
                                 try {
                                   t.copy_(buf);
@@ -71,7 +94,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
                               }
                               if (src >= 0) work->set_source_rank(src);
                               work->mark_done(err);
-                              CompletionPool::instance().post([work] { work->settle_future(); });
+                              CompletionPool::instance().post([work = work] { work->settle_future(); });
                             });
   return work;
 }
@@ -130,12 +153,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
   if (is_send) {
     record_op("send", bytes, Algo::Direct, OpTimer(), -1, size_);
     // The caller must not modify t before wait(), as with every backend; buf lives until then.
-    cpu_->p2p().post_send(peer, tag, data, bytes, [work, buf](std::exception_ptr err) {
+    auto held = std::make_shared<HeldRequest>(work, buf, t);
+    cpu_->p2p().post_send(peer, tag, data, bytes, [held](std::exception_ptr err) {
+      const auto& work = held->work;
       work->mark_done(err);
       CompletionPool::instance().post([work] { work->settle_future(); });
     });
   } else {
-    cpu_->p2p().post_recv(peer, tag, data, bytes, [work, buf, t, stream](std::exception_ptr err) {
+    auto held = std::make_shared<HeldRequest>(work, buf, t);
+    cpu_->p2p().post_recv(peer, tag, data, bytes, [held, stream](std::exception_ptr err) {
+      const auto& [work, buf, t] = held->parts();
       if (!err && !buf.is_same(t)) {
         try {
           std::optional<c10::StreamGuard> on_stream;
@@ -146,7 +173,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
         }
       }
       work->mark_done(err);
-      CompletionPool::instance().post([work] { work->settle_future(); });
+      CompletionPool::instance().post([work = work] { work->settle_future(); });
     });
   }
   return work;
