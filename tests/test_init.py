@@ -222,18 +222,14 @@ def _python_env():
     return env
 
 
-@pytest.mark.parametrize("teardown", ["destroy", "no-destroy"])
-def test_normal_interpreter_exit(tmp_path, teardown):
-    """Plain processes that init, communicate and return from the script,
-    with or without destroy_process_group, exit 0 (no abort, no hang)."""
-    script = tmp_path / "exit.py"
-    script.write_text(EXIT_SCRIPT)
-    ws = 2
-    for rnd in range(2 if teardown == "destroy" else 1):  # an abort at exit may be intermittent
-        store = tmp_path / f"store{rnd}"
-        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(ws), str(store),
-                                   teardown], env=_python_env(), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def _script_ranks_exit_ok(script, ws, rounds, store_dir, *extra, what=""):
+    """`rounds` launches of `script` as ws plain processes (rank, ws, store path, *extra); every
+    rank must print its exit-ok line and exit 0 within 120 s."""
+    for rnd in range(rounds):
+        store = store_dir / f"store{rnd}"
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(ws), str(store), *extra],
+                                  env=_python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  start_new_session=True)
                  for r in range(ws)]
         outs = []
         try:
@@ -248,7 +244,17 @@ def test_normal_interpreter_exit(tmp_path, teardown):
                     p.wait()
         for r, (p, out) in enumerate(zip(procs, outs)):
             assert p.returncode == 0 and f"exit-ok rank={r}" in out, (
-                f"round {rnd} ({teardown}): rank {r} exited with {p.returncode}:\n{out[-3000:]}")
+                f"round {rnd}{what}: rank {r} exited with {p.returncode}:\n{out[-3000:]}")
+
+
+@pytest.mark.parametrize("teardown", ["destroy", "no-destroy"])
+def test_normal_interpreter_exit(tmp_path, teardown):
+    """Plain processes that init, communicate and return from the script,
+    with or without destroy_process_group, exit 0 (no abort, no hang)."""
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    # An abort at exit may be intermittent.
+    _script_ranks_exit_ok(script, 2, 2 if teardown == "destroy" else 1, tmp_path, teardown, what=f" ({teardown})")
 
 
 PENDING_AT_EXIT_SCRIPT = textwrap.dedent("""
@@ -287,26 +293,7 @@ def test_exit_while_completions_run(tmp_path):
     exception"): 7 of 8 launches of this script failed."""
     script = tmp_path / "pending.py"
     script.write_text(PENDING_AT_EXIT_SCRIPT)
-    ws = 2
-    for rnd in range(3):
-        store = tmp_path / f"store{rnd}"
-        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(ws), str(store)], env=_python_env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-                 for r in range(ws)]
-        outs = []
-        try:
-            for p in procs:
-                outs.append(p.communicate(timeout=120)[0])
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"round {rnd}: a rank did not exit within 120s")
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-        for r, (p, out) in enumerate(zip(procs, outs)):
-            assert p.returncode == 0 and f"exit-ok rank={r}" in out, (
-                f"round {rnd}: rank {r} exited with {p.returncode}:\n{out[-3000:]}")
+    _script_ranks_exit_ok(script, 2, 3, tmp_path)
 
 
 # --------------------------------------------------------------------------

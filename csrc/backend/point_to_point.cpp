@@ -8,7 +8,6 @@
 
 #include <memory>
 #include <optional>
-#include <tuple>
 
 #include "backend/op_stats.h"
 #include "backend/tensor_args.h"
@@ -28,9 +27,6 @@ struct HeldRequest {
   c10::intrusive_ptr<PycollWork> work;
   at::Tensor buf;
   at::Tensor t;
-  std::tuple<const c10::intrusive_ptr<PycollWork>&, const at::Tensor&, const at::Tensor&> parts() const {
-    return {work, buf, t};
-  }
 };
 
 }  // namespace
@@ -84,7 +80,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
   auto held = std::make_shared<HeldRequest>(work, buf, t);
   cpu_->p2p().post_recv_any(tag, static_cast<char*>(buf.data_ptr()), static_cast<int64_t>(buf.nbytes()),
                             [held](int src, std::exception_ptr err) {
-                              const auto& [work, buf, t] = held->parts();
+                              const auto& work = held->work;
+                              const auto& buf = held->buf;
+                              const auto& t = held->t;
                               if (!err && !buf.is_same(t)) {
                                 try {
                                   t.copy_(buf);
@@ -94,7 +92,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
                               }
                               if (src >= 0) work->set_source_rank(src);
                               work->mark_done(err);
-                              CompletionPool::instance().post([work = work] { work->settle_future(); });
+                              CompletionPool::instance().post([work] { work->settle_future(); });
                             });
   return work;
 }
@@ -162,7 +160,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
   } else {
     auto held = std::make_shared<HeldRequest>(work, buf, t);
     cpu_->p2p().post_recv(peer, tag, data, bytes, [held, stream](std::exception_ptr err) {
-      const auto& [work, buf, t] = held->parts();
+      const auto& work = held->work;
+      const auto& buf = held->buf;
+      const auto& t = held->t;
       if (!err && !buf.is_same(t)) {
         try {
           std::optional<c10::StreamGuard> on_stream;
@@ -173,7 +173,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
         }
       }
       work->mark_done(err);
-      CompletionPool::instance().post([work = work] { work->settle_future(); });
+      CompletionPool::instance().post([work] { work->settle_future(); });
     });
   }
   return work;
