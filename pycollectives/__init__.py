@@ -16,6 +16,7 @@ from .bucketing import GradientBucketer
 from .compression import compressed_all_reduce
 from .config import get_algo, load_cost_model, set_algo
 from .hosts import make_backend
+from .split_options import backend_options
 from .hooks import PowerSGDState, SignSGDState, powerSGD_hook, powersgd_hook, signsgd_hook
 
 __all__ = [
@@ -61,6 +62,8 @@ def cuda_built() -> bool:
 
 
 _register()
+# torch 2.11's split_group (DeviceMesh) deep-copies parent_backend.options: a copyable one.
+_C.ProcessGroupPycoll.options = property(backend_options)
 # Before finalization: background threads still holding tensors must let go while they can take
 # the GIL (csrc/backend/executor.h: wait_for_background_work). Bounded: an op stuck on a peer that
 # is gone does not hold the exit up for more than this.

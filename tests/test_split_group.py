@@ -4,6 +4,7 @@ tests call the ProcessGroup method it wraps: the children are made by the member
 working pycoll group of its own ranks (on one host or across simulated hosts), torch's call for
 each device type (cpu, cuda) gets the same child, and a rank outside the ranks gets None.
 """
+import copy
 from datetime import timedelta
 
 import pytest
@@ -23,7 +24,12 @@ def _split(rank, ws, splits):
     dist.group.WORLD._get_backend(torch.device("cpu")).perform_nocolor_split(torch.device("cpu"))
     mine = next((s for s in splits if rank in s), splits[0])
     name = "split-" + "-".join(map(str, mine))  # one name per split, as torch's hashed names are
-    child = dist.group.WORLD.split_group(mine, timeout=TIMEOUT, group_name=name)
+    # torch 2.11's split_group deep-copies the parent backend's options and passes them on.
+    parent = dist.group.WORLD._get_backend(torch.device("cpu"))
+    opts = copy.deepcopy(parent.options)
+    assert opts is not parent.options and opts.backend == "pycoll", opts.backend
+    assert opts._timeout == TIMEOUT and opts.group_name == parent.options.group_name != "", opts.group_name
+    child = dist.group.WORLD.split_group(mine, timeout=TIMEOUT, opts=opts, group_name=name)
     if rank not in mine:
         assert child is None, f"rank {rank} is outside {mine} but got a group"
         dist.all_reduce(torch.ones(5))  # the parent's op that the members run beside their child

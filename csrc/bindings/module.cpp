@@ -92,6 +92,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "Nothing to do: torch calls it on the ranks outside a new_group when the default group is bound "
           "to a device (init_process_group(device_id=)) and can split, for NCCL's collective ncclCommSplit; a "
           "pycoll group is made by its members only.")
+      .def("_backend_options", &pycoll::ProcessGroupPycoll::getBackendOptions,
+           "getBackendOptions(): the fields of the `options` property (pycollectives/split_options.py).")
       .def("cuda_trace", &pycoll::ProcessGroupPycoll::cuda_trace, py::call_guard<py::gil_scoped_release>(),
            "Timeline of the last kernel traced with PYCOLL_CUDA_TRACE=1: rows of trace_events() "
            "%globaltimer stamps (ns), one per CTA (kernels/trace.cuh).");

@@ -1,0 +1,29 @@
+"""The ``options`` a pycoll backend shows torch: what ``split_group`` copies for the child.
+
+torch 2.11's ``split_group`` reads ``parent_backend.options`` and deep-copies it (torch 2.14 only
+reads it when the caller passes none). ``c10d::Backend::Options`` cannot be pickled, so
+``copy.deepcopy`` fails on it; this subclass copies its fields instead. The fields come from the
+backend's ``getBackendOptions`` (csrc/backend/split.cpp).
+"""
+from __future__ import annotations
+
+from torch._C._distributed_c10d import Backend
+
+
+class PycollOptions(Backend.Options):
+    """Backend.Options that ``copy.deepcopy`` can copy."""
+
+    def __deepcopy__(self, memo):
+        copied = PycollOptions(self.backend, self._timeout)
+        copied.group_name = self.group_name
+        copied.global_ranks_in_group = list(self.global_ranks_in_group)
+        return copied
+
+
+def backend_options(backend) -> PycollOptions:
+    """The ``options`` property of ProcessGroupPycoll: a fresh copy each time (the caller may edit it)."""
+    native = backend._backend_options()
+    opts = PycollOptions(native.backend, native._timeout)
+    opts.group_name = native.group_name
+    opts.global_ranks_in_group = list(native.global_ranks_in_group)
+    return opts
