@@ -153,9 +153,15 @@ class ProcessGroupPycoll : public c10d::Backend {
   std::unique_ptr<Engine> cpu_tensors_;     // CPU tensors, on cpu_ (this host's ranks)
   std::unique_ptr<Engine> hierarchical_;    // a group across hosts: CPU tensors, on cpu_tensors_ + Gloo
   // split(): ProcessGroup::splitGroup calls it once per device type (cpu, cuda) with the same
-  // group name, and both must get the one child (it owns Store keys and shared memory).
+  // group name, and both must get the one child (it owns Store keys and shared memory). Keyed by
+  // torch's name for the child; `index` counts the splits of this group (backend/split.cpp).
+  struct SplitChild {
+    uint64_t index;
+    std::optional<c10::weak_intrusive_ptr<c10d::Backend>> backend;  // none outside the child
+  };
   std::mutex split_mu_;
-  std::map<std::string, c10::weak_intrusive_ptr<c10d::Backend>> split_children_;
+  uint64_t splits_ = 0;
+  std::map<std::string, SplitChild> split_children_;
   std::optional<HostLayout> hosts_;
   std::unique_ptr<Engine> staged_;          // CUDA tensors through host memory, on the CPU tensors' engine
   std::unique_ptr<DeviceQueue> cuda_;       // nullptr in a build without CUDA (or across hosts without NCCL)
