@@ -43,11 +43,17 @@ soak: install
 	$(PYTHON) benchmarks/soak.py $(ARGS)
 
 # PyTorch's own DistributedTest suite on pycoll (tests/conformance/torch_suite.py),
-# CPU, 2 ranks. ARGS: unittest options, e.g. ARGS="-k test_all_reduce".
+# CPU, 2 ranks (PYCOLL_CONFORMANCE_GPU=1: CUDA tensors too). ARGS: e.g. ARGS="-k test_all_reduce".
+# SHARDS=N runs it in N parallel shards and sums their counts (tests/conformance/run_shards.py).
+SHARDS ?= 1
 conformance: install
 	$(PYTHON) -c "import expecttest" 2>/dev/null || $(PYTHON) -m pip install -q expecttest
-	d=$$(mktemp -d) && mkdir -p $$d/barrier && \
-	BACKEND=pycoll WORLD_SIZE=2 TEMP_DIR=$$d $(PYTHON) tests/conformance/torch_suite.py $(ARGS)
+	if [ "$(SHARDS)" -gt 1 ]; then \
+		$(PYTHON) tests/conformance/run_shards.py --shards $(SHARDS) $(ARGS); \
+	else \
+		d=$$(mktemp -d) && mkdir -p $$d/barrier && \
+		BACKEND=pycoll WORLD_SIZE=2 TEMP_DIR=$$d $(PYTHON) tests/conformance/torch_suite.py $(ARGS); \
+	fi
 
 clean:
 	rm -rf build pycollectives/_C*.so *.egg-info

@@ -35,3 +35,18 @@ def test_torch_distributed_suite_subset(tmp_path):
     # Every listed test runs here (none is skipped): the subset is what pycoll passes.
     assert skipped == 0, f"{skipped} of the listed tests were skipped:\n{out[-6000:]}"
     assert len(names) >= 60
+
+
+def test_shards_sum_the_suites_counts():
+    # make conformance SHARDS=N: the shards' unittest summaries, summed, and the expected failure
+    # counted as one (not as a failure).
+    pytest.importorskip("expecttest")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE)] + sys.path))
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "conformance", "run_shards.py"), "--shards", "2",
+                           "-k", "test_all_reduce_sum", "-k", "test_ddp_logging_data_cpu"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    listed = re.search(r"^(\d+) tests in 2 shards", out, re.M)
+    ran = re.search(r"^ran: (\d+), .*expected failures: 1, .*passed: (\d+)$", out, re.M)
+    assert proc.returncode == 0 and listed and ran, out[-4000:]
+    assert int(ran.group(1)) == int(listed.group(1)) >= 3 and int(ran.group(2)) >= 2, out[-4000:]
