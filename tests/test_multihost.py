@@ -169,6 +169,33 @@ def test_debug_log_names_the_path(layout, expected):
     assert all(algos and algos[-1] == expected for algos in out), out
 
 
+def _both_all_reduce_forms(rank, ws):
+    # Up to 1 MiB the leader form (host reduce, the hosts' first ranks on Gloo, host broadcast),
+    # above it the three phases (host reduce_scatter, every rail on Gloo, host all_gather); sizes
+    # that two ranks per host do not divide, against Gloo.
+    gloo = dist.new_group(backend="gloo")
+    for n in (1031, (1 << 19) + 3):
+        for dtype in (torch.float32, torch.int32, torch.bfloat16):
+            for op in (R.SUM, R.MAX) + ((R.AVG,) if dtype.is_floating_point else ()):
+                x = _input(dtype, rank, n, 3)
+                mine, ref = x.clone(), x.clone()
+                dist.all_reduce(mine, op=op)
+                dist.all_reduce(ref, op=op, group=gloo)
+                assert _same(mine, ref, dtype, op), (n, dtype, op)
+    with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
+        plans = [line.split(" plan=")[1].split(":")[0] for line in fh if "allreduce algo=hierarchical" in line]
+    return plans
+
+
+@pytest.mark.parametrize("layout", ["2x2", "interleaved"])
+def test_all_reduce_leader_form_then_three_phases(layout):
+    ids = LAYOUTS[layout]
+    out = run_ranks(len(ids), _both_all_reduce_forms, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
+                    env={"PYCOLL_DEBUG": "INFO"}, timeout=300)
+    for plans in out:
+        assert plans == ["leader"] * 8 + ["three phases"] * 8, plans
+
+
 def _all_gather_by_rail_then_host(rank, ws):
     """all_gather of CPU tensors across hosts: along the rail, inside the host, then into rank
     order; out of place and in place (the input is this rank's block of the output), sizes 0, 1,

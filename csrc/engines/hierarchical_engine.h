@@ -64,7 +64,10 @@ class HierarchicalEngine : public Engine {
   bool small_on_device(const Collective& c, size_t bytes, size_t min_bytes) const;
   // One op of the host's engine (reduce: only for the reductions).
   void run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce,
-                 const c10::Stream& stream);
+                 const c10::Stream& stream, int root = 0);
+  // Small all_reduce of CPU tensors: reduce to the host's first rank, all-reduce among the hosts'
+  // first ranks, broadcast inside the host (one inter-host call per host, not one per rail).
+  bool leader_form(size_t bytes) const;
   Algo reduce_scatter(const Collective& c, const c10::Stream& stream);
   Algo all_gather(const Collective& c, const c10::Stream& stream);
   // The group ranks in the order step 1 of reduce_scatter puts their blocks (on `device`).
