@@ -32,6 +32,12 @@ export CUDA_VISIBLE_DEVICES=0,1 PYCOLL_GPU_WORLD=2
 step gpu_tests 600 python3 -m pytest -q -m gpu "${GPU_TESTS[@]}" -p no:cacheprovider
 step integration 900 python3 -m pytest -q -m gpu tests "${GPU_TESTS[@]/#/--ignore=}" -p no:cacheprovider
 step bench 600 python3 -m pycollectives.bench --nproc 2 --ops all_reduce,all_gather,reduce_scatter --out "$OUTDIR"
+# torch's DistributedTest suite with CUDA tensors, in parallel shards (needs expecttest installed).
+if python3 -c "import expecttest" 2>/dev/null; then
+  step conformance_gpu 900 env PYCOLL_CONFORMANCE_GPU=1 python3 tests/conformance/run_shards.py --shards 8 \
+    --logs "$OUTDIR/conformance"
+  tail -n 30 "$OUTDIR/conformance_gpu.log" | grep -v "^W" >> "$OUTDIR/summary.txt"
+fi
 step ddp_gpt 300 python3 examples/ddp_gpt.py --compare nccl --steps 20 --warmup 5
 step fsdp_gpt 300 python3 examples/fsdp_gpt.py --compare nccl --steps 20 --warmup 5
 step ddp_gpt_torch_powersgd 300 python3 examples/ddp_gpt.py --compare nccl --steps 20 --warmup 5 --hook powersgd --powersgd-rank 4
