@@ -130,7 +130,7 @@ constexpr size_t kDeviceHierarchicalReduceScatterMinBytes = 32 << 10;
 // CPU tensors up to this size take the leader form of the hierarchical all_reduce: only the hosts'
 // first ranks call Gloo, so the inter-host phase costs one Gloo call's CPU per host instead of one
 // per rail. 2 hosts x 2 ranks on the 2-core CI machine, 2026-11-28, median of 3 launches (2 from
-// 64 KiB): 1.2-1.9x faster than the three phases from 8 B to 1 MiB, even at 2 MiB, slower from
+// 64 KiB): 1.2-1.9x faster than the three phases from 8 B to 1 MiB, about equal at 2 MiB, slower from
 // 8 MiB (11.3-11.8 ms against 13.8-14.5). CUDA tensors keep the three phases (not measured).
 constexpr size_t kHostLeaderMaxBytes = 1 << 20;
 
