@@ -13,17 +13,17 @@ from torch._C._distributed_c10d import Backend
 class PycollOptions(Backend.Options):
     """Backend.Options that ``copy.deepcopy`` can copy."""
 
-    def __deepcopy__(self, memo):
-        copied = PycollOptions(self.backend, self._timeout)
-        copied.group_name = self.group_name
-        copied.global_ranks_in_group = list(self.global_ranks_in_group)
+    @classmethod
+    def copy_of(cls, source) -> "PycollOptions":
+        copied = cls(source.backend, source._timeout)
+        copied.group_name = source.group_name
+        copied.global_ranks_in_group = list(source.global_ranks_in_group)
         return copied
+
+    def __deepcopy__(self, memo):
+        return PycollOptions.copy_of(self)
 
 
 def backend_options(backend) -> PycollOptions:
     """The ``options`` property of ProcessGroupPycoll: a fresh copy each time (the caller may edit it)."""
-    native = backend._backend_options()
-    opts = PycollOptions(native.backend, native._timeout)
-    opts.group_name = native.group_name
-    opts.global_ranks_in_group = list(native.global_ranks_in_group)
-    return opts
+    return PycollOptions.copy_of(backend._backend_options())

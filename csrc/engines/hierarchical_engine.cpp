@@ -216,7 +216,7 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
     if (!out.is_same(in)) out.copy_(in);
     run_local(OpCode::Reduce, out, out, level_op, stream, /*root=*/0);
     if (check) check->finish();
-    if (layout_.local_rank(rank_) == 0) backend_all_reduce(rail_, out, level_op, on_device_);
+    if (layout_.host_ranks.front() == rank_) backend_all_reduce(rail_, out, level_op, on_device_);
     run_local(OpCode::Broadcast, out, out, level_op, stream, /*root=*/0);
   } else {
     // 1. reduce-scatter inside the host, 2. all-reduce of this rank's shard on its rail,
