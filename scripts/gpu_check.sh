@@ -34,8 +34,9 @@ step integration 900 python3 -m pytest -q -m gpu tests "${GPU_TESTS[@]/#/--ignor
 step bench 600 python3 -m pycollectives.bench --nproc 2 --ops all_reduce,all_gather,reduce_scatter --out "$OUTDIR"
 # torch's DistributedTest suite with CUDA tensors, in parallel shards (needs expecttest installed).
 if python3 -c "import expecttest" 2>/dev/null; then
-  step conformance_gpu 900 env PYCOLL_CONFORMANCE_GPU=1 python3 tests/conformance/run_shards.py --shards 8 \
-    --logs "$OUTDIR/conformance"
+  SETS="0,1"; [ "$NG" -ge 4 ] && SETS="0,1;2,3"  # each shard's 2 ranks on one pair of GPUs
+  step conformance_gpu 900 env PYCOLL_CONFORMANCE_GPU=1 python3 tests/conformance/run_shards.py --shards 16 \
+    --gpu-sets "$SETS" --logs "$OUTDIR/conformance"
   tail -n 30 "$OUTDIR/conformance_gpu.log" | grep -v "^W" >> "$OUTDIR/summary.txt"
 fi
 step ddp_gpt 300 python3 examples/ddp_gpt.py --compare nccl --steps 20 --warmup 5

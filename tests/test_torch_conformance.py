@@ -43,7 +43,7 @@ def test_shards_sum_the_suites_counts():
     pytest.importorskip("expecttest")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE)] + sys.path))
     proc = subprocess.run([sys.executable, os.path.join(HERE, "conformance", "run_shards.py"), "--shards", "2",
-                           "-k", "test_all_reduce_sum", "-k", "test_ddp_logging_data_cpu"],
+                           "--gpu-sets", "0,1;2,3", "-k", "test_all_reduce_sum", "-k", "test_ddp_logging_data_cpu"],
                           env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     listed = re.search(r"^(\d+) tests in 2 shards", out, re.M)

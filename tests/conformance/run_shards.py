@@ -46,6 +46,9 @@ def main():
     ap.add_argument("-k", dest="patterns", action="append", default=[], help="substring of test names to run")
     ap.add_argument("--world-size", default="2")
     ap.add_argument("--logs", default=None, help="folder for the shards' logs (default: a temporary one)")
+    ap.add_argument("--gpu-sets", default=None,
+                    help="CUDA_VISIBLE_DEVICES per shard, round-robin, ';'-separated (e.g. '0,1;2,3'), "
+                         "so that shards on a 4-GPU machine do not all share two GPUs")
     args = ap.parse_args()
 
     env = dict(os.environ, BACKEND="pycoll", WORLD_SIZE=args.world_size)
@@ -58,6 +61,7 @@ def main():
     logs = args.logs or tempfile.mkdtemp(prefix="pycoll-conformance-")
     os.makedirs(logs, exist_ok=True)
     shards = [names[i::args.shards] for i in range(args.shards) if names[i::args.shards]]
+    gpu_sets = [g for g in (args.gpu_sets or "").split(";") if g]
     procs = []
     t0 = time.monotonic()
     for i, batch in enumerate(shards):
@@ -65,7 +69,10 @@ def main():
         os.makedirs(os.path.join(temp, "barrier"))
         log = open(os.path.join(logs, f"shard-{i}.log"), "w")
         cmd = [sys.executable, SUITE, "-v"] + [f"{CASE}.{n}" for n in batch]
-        procs.append((subprocess.Popen(cmd, env=dict(env, TEMP_DIR=temp), stdout=log, stderr=subprocess.STDOUT), log))
+        shard_env = dict(env, TEMP_DIR=temp)
+        if gpu_sets:
+            shard_env["CUDA_VISIBLE_DEVICES"] = gpu_sets[i % len(gpu_sets)]
+        procs.append((subprocess.Popen(cmd, env=shard_env, stdout=log, stderr=subprocess.STDOUT), log))
     for p, log in procs:
         p.wait()
         log.close()

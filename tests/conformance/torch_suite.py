@@ -42,6 +42,13 @@ EXPECTED_FAILURES = {
     # ProcessGroup::backendTypeToString), while the test expects dist.get_backend() = "pycoll".
     "test_ddp_logging_data_cpu": "torch names every third-party backend 'custom' in DDP's logging data",
 }
+if "cuda" in FEATURES:
+    # Its static-graph constructions (static_graph=True, or _set_static_graph() after construction)
+    # leave the single-GPU reference from the 4th iteration with NCCL too: pytorch/pytorch#112277.
+    # On 2 H200 (torch 2.11) NCCL and pycoll gave the same differences to 3 digits (0.0707 at
+    # iteration 4 of the 2nd construction); tests/test_integration_ddp_variants.py checks those
+    # DDP variants against a reference that is right.
+    EXPECTED_FAILURES["test_DistributedDataParallel"] = "fails with NCCL as well (pytorch/pytorch#112277)"
 for _name in EXPECTED_FAILURES:
     setattr(TestDistBackendWithSpawnPYCOLL, _name,
             unittest.expectedFailure(getattr(DistributedTest._DistTestBase, _name)))
