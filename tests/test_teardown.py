@@ -146,3 +146,54 @@ def test_future_done_when_wait_returns(world_size):
     """Gloo and NCCL complete the Future before wait() returns; code calling fut.value() next relies on it."""
     results = run_ranks(world_size, _future_done_after_wait_rank, 300, timeout=120)
     assert results == [[]] * world_size, results
+
+
+def _thread_count():
+    import os
+    return len(os.listdir("/proc/self/task"))
+
+
+def _pool_grows_then_shrinks_rank(rank, ws, n_blocked):
+    import threading
+
+    warm = dist.all_reduce(torch.ones(4), async_op=True)  # starts the completion pool's base threads
+    warm.wait()
+    time.sleep(0.5)
+    base = _thread_count()
+    if rank != 0:
+        # Joins late, so that rank 0's callbacks are attached before its ops can complete (a
+        # callback attached to a done Future runs inline, on the caller's thread).
+        time.sleep(0.5)
+        for _ in range(n_blocked):
+            dist.all_reduce(torch.ones(4))
+        return None
+    release = threading.Event()
+    entered = []
+
+    def blocking_callback(fut):
+        entered.append(threading.current_thread() is not threading.main_thread())
+        release.wait(30)  # a callback that waits, as PowerSGD's waits on its next collective
+        return fut.value()
+
+    futs = [dist.all_reduce(torch.ones(4), async_op=True).get_future().then(blocking_callback)
+            for _ in range(n_blocked)]
+    deadline = time.monotonic() + 30
+    while len(entered) < n_blocked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    during = _thread_count()  # every callback blocked at once: the pool had to grow
+    release.set()
+    for f in futs:
+        f.wait()
+    time.sleep(1.0)  # the extra threads end after 200 ms idle
+    return entered, base, during, _thread_count()
+
+
+def test_completion_pool_threads_started_for_a_burst_end_when_idle():
+    """Callbacks that block make the completion pool start threads (never every thread busy while work
+    waits); once idle, the threads beyond the pool's base end, so that a burst does not leave a
+    long-running job with more threads for good (the soak's thread criterion)."""
+    n = 8
+    entered, base, during, after = run_ranks(2, _pool_grows_then_shrinks_rank, n, timeout=90)[0]
+    assert entered == [True] * n  # all 8 blocked at once, each on a pool thread
+    assert during >= base + n - 4, (base, during, after)
+    assert after <= base, (base, during, after)

@@ -21,8 +21,9 @@ void Waiter::fail(int peer, const char* stage, bool dead) {
   if (abort_ && abort_->load()) {
     throw GroupBroken(str(what_, ": aborted while waiting for rank ", peer, " (", stage, ")"));
   }
-  throw GroupBroken(str(what_, ": timed out after ", timeout_.count(), " ms waiting for rank ", peer, " (", stage,
-                        "); the peer may have crashed, hung, or called a different collective"));
+  // " timeout " and "timed out": what torch's tests and users' log searches look for.
+  throw GroupBroken(str(what_, ": timed out waiting for rank ", peer, " (", stage, ") past the group's timeout (",
+                        timeout_.count(), " ms); the peer may have crashed, hung, or called a different collective"));
 }
 
 void Waiter::until_ge(int peer, const std::atomic<uint64_t>& counter, uint64_t target, const char* stage) {

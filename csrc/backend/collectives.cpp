@@ -358,9 +358,4 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::barrier(const c10d::BarrierOp
   return run(std::move(call));
 }
 
-void ProcessGroupPycoll::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*wait_all_ranks*/) {
-  auto work = barrier(opts);
-  work->wait(opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout);
-}
-
 }  // namespace pycoll

@@ -123,30 +123,32 @@ CompletionPool::~CompletionPool() {
   cv_.notify_all();  // threads are detached; they exit on their own
 }
 
+void CompletionPool::start_thread(bool extra) {
+  // The new thread's first step takes mu_, which the caller holds: counting after the thread
+  // exists keeps the counts right if starting it throws.
+  std::thread([this, extra] { loop(extra); }).detach();
+  ++threads_;
+  ++starting_;
+}
+
 void CompletionPool::post(std::function<void()> fn) {
   std::lock_guard<std::mutex> g(mu_);
   g_background.fetch_add(1);
   queue_.push_back(std::move(fn));
   // Completions come in bursts (a batch of async ops waited together): a few threads from the
   // start absorb them, so the pool does not grow thread by thread while a job runs.
-  while (threads_.size() < kStartThreads) {
-    ++starting_;
-    threads_.emplace_back([this] { loop(); });
-    threads_.back().detach();
-  }
+  while (threads_ < kStartThreads) start_thread(/*extra=*/false);
   // A callback may block on a later collective's Future: never let every
   // thread be busy while work is queued. A thread still starting counts as
   // free (it will take work), else bursts of posts start threads that then idle.
-  if (queue_.size() > static_cast<size_t>(idle_ + starting_) && threads_.size() < 256) {
-    ++starting_;
-    threads_.emplace_back([this] { loop(); });
-    threads_.back().detach();
+  if (queue_.size() > static_cast<size_t>(idle_ + starting_) && threads_ < kMaxThreads) {
+    start_thread(/*extra=*/true);
   } else {
     cv_.notify_one();
   }
 }
 
-void CompletionPool::loop() {
+void CompletionPool::loop(bool extra) {
   {
     std::lock_guard<std::mutex> g(mu_);
     --starting_;  // from here on counted in idle_ while it waits
@@ -156,9 +158,17 @@ void CompletionPool::loop() {
     {
       std::unique_lock<std::mutex> lk(mu_);
       ++idle_;
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      const auto ready = [&] { return stop_ || !queue_.empty(); };
+      if (extra) {
+        cv_.wait_for(lk, kExtraIdle, ready);
+      } else {
+        cv_.wait(lk, ready);
+      }
       --idle_;
-      if (queue_.empty()) return;
+      if (queue_.empty()) {  // stopping, or an extra thread idle for kExtraIdle
+        --threads_;
+        return;
+      }
       fn = std::move(queue_.front());
       queue_.pop_front();
     }

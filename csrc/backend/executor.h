@@ -58,12 +58,17 @@ class CompletionPool {
 
  private:
   CompletionPool() = default;
-  void loop();
+  // `extra`: a thread started beyond kStartThreads because every thread was busy; it ends after
+  // kExtraIdle without work, so a burst does not leave the process a thread larger for good.
+  void loop(bool extra);
+  void start_thread(bool extra);  // under mu_
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
-  std::vector<std::thread> threads_;
-  static constexpr size_t kStartThreads = 4;
+  static constexpr int kStartThreads = 4;
+  static constexpr int kMaxThreads = 256;
+  static constexpr std::chrono::milliseconds kExtraIdle{200};
+  int threads_ = 0;  // running (detached)
   int idle_ = 0;
   int starting_ = 0;  // started, not yet waiting for work
   bool stop_ = false;

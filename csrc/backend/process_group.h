@@ -109,6 +109,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  // Gloo's debugging barrier, on the Store: rank 0 names the ranks that did not arrive in time.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks = false) override;
 
   // Not a c10d virtual on every supported torch: gather into one flat tensor.
@@ -169,6 +170,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   std::unique_ptr<Engine> device_hierarchical_;  // across hosts: CUDA tensors on cuda_'s engine + NCCL
   std::unique_ptr<SerialExecutor> executor_;
   std::atomic<uint64_t> issued_{0};
+  uint64_t monitored_barriers_ = 0;  // called in the same order on every rank (backend/monitored_barrier.cpp)
   SelfP2P self_p2p_{rank_};
   std::mutex broken_mu_;
   std::string broken_;  // set once the group can no longer run collectives

@@ -84,8 +84,8 @@ bool PycollWork::wait(std::chrono::milliseconds timeout) {
     if (timeout == kNoTimeout) {
       cv_.wait(lk, [&] { return completed_; });
     } else if (!cv_.wait_for(lk, timeout, [&] { return completed_; })) {
-      TORCH_CHECK(false, op_name_, ": Work.wait timed out after ", timeout.count(), " ms (op #", seq_,
-                  "); a peer may not have called this collective yet");
+      TORCH_CHECK(false, op_name_, ": Work.wait timed out: not done within its timeout (", timeout.count(),
+                  " ms, op #", seq_, "); a peer may not have called this collective yet");
     }
     if (exception_) std::rethrow_exception(exception_);
   }

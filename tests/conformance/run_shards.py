@@ -9,6 +9,7 @@ if any failed or errored (expected failures are listed in torch_suite.py).
     python tests/conformance/run_shards.py --shards 4 [-k PATTERN ...]
 """
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -25,6 +26,24 @@ CASE = "TestDistBackendWithSpawnPYCOLL"
 RAN = re.compile(r"^Ran (\d+) tests? in ")
 VERDICT = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
 FAILED = re.compile(r"^(FAIL|ERROR|UNEXPECTED SUCCESS): (test\w+)")
+# Verbose lines: "test_x (__main__.Case.test_x) ... " starts a test; its outcome ends a later line
+# (the ranks' own output comes in between).
+STARTS = re.compile(r"^(test\w+) \(__main__\.")
+OUTCOME = re.compile(r"""(?:^|\.\.\. )(ok|ERROR|FAIL|expected failure|unexpected success|skipped (?:'.*'|".*"))$""")
+
+
+def outcomes(log_lines):
+    """{test: outcome} from one shard's verbose log: ok, ERROR, FAIL, expected failure,
+    unexpected success or "skipped '<reason>'" (repr quotes)."""
+    found, current = {}, None
+    for line in log_lines:
+        line = line.rstrip("\n")
+        if m := STARTS.match(line):
+            current = m.group(1)
+        if current and (m := OUTCOME.search(line)):
+            found[current] = m.group(1)
+            current = None
+    return found
 
 
 def test_names(patterns):
@@ -46,6 +65,7 @@ def main():
     ap.add_argument("-k", dest="patterns", action="append", default=[], help="substring of test names to run")
     ap.add_argument("--world-size", default="2")
     ap.add_argument("--logs", default=None, help="folder for the shards' logs (default: a temporary one)")
+    ap.add_argument("--results", default=None, help="write {test: outcome} as JSON to this file")
     ap.add_argument("--gpu-sets", default=None,
                     help="CUDA_VISIBLE_DEVICES per shard, round-robin, ';'-separated (e.g. '0,1;2,3'), "
                          "so that shards on a 4-GPU machine do not all share two GPUs")
@@ -78,11 +98,13 @@ def main():
         log.close()
 
     totals = {"ran": 0}
-    not_passed, unfinished = [], []
+    not_passed, unfinished, per_test = [], [], {}
     for i in range(len(shards)):
         verdict = None
         with open(os.path.join(logs, f"shard-{i}.log"), errors="replace") as f:
-            for line in f:
+            lines = f.readlines()
+            per_test.update(outcomes(lines))
+            for line in lines:
                 line = line.strip()
                 if m := RAN.match(line):
                     totals["ran"] += int(m.group(1))
@@ -103,6 +125,9 @@ def main():
         print(f"shard {i} ended without unittest's summary (crashed or hung): see shard-{i}.log")
     for line in not_passed:
         print("  " + line)
+    if args.results:
+        with open(args.results, "w") as f:
+            json.dump(dict(sorted(per_test.items())), f, indent=1)
     failed = bool(not_passed) or bool(unfinished) or any(p.returncode != 0 for p, _ in procs)
     sys.exit(1 if failed else 0)
 

@@ -59,6 +59,25 @@ def _malloc_trim():
         pass
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _malloc_heap_kb():
+    """glibc's heap over all arenas: bytes in use (uordblks + mmapped blocks) and free but kept
+    (fordblks), in kB; (None, None) where mallinfo2 is missing (glibc < 2.33, musl). Anonymous RSS
+    that grows while in-use stays flat is the allocator keeping pages, not a leak."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None, None
+    fn.restype = _Mallinfo2
+    m = fn()
+    return (m.uordblks + m.hblkhd) // 1024, m.fordblks // 1024
+
+
 def usage():
     """This process's resident memory (kB), open file descriptors and threads,
     after a garbage collection and malloc_trim (so that RSS counts live memory,
@@ -89,7 +108,9 @@ def usage():
     by_name = {}
     for n in names:
         by_name[n] = by_name.get(n, 0) + 1
+    heap_used_kb, heap_free_kb = _malloc_heap_kb()
     return {"thread_names": dict(sorted(by_name.items())),
+            "heap_used_kb": heap_used_kb, "heap_free_kb": heap_free_kb,
             "rss_kb": status.get("VmRSS"), "rss_anon_kb": status.get("RssAnon"),
             "rss_file_kb": status.get("RssFile"), "rss_shmem_kb": status.get("RssShmem"),
             "pycoll_shm_mapped_kb": shm_kb,
@@ -110,6 +131,9 @@ def soak_rank(rank, ws, seed, n_ops, warmup, check, sample_every):
     def measure():
         fz.drain()
         dist.barrier(group=barrier_group)
+        # A completion thread started during a burst (every one was busy) ends after 200 ms idle
+        # (CompletionPool::kExtraIdle, csrc/backend/executor.h): a thread that outlives that is kept.
+        time.sleep(0.3)
         return usage()
 
     def on_op(i):
