@@ -19,6 +19,12 @@ pytestmark = pytest.mark.pycoll_only
 TIMEOUT = datetime.timedelta(milliseconds=800)
 
 
+def _monitored_barrier(timeout, wait_all_ranks=False):
+    # The group's own method: torch 2.11's dist.monitored_barrier accepts only a group named "gloo"
+    # (torch 2.14's any group with a CPU backend; test_dist_function_on_torch_that_allows_it).
+    dist.group.WORLD.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
 def _outcome(fn):
     t0 = time.monotonic()
     try:
@@ -30,8 +36,8 @@ def _outcome(fn):
 
 def _all_arrive_rank(rank, ws):
     for _ in range(3):  # repeated: each barrier has its own Store keys
-        dist.monitored_barrier(timeout=TIMEOUT)
-        dist.monitored_barrier(timeout=TIMEOUT, wait_all_ranks=True)
+        _monitored_barrier(TIMEOUT)
+        _monitored_barrier(TIMEOUT, wait_all_ranks=True)
     return True
 
 
@@ -43,7 +49,7 @@ def test_passes_when_every_rank_arrives(world_size):
 def _absent_rank(rank, ws, absent, wait_all):
     got = ("absent", 0.0)
     if rank not in absent:
-        got = _outcome(lambda: dist.monitored_barrier(timeout=TIMEOUT, wait_all_ranks=wait_all))
+        got = _outcome(lambda: _monitored_barrier(TIMEOUT, wait_all))
     # The barrier ran on the Store: the engine is untouched, every rank still all-reduces.
     t = torch.ones(5)
     dist.all_reduce(t)
@@ -73,10 +79,25 @@ def test_wait_all_ranks_names_every_rank_that_did_not_arrive():
 
 def _zero_timeout_rank(rank, ws):
     if rank == 0:
-        return _outcome(lambda: dist.monitored_barrier(timeout=datetime.timedelta(0)))[0]
+        return _outcome(lambda: _monitored_barrier(datetime.timedelta(0)))[0]
     return None
 
 
 def test_zero_timeout_on_rank_0():
     msg = run_ranks(2, _zero_timeout_rank, timeout=60)[0]
     assert msg.startswith("Rank 0 timed out in monitoredBarrier after 0 ms; rank 1 had not arrived"), msg
+
+
+def _dist_function_rank(rank, ws):
+    try:
+        dist.monitored_barrier(timeout=TIMEOUT, wait_all_ranks=True)
+    except ValueError as e:  # torch's own check, before pycoll is called
+        return str(e)
+    return "passed"
+
+
+def test_dist_function_on_torch_that_allows_it():
+    out = run_ranks(2, _dist_function_rank, timeout=60)
+    if out[0] == "monitored_barrier is only implemented for GLOO backend.":
+        pytest.skip("this torch's dist.monitored_barrier takes only a group named gloo (torch 2.11)")
+    assert out == ["passed", "passed"], out

@@ -77,18 +77,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather(std::vector<std::ve
   const std::vector<at::Tensor> outs = outputs[0];
   TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == size_, kOp, ": the output list has ", outs.size(),
                     " tensors but the group has ", size_, " ranks");
+  bool uneven = false;
   for (const auto& o : outs) {
     check_dense(kOp, o, "output");
     check_same_type(kOp, in, o, "an output tensor");
-    TORCH_CHECK_VALUE(o.numel() == in.numel(), kOp, ": an output tensor has ", o.numel(),
-                      " elements but the input has ", in.numel());
+    uneven = uneven || o.numel() != in.numel();
   }
+  // Outputs of different sizes: an all_gather_v (rank r sends outputs[r].numel() elements).
+  TORCH_CHECK_VALUE(!uneven || outs[rank_].numel() == in.numel(), kOp, ": this rank's output tensor (index ", rank_,
+                    ") has ", outs[rank_].numel(), " elements but the input has ", in.numel());
   OpCall call = new_call(c10d::OpType::ALLGATHER, OpCode::AllGather, kOp, "allgather", in, opts.asyncOp);
   call.tensors = outs;
   call.tensors.push_back(in);
   call.outputs = outs;
   call.logged_bytes = static_cast<int64_t>(in.nbytes());
   const int n = size_;
+  if (uneven) {
+    const int64_t row = largest_numel(outs);
+    call.prepare = [in, n, row] {
+      return std::vector<Collective>{
+          engine_call(OpCode::AllGather, padded_rows({in}, row), at::empty({row * n}, in.options()))};
+    };
+    call.finish = [outs, row](const std::vector<Collective>& p) { unpad_rows(p[0].output, row, outs); };
+    return run(std::move(call));
+  }
   call.prepare = [in, n] {
     return std::vector<Collective>{engine_call(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options()))};
   };
@@ -211,12 +223,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter(std::vector<at
                     ": expected one input list of ", size_, " tensors");
   const at::Tensor out = outputs[0];
   check_dense(kOp, out, "output");
+  bool uneven = false;
   for (const auto& i : inputs[0]) {
     check_dense(kOp, i, "input");
     check_same_type(kOp, out, i, "an input tensor");
-    TORCH_CHECK_VALUE(i.numel() == out.numel(), kOp, ": an input tensor has ", i.numel(),
-                      " elements but the output has ", out.numel());
+    uneven = uneven || i.numel() != out.numel();
   }
+  // Inputs of different sizes: a reduce_scatter_v (rank r receives the sum of inputs[r]).
+  TORCH_CHECK_VALUE(!uneven || inputs[0][rank_].numel() == out.numel(), kOp, ": this rank's input tensor (index ",
+                    rank_, ") has ", inputs[0][rank_].numel(), " elements but the output has ", out.numel());
   const ReduceKind rk = to_reduce(kOp, opts.reduceOp, out.scalar_type());
   const std::vector<at::Tensor> ins = inputs[0];
   OpCall call = new_call(c10d::OpType::REDUCE_SCATTER, OpCode::ReduceScatter, kOp, "reduce_scatter", out,
@@ -226,6 +241,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter(std::vector<at
   call.outputs = {out};
   call.premul_factor = premul_factor_of(opts.reduceOp, rk);
   call.logged_bytes = static_cast<int64_t>(out.nbytes()) * size_;
+  if (uneven) {
+    const int64_t row = largest_numel(ins);
+    call.prepare = [ins, out, rk, row] {
+      return std::vector<Collective>{
+          engine_call(OpCode::ReduceScatter, padded_rows(ins, row), at::empty({row}, out.options()), rk)};
+    };
+    call.finish = [out](const std::vector<Collective>& p) {
+      out.copy_(p[0].output.narrow(0, 0, out.numel()).view(out.sizes()));
+    };
+    return run(std::move(call));
+  }
   call.prepare = [ins, out, rk] {
     return std::vector<Collective>{engine_call(OpCode::ReduceScatter, flat_cat(ins), dense(out), rk)};
   };

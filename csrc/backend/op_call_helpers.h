@@ -1,6 +1,8 @@
 // Small pieces the entry points share when they build an OpCall.
 #pragma once
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include <vector>
@@ -32,6 +34,32 @@ inline void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& ta
   for (const auto& t : targets) {
     t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
     off += t.numel();
+  }
+}
+
+// Uneven all_gather and reduce_scatter (NCCL's all_gather_v / reduce_scatter_v, as torch offers them
+// on NCCL: one tensor per rank, rank r's of its own size): every rank's block is padded to the
+// largest, so that the even collective carries them, block r at r * row.
+inline int64_t largest_numel(const std::vector<at::Tensor>& ts) {
+  int64_t most = 0;
+  for (const auto& t : ts) most = std::max(most, t.numel());
+  return most;
+}
+
+// The tensors as rows of `row` elements, zero-padded, in one flat tensor.
+inline at::Tensor padded_rows(const std::vector<at::Tensor>& ts, int64_t row) {
+  at::Tensor flat = at::zeros({static_cast<int64_t>(ts.size()) * row}, ts[0].options());
+  for (size_t r = 0; r < ts.size(); ++r) {
+    flat.narrow(0, static_cast<int64_t>(r) * row, ts[r].numel()).copy_(ts[r].reshape({-1}));
+  }
+  return flat;
+}
+
+// The first numel() elements of each row into the targets.
+inline void unpad_rows(const at::Tensor& flat, int64_t row, const std::vector<at::Tensor>& targets) {
+  for (size_t r = 0; r < targets.size(); ++r) {
+    const auto& t = targets[r];
+    t.copy_(flat.narrow(0, static_cast<int64_t>(r) * row, t.numel()).view(t.sizes()));
   }
 }
 
