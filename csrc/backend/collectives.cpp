@@ -21,6 +21,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce(std::vector<at::Ten
   static constexpr const char* kOp = "pycoll::allreduce";
   check_one_tensor(kOp, tensors);
   const at::Tensor t = tensors[0];
+  if (t.layout() == at::kSparse) return sparse_allreduce(t, opts);
   check_dense(kOp, t, "tensor");
   const ReduceKind rk = to_reduce(kOp, opts.reduceOp, t.scalar_type());
   OpCall call = new_call(c10d::OpType::ALLREDUCE, OpCode::AllReduce, kOp, "allreduce", t, opts.asyncOp);

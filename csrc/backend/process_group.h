@@ -140,6 +140,8 @@ class ProcessGroupPycoll : public c10d::Backend {
   // A group across hosts: the hierarchical engine of CUDA tensors over `local` (the CUDA engine
   // of this host's ranks) and NCCL, made at the first CUDA collective.
   Engine& device_hierarchical(Engine& local);
+  // all_reduce of a sparse COO tensor (SUM), from uneven all_gathers (backend/sparse_all_reduce.cpp).
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(const at::Tensor& t, const c10d::AllreduceOptions& opts);
   // send and recv: checks, then to self, the device queue, or the host channels.
   c10::intrusive_ptr<c10d::Work> point_to_point(bool is_send, std::vector<at::Tensor>& tensors, int peer, int tag);
   // Point-to-point on the CPU engine's channels (CPU tensors, and CUDA tensors through host memory).
