@@ -40,14 +40,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::sparse_allreduce(const at::Te
   const auto i64 = at::TensorOptions().dtype(at::kLong).device(t.device());
 
   // 1. Every rank's count of nonzeros, and its shape, to check.
-  std::vector<at::Tensor> meta_in{at::tensor({nnz, sparse_dim, shape_digest(t.sizes())}, i64)};
+  const int64_t digest = shape_digest(t.sizes());
+  std::vector<at::Tensor> meta_in{at::tensor({nnz, sparse_dim, digest}, i64)};
   std::vector<std::vector<at::Tensor>> meta_out(1);
   for (int r = 0; r < size_; ++r) meta_out[0].push_back(at::empty({3}, i64));
   allgather(meta_out, meta_in)->wait();
   std::vector<int64_t> counts(size_);
   for (int r = 0; r < size_; ++r) {
     const at::Tensor m = meta_out[0][r].cpu();
-    TORCH_CHECK_VALUE(m[1].item<int64_t>() == sparse_dim && m[2].item<int64_t>() == meta_in[0][2].item<int64_t>(),
+    TORCH_CHECK_VALUE(m[1].item<int64_t>() == sparse_dim && m[2].item<int64_t>() == digest,
                       kOp, ": the sparse tensors differ in shape across ranks (rank ", rank_, " has ", t.sizes(),
                       " with ", sparse_dim, " sparse dims; rank ", r, " another)");
     counts[r] = m[0].item<int64_t>();
