@@ -248,9 +248,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter(std::vector<at
       return std::vector<Collective>{
           engine_call(OpCode::ReduceScatter, padded_rows(ins, row), at::empty({row}, out.options()), rk)};
     };
-    call.finish = [out](const std::vector<Collective>& p) {
-      out.copy_(p[0].output.narrow(0, 0, out.numel()).view(out.sizes()));
-    };
+    call.finish = [out, row](const std::vector<Collective>& p) { unpad_rows(p[0].output, row, {out}); };
     return run(std::move(call));
   }
   call.prepare = [ins, out, rk] {

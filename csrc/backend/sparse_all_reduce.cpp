@@ -45,13 +45,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::sparse_allreduce(const at::Te
   std::vector<std::vector<at::Tensor>> meta_out(1);
   for (int r = 0; r < size_; ++r) meta_out[0].push_back(at::empty({3}, i64));
   allgather(meta_out, meta_in)->wait();
+  const at::Tensor meta = at::stack(meta_out[0]).cpu();  // one copy to the host, not one per rank
+  const auto m = meta.accessor<int64_t, 2>();
   std::vector<int64_t> counts(size_);
   for (int r = 0; r < size_; ++r) {
-    const at::Tensor m = meta_out[0][r].cpu();
-    TORCH_CHECK_VALUE(m[1].item<int64_t>() == sparse_dim && m[2].item<int64_t>() == digest,
-                      kOp, ": the sparse tensors differ in shape across ranks (rank ", rank_, " has ", t.sizes(),
-                      " with ", sparse_dim, " sparse dims; rank ", r, " another)");
-    counts[r] = m[0].item<int64_t>();
+    TORCH_CHECK_VALUE(m[r][1] == sparse_dim && m[r][2] == digest, kOp,
+                      ": the sparse tensors differ in shape across ranks (rank ", rank_, " has ", t.sizes(), " with ",
+                      sparse_dim, " sparse dims; rank ", r, " another)");
+    counts[r] = m[r][0];
   }
 
   // 2. Indices and values, one block per rank of that rank's size.

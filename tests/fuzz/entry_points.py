@@ -52,11 +52,19 @@ def summarize(out, seed, n_ops, world_size, seconds):
             f"{dict(sorted(ran.items()))}")
 
 
-def _malloc_trim():
+def _libc():
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return None
+
+
+_LIBC = _libc()
+
+
+def _malloc_trim():
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -69,9 +77,8 @@ def _malloc_heap_kb():
     """glibc's heap over all arenas: bytes in use (uordblks + mmapped blocks) and free but kept
     (fordblks), in kB; (None, None) where mallinfo2 is missing (glibc < 2.33, musl). Anonymous RSS
     that grows while in-use stays flat is the allocator keeping pages, not a leak."""
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    fn = getattr(_LIBC, "mallinfo2", None)
+    if fn is None:
         return None, None
     fn.restype = _Mallinfo2
     m = fn()
