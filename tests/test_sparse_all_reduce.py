@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from integration_util import compare_backends
+from integration_util import DEVICES, compare_backends, rank_device, require_device
 from ranks import run_ranks
 
 pytestmark = pytest.mark.pycoll_only
@@ -29,21 +29,26 @@ CASES = [((11,), torch.float32, 0), ((7, 5), torch.float64, 0), ((9, 4), torch.f
          ((6, 3, 2), torch.int64, 1)]
 
 
-def _sparse_rank(rank, ws):
+def _sparse_rank(rank, ws, device):
+    dev = rank_device(rank, device)
     out = []
     for shape, dtype, dense_dims in CASES:
-        t = _sparse(rank, shape, dtype, dense_dims)
+        t = _sparse(rank, shape, dtype, dense_dims).to(dev)
         dist.all_reduce(t)
         want = sum(_sparse(r, shape, dtype, dense_dims).to_dense() for r in range(ws))
-        assert t.is_sparse and t.is_coalesced()
-        assert torch.equal(t.to_dense(), want), (shape, dtype)
-        out.append((t.indices().clone(), t.values().clone()))
+        assert t.is_sparse and t.is_coalesced() and t.device == dev
+        assert torch.equal(t.to_dense().cpu(), want), (shape, dtype)
+        out.append((t.indices().cpu(), t.values().cpu()))
     return out
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_sparse_all_reduce_sums_every_ranks_entries(world_size):
-    out = run_ranks(world_size, _sparse_rank, timeout=120)
+def test_sparse_all_reduce_sums_every_ranks_entries(device, world_size):
+    require_device(device)
+    if device == "cuda" and world_size > torch.cuda.device_count():
+        pytest.skip(f"needs {world_size} GPUs")
+    out = run_ranks(world_size, _sparse_rank, device, timeout=120)
     for got in out[1:]:  # the same indices and values, bit for bit, on every rank
         for (i0, v0), (i, v) in zip(out[0], got):
             assert torch.equal(i0, i) and torch.equal(v0, v)
