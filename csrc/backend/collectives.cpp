@@ -32,6 +32,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce(std::vector<at::Ten
   return run(std::move(call));
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                                    const c10d::AllreduceOptions& opts) {
+  static constexpr const char* kOp = "pycoll::allreduce_sparse";
+  check_one_tensor(kOp, tensors);
+  TORCH_CHECK_VALUE(tensors[0].layout() == at::kSparse, kOp, ": expected a sparse COO tensor, got layout ",
+                    tensors[0].layout());
+  return sparse_allreduce(tensors[0], opts);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::broadcast(std::vector<at::Tensor>& tensors,
                                                              const c10d::BroadcastOptions& opts) {
   static constexpr const char* kOp = "pycoll::broadcast";
