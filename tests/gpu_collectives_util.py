@@ -166,6 +166,54 @@ def large_sum(seed, key, rank, world, numel, dtype, dev):
     return result
 
 
+def reduce_at_offset(seed, key, rank, world, numel, offset, dtype, op, dev):
+    """all_reduce of a view at element `offset` inside a zeroed allocation with guard elements on
+    both sides: checks the result and that nothing outside the view was written; returns the
+    (key, digest) row the parent compares across ranks."""
+    xs = [make_input(seed, key, q, numel, dtype, dev, op) for q in range(world)]
+    base = torch.zeros(numel + offset + 3, dtype=dtype, device=dev)
+    t = base[offset:offset + numel]
+    t.copy_(xs[rank])
+    dist.all_reduce(t, op=op)
+    check_close(t, reference(xs, op, dtype), dtype, str(key))
+    assert not base[:offset].any() and not base[offset + numel:].any(), key
+    return (str(key), digest(t))
+
+
+def check_broadcast_and_all_gather(rank, world, dev, i, bcast_numel, gather_numel):
+    """A broadcast from rank i % world and an all_gather, checked: other collectives on the same
+    channels between the calls a test interleaves them with."""
+    b = torch.full((bcast_numel,), float(rank), device=dev)
+    dist.broadcast(b, src=i % world)
+    assert torch.all(b == float(i % world)), i
+    g = torch.empty(world * gather_numel, device=dev)
+    dist.all_gather_into_tensor(g, torch.full((gather_numel,), float(rank), device=dev))
+    assert torch.equal(g, torch.arange(world, device=dev).float().repeat_interleave(gather_numel)), i
+
+
+def check_graph_replays(rank, world, xs):
+    """One all_reduce per tensor of `xs` captured in a CUDA graph (after a warm-up on a side
+    stream), replayed four times with fresh inputs: every element must be the sum over ranks."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for x in xs:
+            dist.all_reduce(x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in xs:
+            dist.all_reduce(x)
+    for i in range(4):
+        for x in xs:
+            x.fill_(float(rank * 10 + i))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = sum(q * 10 + i for q in range(world))
+        for x in xs:
+            assert torch.all(x == want), f"replay {i}: {x.numel()} elements gave {x[0].item()}, want {want}"
+
+
 def run_as_script(module_globals):
     """`python3 tests/test_gpu_<x>.py [test names]`: runs that file's tests (all by default) without
     pytest, so that the device machine can run them without pytest plugins."""

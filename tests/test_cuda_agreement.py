@@ -10,9 +10,10 @@ import pycollectives
 C = pycollectives._C
 ALL_REDUCE, REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = 1, 2, 3, 4, 5, 6  # common/types.h: OpCode
 FLOAT32, BFLOAT16 = 0, 3  # DType
+# The built-in plans, then the registered protocols' codes (cuda/all_reduce_registry.h).
 PLANS = {1: "one-shot", 2: "two-shot", 3: "ring", 4: "tree", 5: "split one-shot (static ranges)",
-         6: "split one-shot (claimed chunks)", 7: "one-shot (LL protocol)", 8: "direct",
-         9: "two-shot (LL128 protocol)"}
+         6: "split one-shot (claimed chunks)", 7: "one-shot (LL protocol)", 8: "direct"}
+PLANS.update({p["check_code"]: p["check_plan"] for p in C.cuda_all_reduce_protocols()})
 
 
 def test_every_field_changes_the_word():
@@ -34,8 +35,8 @@ def test_all_to_all_pairs_carry_their_size():
 
 
 def test_plans_are_distinct_and_named():
-    words = {p: C.cuda_check_word(ALL_REDUCE, FLOAT32, 0, 0, 4096, p) for p in range(len(PLANS) + 1)}
-    assert len(set(words.values())) == len(PLANS) + 1
+    words = {p: C.cuda_check_word(ALL_REDUCE, FLOAT32, 0, 0, 4096, p) for p in [0, *PLANS]}
+    assert len(set(words.values())) == len(PLANS) + 1 and len(set(PLANS.values())) == len(PLANS)
     for p, name in PLANS.items():
         text = C.describe_cuda_check_word(words[p])
         assert text == f"allreduce of 4096 elements of float32 (sum), {name}", text

@@ -17,24 +17,17 @@ def test_two_ranks_small_all_reduce_is_one_shot(nbytes):
     assert choose("all_reduce", nbytes, 2) == "oneshot"
 
 
-@pytest.mark.parametrize("nbytes", [4 * MiB, 8 * MiB, 16 * MiB - 1])
-def test_two_ranks_medium_all_reduce_is_two_shot_ll128(nbytes):
-    # The LL128 two-shot: 4 MiB 18.1 against 24.2 us for one-shot, 8 MiB 33.0 against 38.0 (2x H200,
-    # docs/decisions/0010-ll128-two-shot.md). Without LL128 (the engine's
-    # PYCOLL_CUDA_LL128_MAX_KIB below the size) the engine runs one-shot here instead.
-    assert choose("all_reduce", nbytes, 2) == "twoshot"
-
-
-def test_two_ranks_without_ll128_run_one_shot_below_16_mib():
-    # The engine's auto with PYCOLL_CUDA_LL128_MAX_KIB below the size: the channel two-shot lost to
+def test_two_ranks_medium_all_reduce_follows_the_registered_two_shot():
+    # Two ranks, 4-16 MiB: two-shot where a registered two-shot protocol (the LL128 two-shot,
+    # tests/test_ll128_two_shot.py) runs the size, else one-shot: the channel two-shot lost to
     # one-shot below 16 MiB (29.2 / 39.9 against 24.2 / 38.0 us at 4 / 8 MiB, decision 0010).
     for nbytes in (4 * MiB, 8 * MiB, 16 * MiB - 1):
-        assert choose("all_reduce", nbytes, 2, ll128_max_bytes=0) == "oneshot"
-    assert choose("all_reduce", 8 * MiB, 2, ll128_max_bytes=4 * MiB) == "oneshot"
-    assert choose("all_reduce", 4 * MiB, 2, ll128_max_bytes=4 * MiB) == "twoshot"
-    assert choose("all_reduce", 16 * MiB, 2, ll128_max_bytes=0) == "twoshot"
-    assert choose("all_reduce", 8 * MiB, 2, ll128_max_bytes=-1) == choose("all_reduce", 8 * MiB, 2) == "twoshot"
-    assert choose("all_reduce", 64 * MiB, 4, ll128_max_bytes=0) == choose("all_reduce", 64 * MiB, 4)
+        assert choose("all_reduce", nbytes, 2, fast_two_shot_max_bytes=0) == "oneshot"
+        assert choose("all_reduce", nbytes, 2, fast_two_shot_max_bytes=16 * MiB) == "twoshot"
+    assert choose("all_reduce", 8 * MiB, 2, fast_two_shot_max_bytes=4 * MiB) == "oneshot"
+    assert choose("all_reduce", 4 * MiB, 2, fast_two_shot_max_bytes=4 * MiB) == "twoshot"
+    assert choose("all_reduce", 16 * MiB, 2, fast_two_shot_max_bytes=0) == "twoshot"
+    assert choose("all_reduce", 64 * MiB, 4, fast_two_shot_max_bytes=0) == choose("all_reduce", 64 * MiB, 4)
 
 
 @pytest.mark.parametrize("nbytes", [16 * MiB, 32 * MiB, 64 * MiB, 127 * MiB])

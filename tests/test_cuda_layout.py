@@ -21,8 +21,10 @@ def _check(doc):
     everything = []
     for name, ranges in doc["ranges"].items():
         assert ranges, name
+        # A registered protocol's ranges ("ll128.data") lie in its one region ("ll128").
+        region = name if name in start_of else name.split(".")[0]
         for b, e in ranges:
-            assert start_of[name] <= b < e <= end_of[name], f"{name}: [{b}, {e}) outside its region"
+            assert start_of[region] <= b < e <= end_of[region], f"{name}: [{b}, {e}) outside its region"
         everything.extend((b, e, name) for b, e in ranges)
     everything.sort()
     for (b0, e0, n0), (b1, e1, n1) in zip(everything, everything[1:]):
@@ -90,28 +92,18 @@ def test_bad_arguments():
         layout(2, 0, coll_blocks=32)
 
 
-@pytest.mark.parametrize("nranks,max_bytes", [(2, 64 * MiB), (2, 1), (3, 5 * MiB + 7), (8, 16 * MiB)])
-def test_ll128_region(nranks, max_bytes):
-    for rank in {0, nranks - 1}:
-        doc = _check(layout(nranks, rank, ll128_max_bytes=max_bytes))
-        lines = doc["ll128_max_lines"]
-        # Every segment of a message up to max_bytes fits, for every element size: the engine's
-        # segment is ceil(count / n) elements rounded up to 16 bytes.
-        assert lines == pycollectives._C.ll128_lines_for(max_bytes, nranks)
-        for es in (1, 2, 4, 8):
-            for nbytes in {max_bytes - max_bytes % es, es, min(max_bytes, 8 * es) - min(max_bytes, 8 * es) % es}:
-                if nbytes <= 0:
-                    continue
-                seg = -(-(nbytes // es) // nranks) * es
-                seg = -(-seg // 16) * 16
-                assert lines * 120 >= min(seg, nbytes), (es, nbytes)
-        data = doc["ranges"]["ll128.data"]
-        assert len(data) == 2 * (nranks - 1) and all(e - b == 128 * lines for b, e in data)
-        assert all(b % 128 == 0 for b, _ in data + doc["ranges"]["ll128.header"])
-        assert len(doc["ranges"]["ll128.header"]) == (nranks - 1) * 2 * 128
-
-
-def test_no_ll128_region_by_default():
-    doc = layout(2, 0)
-    assert doc["ll128_max_lines"] == 0 and "ll128.data" not in doc["ranges"]
-    assert layout(2, 0, ll128_max_bytes=64 * MiB)["total_bytes"] > doc["total_bytes"] + 64 * MiB
+@pytest.mark.parametrize("nranks", [2, 3, 8])
+def test_registered_protocol_regions(nranks):
+    # Each registered protocol's region, at a small and a large limit, and all of them at once.
+    names = [p["name"] for p in pycollectives._C.cuda_all_reduce_protocols()]
+    plain = layout(nranks, 0)
+    assert plain["regions"] == {}
+    for limits in [{n: 1} for n in names] + [{n: 64 * MiB} for n in names] + [{n: 8 * MiB for n in names}]:
+        for rank in {0, nranks - 1}:
+            doc = _check(layout(nranks, rank, protocols=limits))
+            assert set(doc["regions"]) == set(limits)
+            for name, r in doc["regions"].items():
+                assert r["bytes"] > 0 and r["off"] % 4096 == 0 and r["off"] >= plain["total_bytes"] - 2 * MiB
+                assert any(k == name or k.startswith(name + ".") for k in doc["ranges"])
+    with pytest.raises(ValueError, match="no all_reduce protocol named 'nope'"):
+        layout(2, 0, protocols={"nope": MiB})

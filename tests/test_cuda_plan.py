@@ -13,6 +13,7 @@ KiB = 1 << 10
 plan = pycollectives._C.cuda_all_reduce_plan
 limits = pycollectives._C.cuda_engine_limits
 H100_SMS = 132
+REGISTERED = {p["name"]: p for p in pycollectives._C.cuda_all_reduce_protocols()}
 
 SIZES = sorted({1, 3, 4096 - 4, 16 * KiB, 16 * KiB + 4, 1 * MiB, 1 * MiB + 4, 2 * MiB, 4 * MiB, 8 * MiB + 12,
                 16 * MiB, 33 * MiB + 4, 64 * MiB, 96 * MiB, 128 * MiB, 256 * MiB + 8})
@@ -33,10 +34,10 @@ def check_invariants(p, count, es, world, lim):
         assert p["algorithm"] == "oneshot" and nbytes <= lim["ll_max_bytes"] and p["check_plan"].startswith("one-shot")
         assert p["grid"] == ceil_div(nbytes, 16 * KiB) and 1 <= p["grid"] <= 64
         return
-    if p["protocol"] == "ll128":
-        assert p["algorithm"] == "twoshot" and nbytes <= lim["ll128_max_bytes"] and "LL128" in p["check_plan"]
-        assert 1 <= p["grid"] <= lim["ll128_max_blocks"]
-        assert p["seg"] * world >= count and (p["seg"] * es) % 16 == 0
+    if p["protocol"] in REGISTERED:  # a registered protocol (cuda/all_reduce_registry.h)
+        r, mine = REGISTERED[p["protocol"]], lim["protocols"][p["protocol"]]
+        assert p["algorithm"] == r["algorithm"] and p["check_plan"] == r["check_plan"]
+        assert 0 < nbytes <= mine["max_bytes"] and 1 <= p["grid"] <= mine["max_blocks"]
         return
     assert p["protocol"] == "channel"
     if p["variant"].startswith("split"):
@@ -82,7 +83,6 @@ def test_auto_plans_the_cost_models_choice(world):
     (8, "oneshot ll"),                       # docs/decisions/0001: LL up to 1 MiB
     (1 * MiB, "oneshot ll"),
     (2 * MiB, "oneshot channel"),
-    (8 * MiB, "twoshot ll128"),              # 0010: LL128 two-shot 4-16 MiB on two ranks
     (32 * MiB, "twoshot channel wide-waves"),  # 0006 + 0009: channel two-shot, 128 CTAs in waves
     (96 * MiB, "twoshot channel waves"),
     (256 * MiB, "oneshot channel split-claimed"),  # 0004 + 0008
@@ -94,9 +94,9 @@ def test_two_rank_plans_follow_the_measured_decisions(nbytes, expected):
 @pytest.mark.parametrize("world", [3, 4])
 @pytest.mark.parametrize("nbytes,expected", [
     (256 * KiB, "oneshot ll"),                 # 0001: LL one-shot below 512 KiB
-    (512 * KiB, "twoshot ll128"),              # 0012: LL128 two-shot 512 KiB-16 MiB on 3 and 4 ranks
-    (1 * MiB, "twoshot ll128"),
-    (16 * MiB, "twoshot ll128"),
+    (512 * KiB, "twoshot "),                   # 0012: two-shot 512 KiB-16 MiB on 3 and 4 ranks
+    (1 * MiB, "twoshot "),                     # (the LL128 two-shot: tests/test_ll128_two_shot.py)
+    (16 * MiB, "twoshot "),
     (16 * MiB + 16, "ring channel"),           # 0012: the ring above 16 MiB
     (64 * MiB, "ring channel"),
 ])
@@ -104,9 +104,8 @@ def test_three_and_four_rank_plans_follow_the_measured_decisions(world, nbytes, 
     assert plan(nbytes // 4, 4, world)["describe"].startswith(expected)
 
 
-def test_more_than_four_ranks_keep_ll128_off():
+def test_more_than_four_ranks_run_ring_from_16_mib():
     # Not measured beyond four ranks: the cost model and the ring from 16 MiB (decision 0003).
-    assert "ll128" not in plan(4 * MiB // 4, 4, 8)["describe"]
     assert plan(16 * MiB // 4, 4, 8)["describe"].startswith("ring channel")
 
 
@@ -115,8 +114,6 @@ def test_two_rank_wide_two_shot_uses_128_ctas():
 
 
 def test_settings_change_the_plan(monkeypatch):
-    monkeypatch.setenv("PYCOLL_CUDA_LL128_MAX_KIB", "0")
-    assert plan(8 * MiB // 4, 4, 2)["describe"].startswith("oneshot channel")
     monkeypatch.setenv("PYCOLL_CUDA_SPLIT_CLAIMED", "0")
     assert plan(256 * MiB // 4, 4, 2)["describe"].startswith("oneshot channel split ")
     monkeypatch.setenv("PYCOLL_CUDA_LL_MAX_KIB", "0")

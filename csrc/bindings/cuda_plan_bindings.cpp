@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/all_reduce_plan.h"
+#include "cuda/all_reduce_registry.h"
 #include "cuda/engine_limits.h"
 #include "cuda/select.h"
 #include "kernels/all_to_all_role.h"
@@ -33,8 +34,15 @@ py::dict limits_dict(const gpu::EngineLimits& l) {
   d["claimed_chunk_bytes"] = l.claimed_chunk_bytes;
   d["two_shot_waves"] = l.two_shot_waves;
   d["two_shot_wide_blocks"] = l.two_shot_wide_blocks;
-  d["ll128_max_bytes"] = l.ll128_max_bytes;
-  d["ll128_max_blocks"] = l.ll128_max_blocks;
+  py::dict protocols;  // the registered protocols' limits, by name
+  const auto& registered = gpu::all_reduce_protocols();
+  for (size_t i = 0; i < registered.size(); ++i) {
+    py::dict p;
+    p["max_bytes"] = l.protocols.at(i).max_bytes;
+    p["max_blocks"] = l.protocols.at(i).max_blocks;
+    protocols[registered[i].name] = p;
+  }
+  d["protocols"] = protocols;
   return d;
 }
 
@@ -46,6 +54,25 @@ void register_cuda_plan(py::module_& m) {
       py::arg("world"), py::arg("sms") = 132,
       "What the CUDA engine's settings allow for `world` ranks on a GPU of `sms` SMs (cuda/engine_limits.h), "
       "read from the PYCOLL_CUDA_* variables now.");
+  m.def(
+      "cuda_all_reduce_protocols",
+      []() {
+        py::list out;
+        const auto& registered = gpu::all_reduce_protocols();
+        for (size_t i = 0; i < registered.size(); ++i) {
+          py::dict d;
+          d["name"] = registered[i].name;
+          d["algorithm"] = algo_name(registered[i].algo);
+          d["check_code"] = registered[i].check_code;
+          d["check_plan"] = cuda_ipc::check_plan_name(registered[i].check_code);
+          d["priority"] = registered[i].priority;
+          d["has_kernel"] = gpu::all_reduce_launcher(int(i)) != nullptr;  // false in CPU-only builds
+          out.append(d);
+        }
+        return out;
+      },
+      "The all_reduce protocols registered with the CUDA engine (cuda/all_reduce_registry.h), in the order "
+      "the plan tries them.");
   m.def(
       "cuda_all_reduce_plan",
       [](int64_t count, int64_t elem_bytes, int world, const std::string& algo, int sms) {
@@ -60,7 +87,7 @@ void register_cuda_plan(py::module_& m) {
         }
         py::dict d;
         d["algorithm"] = algo_name(p.algo);
-        d["protocol"] = gpu::protocol_name(p.protocol);
+        d["protocol"] = p.protocol_name();
         d["variant"] = p.variant;
         d["check_plan"] = cuda_ipc::check_plan_name(int(p.check));
         d["mode"] = int(p.mode);

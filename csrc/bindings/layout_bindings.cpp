@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/all_reduce_registry.h"
+#include "cuda/engine_limits.h"
 #include "transport/cuda_ipc/check_word.h"
 #include "transport/cuda_ipc/layout.h"
 
@@ -46,13 +48,29 @@ void channel_ranges(const ChannelSetLayout& c, int n, int me, const std::string&
   }
 }
 
-py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blocks, int64_t ll128_max_bytes) {
+py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blocks,
+                       const std::map<std::string, int64_t>& protocols) {
   if (nranks < 2 || nranks > cuda_ipc::kMaxRanks) throw py::value_error("nranks must be in 2..8");
   if (me < 0 || me >= nranks) throw py::value_error("rank must be in 0..nranks-1");
   if (coll_blocks < cuda_ipc::kCollBlocks || coll_blocks > cuda_ipc::kMaxCollBlocks)
     throw py::value_error("coll_blocks must be in 64..128");
-  if (ll128_max_bytes < 0) throw py::value_error("ll128_max_bytes must be >= 0");
-  const Layout L = cuda_ipc::make_layout(nranks, coll_slot_bytes, coll_blocks, ll128_max_bytes);
+  // The registered protocols' regions, each with the limit given (0 when not given: no region).
+  gpu::EngineLimits limits;
+  limits.nranks = nranks;
+  const auto& registered = gpu::all_reduce_protocols();
+  for (const auto& r : registered) {
+    gpu::ProtocolLimits pl;
+    const auto it = protocols.find(r.name);
+    pl.max_bytes = it == protocols.end() ? 0 : it->second;
+    pl.max_blocks = 1;
+    if (pl.max_bytes < 0) throw py::value_error(std::string("the ") + r.name + " limit must be >= 0");
+    limits.protocols.push_back(pl);
+  }
+  for (const auto& kv : protocols)
+    if (gpu::find_all_reduce_protocol(kv.first) < 0)
+      throw py::value_error("no all_reduce protocol named '" + kv.first + "' is registered");
+  const std::vector<cuda_ipc::ProtocolRegion> regions = gpu::protocol_regions(limits);
+  const Layout L = cuda_ipc::make_layout(nranks, coll_slot_bytes, coll_blocks, regions.data(), int(regions.size()));
   std::map<std::string, Ranges> ranges;
   ranges["abort"].push_back({L.off_abort, L.off_abort + 4});
   ranges["claim"].push_back({L.off_claim, L.off_claim + 4});
@@ -72,25 +90,19 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
       }
     }
   }
-  if (L.ll128.max_bytes > 0) {
-    for (int b = 0; b < cuda_ipc::kLL128Blocks; ++b) {
-      const int64_t e = L.ll128.epoch_offset(b);
-      ranges["ll128.epoch"].push_back({e, e + 8});
-    }
-    for (int q = 0; q < nranks; ++q) {
-      if (q == me) continue;
-      for (int kind = 0; kind < 2; ++kind) {
-        for (int b = 0; b < cuda_ipc::kLL128Blocks; ++b) {
-          const int64_t h = L.ll128.header_offset(nranks, q, me, kind, b);
-          ranges["ll128.header"].push_back({h, h + cuda_ipc::kLL128LineBytes});
-        }
-      }
-      for (int phase = 0; phase < 2; ++phase) {  // one range per (sender, phase): every line
-        const int64_t first = L.ll128.line_offset(nranks, q, me, phase, 0);
-        const int64_t last = L.ll128.line_offset(nranks, q, me, phase, L.ll128.max_lines - 1);
-        ranges["ll128.data"].push_back({first, last + cuda_ipc::kLL128LineBytes});
-      }
-    }
+  py::dict region_sizes;
+  std::vector<std::pair<std::string, int64_t>> region_starts;
+  for (size_t i = 0; i < registered.size(); ++i) {
+    const cuda_ipc::ProtocolRegion& r = L.regions[i];
+    if (r.bytes == 0) continue;
+    for (const gpu::RegionRange& x : registered[i].ranges(r.off, nranks, me, limits.protocols[i]))
+      ranges[x.name].push_back({x.begin, x.end});
+    region_starts.push_back({registered[i].name, r.off});
+    py::dict d;
+    d["off"] = r.off;
+    d["bytes"] = r.bytes;
+    d["param"] = r.param;
+    region_sizes[registered[i].name] = d;
   }
   for (int b = 0; b < cuda_ipc::kMaxCollBlocks; ++b) {
     const int64_t pu = L.split.pushed_offset(b);
@@ -122,11 +134,7 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
       {"ll.data", L.ll.off_data},      {"split", L.split.off},          {"split.claim", L.split.off_claim},
       {"split.tag", L.split.off_tag},  {"split.ready", L.split.off_ready}, {"trace", L.trace.off}};
   std::vector<std::pair<std::string, int64_t>> all_starts = starts;
-  if (L.ll128.max_bytes > 0) {
-    all_starts.push_back({"ll128.epoch", L.ll128.off_epoch});
-    all_starts.push_back({"ll128.header", L.ll128.off_header});
-    all_starts.push_back({"ll128.data", L.ll128.off_data});
-  }
+  all_starts.insert(all_starts.end(), region_starts.begin(), region_starts.end());
   py::dict d;
   d["total_bytes"] = L.total_bytes;
   d["coll_slot_bytes"] = L.coll.slot_bytes;
@@ -134,7 +142,7 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
   d["ll_block_payload_bytes"] = int64_t(L.ll.block_lines - 1) * 8;
   d["ll_blocks"] = L.ll.nblocks;
   d["ll_max_bytes"] = cuda_ipc::kLLMaxBytes;
-  d["ll128_max_lines"] = L.ll128.max_lines;
+  d["regions"] = region_sizes;
   d["starts"] = all_starts;
   d["ranges"] = ranges;
   return d;
@@ -145,13 +153,10 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
 void register_layout(py::module_& m) {
   m.def("cuda_workspace_layout", &layout_report, py::arg("nranks"), py::arg("rank") = 0,
         py::arg("coll_slot_bytes") = 0, py::arg("coll_blocks") = cuda_ipc::kCollBlocks,
-        py::arg("ll128_max_bytes") = 0,
+        py::arg("protocols") = std::map<std::string, int64_t>{},
         "The CUDA IPC workspace layout of `rank` in a group of `nranks`: region start offsets, every byte "
-        "range the layout's offset functions address in that rank's workspace, and the sizes.");
-  m.def(
-      "ll128_lines_for", [](int64_t bytes, int nranks) { return cuda_ipc::ll128_lines_for(bytes, nranks); },
-      py::arg("bytes"), py::arg("nranks"),
-      "Lines of 120 payload bytes one segment of a `bytes` all_reduce over `nranks` needs at most (layout.h).");
+        "range the layout's offset functions address in that rank's workspace, and the sizes. `protocols`: "
+        "the limit in bytes of each registered all_reduce protocol with a region (by name; absent: none).");
   m.def(
       "cuda_check_word",
       [](int op, int dtype, int reduce_op, int root, int64_t count, int plan) {

@@ -14,6 +14,7 @@
 #include "common/settings_agreement.h"
 #include "common/test_hooks.h"
 #include "cuda/measured_choices.h"
+#include "cuda/engine_limits.h"
 #include "cuda/select.h"
 #include "backend/executor.h"
 #include "backend/op_stats.h"
@@ -168,18 +169,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Chunk cap of a two-shot all_reduce of `bytes` on the CUDA engine (csrc/cuda/select.h).");
   m.def(
       "cuda_algorithm",
-      [](const std::string& op, int64_t bytes, int world, bool builtin, int64_t ll128_max_bytes) {
+      [](const std::string& op, int64_t bytes, int world, bool builtin, int64_t fast_two_shot_max_bytes) {
         const pycoll::OpCode o = parse_op(op);
         if (o != pycoll::OpCode::AllReduce && o != pycoll::OpCode::ReduceScatter && o != pycoll::OpCode::AllGather)
           throw py::value_error("cuda_algorithm: op must be all_reduce, all_gather or reduce_scatter, got " + op);
         if (builtin) return std::string(pycoll::algo_name(pycoll::gpu::builtin_choice(o, bytes, world)));
         if (o != pycoll::OpCode::AllReduce) return std::string(pycoll::algo_name(pycoll::gpu::choose(o, bytes, world)));
-        const int64_t ll128 = ll128_max_bytes >= 0 ? ll128_max_bytes : pycoll::gpu::default_ll128_max_bytes(world);
-        return std::string(pycoll::algo_name(pycoll::gpu::choose_all_reduce(bytes, world, ll128)));
+        const int64_t fast =
+            fast_two_shot_max_bytes >= 0
+                ? fast_two_shot_max_bytes
+                : pycoll::gpu::registered_max_bytes(pycoll::gpu::read_engine_limits(world, 132), pycoll::Algo::TwoShot);
+        return std::string(pycoll::algo_name(pycoll::gpu::choose_all_reduce(bytes, world, fast)));
       },
-      py::arg("op"), py::arg("bytes"), py::arg("world"), py::arg("builtin") = false, py::arg("ll128_max_bytes") = -1,
-      "The CUDA engine's `auto` choice; builtin=True: without this machine's measured table; ll128_max_bytes: "
-      "the engine's PYCOLL_CUDA_LL128_MAX_KIB in bytes (-1: its default for `world`).");
+      py::arg("op"), py::arg("bytes"), py::arg("world"), py::arg("builtin") = false,
+      py::arg("fast_two_shot_max_bytes") = -1,
+      "The CUDA engine's `auto` choice; builtin=True: without this machine's measured table; "
+      "fast_two_shot_max_bytes: the largest all_reduce a registered two-shot protocol (LL128) runs "
+      "(-1: the engine's, from its settings now).");
   m.def(
       "set_cuda_choices",
       [](const std::string& op, int world, const std::vector<std::pair<int64_t, std::string>>& steps,

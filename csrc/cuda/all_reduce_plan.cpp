@@ -4,25 +4,25 @@
 #include <stdexcept>
 
 #include "common/arith.h"
+#include "cuda/all_reduce_registry.h"
 #include "cuda/select.h"
 #include "transport/cuda_ipc/layout.h"
 
 namespace pycoll {
 namespace gpu {
 
-const char* protocol_name(Protocol p) {
-  switch (p) {
+const char* AllReducePlan::protocol_name() const {
+  switch (protocol) {
     case Protocol::None: return "none";
     case Protocol::Channel: return "channel";
     case Protocol::LL: return "ll";
-    case Protocol::LL128: return "ll128";
+    case Protocol::Registered: return all_reduce_protocols().at(size_t(registered)).name;
   }
   return "unknown";
 }
 
 std::string AllReducePlan::describe() const {
-  std::string s = std::string(algo == Algo::Tree ? "double_binary_tree" : algo_name(algo)) + " " +
-                  protocol_name(protocol);
+  std::string s = std::string(algo == Algo::Tree ? "double_binary_tree" : algo_name(algo)) + " " + protocol_name();
   if (*variant) s += std::string(" ") + variant;
   if (protocol == Protocol::None) return s;
   s += " grid=" + std::to_string(grid);
@@ -79,19 +79,8 @@ void plan_one_shot(AllReducePlan& p, int64_t count, int64_t es, const EngineLimi
   p.grid = 2 * g.blocks;
 }
 
-// Two-shot and ring cut the tensor into nranks segments whose starts stay 16-byte aligned.
-int64_t segment(int64_t count, int64_t es, int nranks) { return round_up(ceil_div(count, nranks), 16 / es); }
-
 void plan_two_shot(AllReducePlan& p, int64_t count, int64_t es, const EngineLimits& l) {
-  p.seg = segment(count, es, l.nranks);
-  if (count * es <= l.ll128_max_bytes) {
-    // The whole message in the workspace's LL128 region (kernels/ll128_two_shot.cuh).
-    p.protocol = Protocol::LL128;
-    p.check = CheckPlan::LL128;
-    const int64_t lines = ceil_div(std::min(p.seg, count) * es, cuda_ipc::kLL128LinePayload);
-    p.grid = int(std::max<int64_t>(1, std::min<int64_t>(l.ll128_max_blocks, lines / kLL128MinLinesPerBlock)));
-    return;
-  }
+  p.seg = two_shot_segment(count, es, l.nranks);
   p.mode = ReduceMode::AllReduceTwoShot;
   p.check = CheckPlan::TwoShot;
   const int64_t bytes = count * es;
@@ -107,14 +96,35 @@ void plan_two_shot(AllReducePlan& p, int64_t count, int64_t es, const EngineLimi
                                 l.small_max_blocks));
 }
 
+// A registered protocol of the plan's algorithm that takes the call (the first by priority).
+bool plan_registered(AllReducePlan& p, int64_t count, int64_t es, const EngineLimits& l) {
+  const auto& protocols = all_reduce_protocols();
+  for (size_t i = 0; i < protocols.size(); ++i) {
+    const AllReduceProtocol& r = protocols[i];
+    if (r.algo != p.algo || l.protocols.at(i).max_bytes <= 0) continue;
+    AllReducePlan q = p;
+    if (!r.plan(q, count, es, l, l.protocols[i])) continue;
+    q.protocol = Protocol::Registered;
+    q.registered = int(i);
+    q.check = static_cast<CheckPlan>(r.check_code);
+    p = q;
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+int64_t two_shot_segment(int64_t count, int64_t es, int nranks) { return round_up(ceil_div(count, nranks), 16 / es); }
 
 AllReducePlan plan_all_reduce(int64_t count, int64_t es, Algo requested, const EngineLimits& l) {
   AllReducePlan p;
   const int64_t bytes = count * es;
-  p.algo = requested == Algo::Auto ? choose_all_reduce(bytes, l.nranks, l.ll128_max_bytes) : requested;
+  p.algo = requested == Algo::Auto ? choose_all_reduce(bytes, l.nranks, registered_max_bytes(l, Algo::TwoShot))
+                                   : requested;
   if (count == 0 || l.nranks == 1) return p;  // Protocol::None
   p.protocol = Protocol::Channel;
+  if (plan_registered(p, count, es, l)) return p;
   switch (p.algo) {
     case Algo::OneShot:
       if (bytes <= l.ll_max_bytes) {
@@ -130,7 +140,7 @@ AllReducePlan plan_all_reduce(int64_t count, int64_t es, Algo requested, const E
     case Algo::Ring:
       p.mode = ReduceMode::AllReduceRing;
       p.check = CheckPlan::Ring;
-      p.seg = segment(count, es, l.nranks);
+      p.seg = two_shot_segment(count, es, l.nranks);
       use_geometry(p, plan_geometry(p.seg, es, l.chunk_bytes, l.max_blocks, l.small_max_blocks));
       return p;
     case Algo::Tree:

@@ -23,13 +23,13 @@ enum class Protocol : int32_t {
   None = 0,     // nothing to launch (an empty tensor, or one rank: a local copy)
   Channel = 1,  // slots with separate flags and credits (kernels/channel.cuh)
   LL = 2,       // 16-byte lines with the flag inside the data (kernels/ll_all_reduce.cuh)
-  LL128 = 3,    // 128-byte lines with the flag inside the data (kernels/ll128_two_shot.cuh)
+  Registered = 3,  // a protocol of the registry (all_reduce_registry.h), e.g. the LL128 two-shot
 };
-const char* protocol_name(Protocol p);
 
 struct AllReducePlan {
   Algo algo = Algo::Auto;           // OneShot, TwoShot, Ring or Tree (the double binary tree)
   Protocol protocol = Protocol::None;
+  int registered = -1;              // Registered: its index in all_reduce_protocols()
   const char* variant = "";         // "split", "split-claimed", "waves", "wide-waves" or ""
   kernels::ReduceMode mode = kernels::ReduceMode::AllReduceOneShot;  // Channel protocol only
   int32_t flags = 0;                // kernels::kArg* bits (the engine adds kArgTrace)
@@ -40,12 +40,18 @@ struct AllReducePlan {
   int64_t seg = 0;                  // elements per segment (two-shot, ring, LL128) or split channel
   bool early_ok = true;             // may start before the previous kernel ends (early launch)
 
+  // "none", "channel", "ll", or the registered protocol's name ("ll128").
+  const char* protocol_name() const;
   // "twoshot ll128 grid=32 seg=..." for the debug log.
   std::string describe() const;
 };
 
-// `requested`: the user's algorithm (Auto: the cost model, select.h). Throws std::invalid_argument
-// for a request the engine cannot run (an algorithm that is not an all_reduce).
+// Two-shot and ring cut the tensor into nranks segments whose starts stay 16-byte aligned.
+int64_t two_shot_segment(int64_t count, int64_t elem_bytes, int nranks);
+
+// `requested`: the user's algorithm (Auto: the cost model, select.h). A registered protocol of the
+// chosen algorithm whose plan rule takes the call runs it; otherwise the built-in schedules do.
+// Throws std::invalid_argument for a request the engine cannot run (not an all_reduce algorithm).
 AllReducePlan plan_all_reduce(int64_t count, int64_t elem_bytes, Algo requested, const EngineLimits& limits);
 
 }  // namespace gpu

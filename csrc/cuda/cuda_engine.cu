@@ -14,6 +14,7 @@
 #include "common/settings_agreement.h"
 #include "common/arith.h"
 #include "cuda/all_reduce_plan.h"
+#include "cuda/all_reduce_registry.h"
 #include "cuda/cuda_settings.h"
 #include "cuda/launch.h"
 #include "engines/dtypes.h"
@@ -180,7 +181,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
 
   ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
                                                  limits_.slot_bytes, limits_.workspace_blocks,
-                                                 limits_.ll128_max_bytes);
+                                                 gpu::protocol_regions(limits_));
   TORCH_INTERNAL_ASSERT(ws_->layout().coll.slot_bytes == limits_.slot_bytes, "pycoll: workspace slot size ",
                         ws_->layout().coll.slot_bytes, " differs from the planned ", limits_.slot_bytes);
   int major = 0;
@@ -328,11 +329,16 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
                                    size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents * sizeof(int64_t), stream),
                    kOp, "trace reset");
   }
-  if (p.protocol == gpu::Protocol::LL128) {
-    const int64_t lines = ceil_div(std::min(p.seg, count) * es, cuda_ipc::kLL128LinePayload);
-    TORCH_CHECK(lines <= a.h.layout.ll128.max_lines, "pycoll::allreduce: ", count * es,
-                " bytes do not fit the LL128 region (", a.h.layout.ll128.max_lines, " lines)");
-    PYCOLL_CUDA_OK(gpu::launch_ll128_two_shot(p.grid, stream, a, early_launch_), kOp, "kernel launch");
+  if (p.protocol == gpu::Protocol::Registered) {
+    // Its plan rule sized the launch for its region (all_reduce_registry.h).
+    const gpu::AllReduceLauncher* launcher = gpu::all_reduce_launcher(p.registered);
+    TORCH_CHECK(launcher != nullptr, "pycoll::allreduce: this build has no kernel for the ", p.protocol_name(),
+                " protocol that the plan chose");
+    TORCH_CHECK(a.h.layout.regions[p.registered].bytes > 0, "pycoll::allreduce: the workspace has no ",
+                p.protocol_name(), " region");
+    a.region = p.registered;
+    PYCOLL_CUDA_OK(static_cast<cudaError_t>(launcher->launch(p.grid, stream, a, early_launch_)), kOp,
+                   "kernel launch");
     return p.algo;
   }
   if (p.mode == kernels::ReduceMode::AllReduceTwoShot || p.mode == kernels::ReduceMode::AllReduceRing) {

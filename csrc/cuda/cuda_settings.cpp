@@ -51,12 +51,6 @@ const IntSetting kTwoShotBlocks("PYCOLL_CUDA_TWO_SHOT_BLOCKS", gpu::kTwoRankWide
                                 "CTAs of a two-rank two-shot all_reduce with waves up to "
                                 "gpu::kTwoRankWideTwoShotMaxBytes; 0 = the PYCOLL_CUDA_MAX_BLOCKS cap.",
                                 "128 (0 when PYCOLL_CUDA_MAX_BLOCKS is set)");
-const IntSetting kLL128MaxKiB("PYCOLL_CUDA_LL128_MAX_KIB", 0, 0, int64_t(1) << 20, kScope, true, Audience::Developer,
-                              "Largest two-shot all_reduce (KiB) run with the LL128 protocol; 0 turns it off. The "
-                              "workspace holds a whole message of this size. docs/decisions/0010-ll128-two-shot.md",
-                              "gpu::default_ll128_max_bytes (2 to 4 ranks: 16 MiB; more ranks: 0)");
-const IntSetting kLL128Blocks("PYCOLL_CUDA_LL128_BLOCKS", cuda_ipc::kLL128Blocks, 1, cuda_ipc::kLL128Blocks, kScope,
-                              true, Audience::Developer, "CTAs of an LL128 kernel at most (never more than the SMs).");
 const IntSetting kEarlyLaunch("PYCOLL_CUDA_EARLY_LAUNCH", 1, 0, 1, kScope, false, Audience::Developer,
                               "1: collective kernels use programmatic dependent launch (sm_90+), so back-to-back "
                               "collectives do not wait for a full launch. docs/decisions/0005-early-launch.md",

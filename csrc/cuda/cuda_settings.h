@@ -1,4 +1,5 @@
-// The CUDA engine's settings (common/setting.h), read once per engine in its constructor. They
+// The CUDA engine's settings (common/setting.h), read once per engine in its constructor (a
+// registered all_reduce protocol declares its own next to its registration). They
 // shape the workspace and the launches, so every rank must use the same values (the engine
 // compares them before the first launch). Compiled into CPU-only builds too, so that
 // pycollectives.settings() lists them everywhere.
@@ -19,8 +20,6 @@ extern const IntSetting kSplitTaper;
 extern const IntSetting kSplitClaimed;
 extern const IntSetting kTwoShotWaves;
 extern const IntSetting kTwoShotBlocks;
-extern const IntSetting kLL128MaxKiB;
-extern const IntSetting kLL128Blocks;
 extern const IntSetting kEarlyLaunch;
 extern const IntSetting kTrace;
 

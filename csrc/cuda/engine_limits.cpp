@@ -25,8 +25,7 @@ EngineLimits read_engine_limits(int nranks, int sms) {
   // A set PYCOLL_CUDA_MAX_BLOCKS caps two-shot too, unless PYCOLL_CUDA_TWO_SHOT_BLOCKS says otherwise.
   l.two_shot_wide_blocks =
       std::min<int>(sms, int(kTwoShotBlocks.get_or(kMaxBlocks.is_set() ? 0 : kTwoRankWideTwoShotBlocks)));
-  l.ll128_max_bytes = kLL128MaxKiB.get_or(default_ll128_max_bytes(nranks) / 1024) * 1024;
-  l.ll128_max_blocks = std::min<int>(sms, int(kLL128Blocks.get()));
+  for (const AllReduceProtocol& p : all_reduce_protocols()) l.protocols.push_back(p.read_limits(nranks, sms));
 
   l.workspace_blocks =
       std::max({cuda_ipc::kCollBlocks, l.max_blocks, nranks == 2 ? l.two_shot_wide_blocks : 0});
@@ -46,7 +45,7 @@ EngineLimits read_engine_limits(int nranks, int sms) {
 SettingList agreement_list(const EngineLimits& l) {
   using namespace cuda_settings;
   auto s = [](int64_t v) { return std::to_string(v); };
-  return {
+  SettingList list = {
       {"GPU SM count", s(l.sms)},
       {kMaxBlocks.name(), s(l.max_blocks)},
       {cuda_settings::kSmallMaxBlocks.name(), s(l.small_max_blocks)},
@@ -60,9 +59,19 @@ SettingList agreement_list(const EngineLimits& l) {
       {kSplitClaimed.name(), s(l.split_claimed)},
       {kTwoShotWaves.name(), s(l.two_shot_waves)},
       {kTwoShotBlocks.name(), s(l.two_shot_wide_blocks)},
-      {kLL128MaxKiB.name(), s(l.ll128_max_bytes / 1024)},
-      {kLL128Blocks.name(), s(l.ll128_max_blocks)},
   };
+  const auto& protocols = all_reduce_protocols();
+  for (size_t i = 0; i < protocols.size(); ++i)
+    for (auto& kv : protocols[i].agreement(l.protocols.at(i))) list.push_back(std::move(kv));
+  return list;
+}
+
+int64_t registered_max_bytes(const EngineLimits& l, Algo algo) {
+  int64_t most = 0;
+  const auto& protocols = all_reduce_protocols();
+  for (size_t i = 0; i < protocols.size(); ++i)
+    if (protocols[i].algo == algo) most = std::max(most, l.protocols.at(i).max_bytes);
+  return most;
 }
 
 }  // namespace gpu

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/settings_agreement.h"
+#include "cuda/all_reduce_registry.h"
 
 namespace pycoll {
 namespace gpu {
@@ -28,11 +30,15 @@ struct EngineLimits {
   bool split_claimed = true;
   bool two_shot_waves = false;
   int two_shot_wide_blocks = 0;    // two_shot_max_blocks()
-  int64_t ll128_max_bytes = 0;     // largest two-shot all_reduce run with LL128 (0: none)
-  int ll128_max_blocks = 0;
+  // The registered protocols' own limits, in all_reduce_protocols() order.
+  std::vector<ProtocolLimits> protocols;
 };
 
-// Reads the settings (a bad value raises, naming the setting and its range).
+// The largest all_reduce a registered protocol of `algo` runs on this engine (0: none).
+int64_t registered_max_bytes(const EngineLimits& l, Algo algo);
+
+// Reads the settings, the registered protocols' included (a bad value raises, naming the setting
+// and its range).
 EngineLimits read_engine_limits(int nranks, int sms);
 
 // The fields, named by the setting that sets each, for the ranks' agreement check.

@@ -1,6 +1,7 @@
 // Compiles the kernels and launches them. Kept apart from the torch glue so that this file
 // includes only CUDA headers.
 #include "cuda/launch.h"
+#include "cuda/all_reduce_registry.h"
 #include "cuda/launch_config.h"
 
 #include "kernels/entry.cuh"
@@ -23,7 +24,7 @@ cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& a,
 bool kernels_support_early_launch() {
   return compiled_with_grid_dependency(kernels::reduce_kernel) && compiled_with_grid_dependency(kernels::copy_kernel) &&
          compiled_with_grid_dependency(kernels::p2p_kernel) && ll_kernels_support_early_launch() &&
-         ll128_kernels_support_early_launch();
+         registered_launchers_support_early_launch();
 }
 
 }  // namespace gpu

@@ -19,15 +19,12 @@ cudaError_t launch_copy(int grid, cudaStream_t stream, const kernels::CopyArgs& 
 cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& args, bool early);
 // The LL one-shot all-reduce (kernels/ll_all_reduce.cuh): `grid` = the message's 16 KiB regions.
 cudaError_t launch_ll_all_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args, bool early);
-// The LL128 two-shot all-reduce (kernels/ll128_two_shot.cuh): CTA b takes the b-th of `grid` equal
-// ranges of every segment's 120-byte lines.
-cudaError_t launch_ll128_two_shot(int grid, cudaStream_t stream, const kernels::ReduceArgs& args, bool early);
+// The registered protocols' kernels launch through the registry (cuda/all_reduce_registry.h).
 
-// Whether the kernels were compiled with their grid-dependency waits (PTX for sm_90 or later);
-// without them `early` must stay false.
+// Whether the kernels (the registered protocols' too) were compiled with their grid-dependency
+// waits (PTX for sm_90 or later); without them `early` must stay false.
 bool kernels_support_early_launch();
 bool ll_kernels_support_early_launch();
-bool ll128_kernels_support_early_launch();
 
 }  // namespace gpu
 }  // namespace pycoll

@@ -1,7 +1,8 @@
 // Compiles the LL128 two-shot all-reduce kernels (one per dtype and reduce op,
-// cuda/reduce_kernel_table.h) and launches them. A file of its own so that it compiles in parallel
+// cuda/reduce_kernel_table.h) and registers their launcher with the all_reduce registry (the
+// protocol itself: cuda/ll128_two_shot.cpp). A file of its own so that it compiles in parallel
 // with launch.cu and launch_ll.cu.
-#include "cuda/launch.h"
+#include "cuda/all_reduce_registry.h"
 #include "cuda/launch_config.h"
 #include "cuda/reduce_kernel_table.h"
 
@@ -20,17 +21,20 @@ struct LL128Kernels {
   }
 };
 
-}  // namespace
-
-cudaError_t launch_ll128_two_shot(int grid, cudaStream_t stream, const kernels::ReduceArgs& a, bool early) {
+// CTA b takes the b-th of `grid` equal ranges of every segment's 120-byte lines.
+int launch(int grid, void* stream, const kernels::ReduceArgs& a, bool early) {
   const LL128Kernels::Fn k = reduce_kernel_for<LL128Kernels>(a.dtype, a.rop);
-  if (k == nullptr) return cudaErrorInvalidValue;  // the host maps every valid pair (cuda_engine.cu)
-  return launch_kernel(k, grid, kernels::kLL128Threads, stream, a, early);
+  if (k == nullptr) return int(cudaErrorInvalidValue);  // the host maps every valid pair (cuda_engine.cu)
+  return int(launch_kernel(k, grid, kernels::kLL128Threads, static_cast<cudaStream_t>(stream), a, early));
 }
 
-bool ll128_kernels_support_early_launch() {
+bool supports_early_launch() {
   return compiled_with_grid_dependency(kernels::ll128_two_shot_kernel<DType::Float32, kernels::OpSum>);
 }
+
+[[maybe_unused]] const bool kRegistered = register_all_reduce_launcher(cuda_ipc::kLL128ProtocolName, {&launch, &supports_early_launch});
+
+}  // namespace
 
 }  // namespace gpu
 }  // namespace pycoll

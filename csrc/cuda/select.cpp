@@ -158,7 +158,7 @@ bool few_ranks(int nranks) { return nranks == 3 || nranks == 4; }
 
 Algo builtin_all_reduce(int64_t bytes, int nranks) {
   if (few_ranks(nranks)) {
-    if (bytes > kFewRanksLL128MaxBytes) return Algo::Ring;
+    if (bytes > kFewRanksRingAllReduceBytes) return Algo::Ring;
     if (bytes >= kFewRanksTwoShotAllReduceBytes) return Algo::TwoShot;
   }
   if (nranks > 4 && bytes >= kManyRanksRingAllReduceBytes) return Algo::Ring;
@@ -230,14 +230,10 @@ Algo choose(OpCode op, int64_t bytes, int nranks) {
   return builtin_choice(op, bytes, nranks);
 }
 
-int64_t default_ll128_max_bytes(int nranks) {
-  if (nranks == 2) return kDefaultTwoRankLL128MaxBytes;
-  return few_ranks(nranks) ? kFewRanksLL128MaxBytes : 0;
-}
-
-Algo choose_all_reduce(int64_t bytes, int nranks, int64_t ll128_max_bytes) {
+Algo choose_all_reduce(int64_t bytes, int nranks, int64_t fast_two_shot_max_bytes) {
   const Algo a = choose(OpCode::AllReduce, bytes, nranks);
-  if (a == Algo::TwoShot && nranks == 2 && bytes > ll128_max_bytes && bytes < kTwoRankChannelTwoShotAllReduceBytes)
+  if (a == Algo::TwoShot && nranks == 2 && bytes > fast_two_shot_max_bytes &&
+      bytes < kTwoRankChannelTwoShotAllReduceBytes)
     return Algo::OneShot;
   return a;
 }

@@ -49,10 +49,10 @@ constexpr int64_t kTwoRankSplitAllReduceBytes = int64_t(128) << 20;
 // ... and below that, the channel two-shot from kTwoRankChannelTwoShotAllReduceBytes for two ranks
 // (the model puts its crossover with the fused one-shot a hair above; measured at it):
 // docs/decisions/0006-two-shot-from-16-mib.md
-// Below it two ranks run two-shot with the LL128 protocol (kDefaultTwoRankLL128MaxBytes) from
-// kTwoRankTwoShotAllReduceBytes: docs/decisions/0010-ll128-two-shot.md
-// An engine whose LL128 limit is below a size under kTwoRankChannelTwoShotAllReduceBytes runs
-// one-shot there instead (cuda_engine.cu): the channel two-shot loses to it there.
+// Below it two ranks run two-shot from kTwoRankTwoShotAllReduceBytes, measured with the LL128
+// protocol (the registered protocol, cuda/ll128_two_shot.cpp): docs/decisions/0010-ll128-two-shot.md
+// Where no registered two-shot protocol takes a size under kTwoRankChannelTwoShotAllReduceBytes
+// (choose_all_reduce) one-shot runs there instead: the channel two-shot loses to it there.
 constexpr int64_t kTwoRankChannelTwoShotAllReduceBytes = int64_t(16) << 20;
 constexpr int64_t kTwoRankTwoShotAllReduceBytes = int64_t(4) << 20;
 // ... and up to kTwoRankWideTwoShotMaxBytes it runs with kTwoRankWideTwoShotBlocks CTAs (64 leaders,
@@ -68,24 +68,13 @@ constexpr int64_t kTwoRankWideTwoShotMaxBytes = int64_t(64) << 20;
 // docs/decisions/0009-two-shot-waves.md
 constexpr int64_t kTwoRankWideTwoShotChunkBytes = int64_t(128) << 10;
 
-// Two-shot all_reduce of at most this many bytes runs with the LL128 protocol on two ranks (flags
-// inside 128-byte lines, kernels/ll128_two_shot.cuh); PYCOLL_CUDA_LL128_MAX_KIB overrides it, for
-// any world size (default 0 there: not measured). The workspace grows by about 1.07x this for two
-// ranks (the whole message's lines, both phases). With up to cuda_ipc::kLL128Blocks CTAs (the workspace's
-// per-CTA words; PYCOLL_CUDA_LL128_BLOCKS lowers it), each at least
-// kLL128MinLinesPerBlock lines (a row of 64) of every segment. LL128 moves fewer bytes per second
-// than the channel protocol, so it pays only while the channel protocol's fixed costs dominate.
-// docs/decisions/0010-ll128-two-shot.md
-constexpr int64_t kDefaultTwoRankLL128MaxBytes = int64_t(16) << 20;
-constexpr int64_t kLL128MinLinesPerBlock = 64;
-
-// Three and four ranks (measured on 3 and 4 H100, 2026-11-27): the LL128 two-shot from
-// kFewRanksTwoShotAllReduceBytes up to kFewRanksLL128MaxBytes (at 4 ranks 20.6 against 35.8 us for the
-// LL one-shot at 1 MiB, 104 against 113 us for the ring at 16 MiB), the ring above it (178 against
-// 202 us at 32 MiB). The workspace grows by about 2 x 1.07 x (n-1)/n of the limit (27 MB at 4 ranks).
+// Three and four ranks (measured on 3 and 4 H100, 2026-11-27): two-shot (the LL128 two-shot, whose
+// default limit there is this range's end) from kFewRanksTwoShotAllReduceBytes up to
+// kFewRanksRingAllReduceBytes (at 4 ranks 20.6 against 35.8 us for the LL one-shot at 1 MiB, 104
+// against 113 us for the ring at 16 MiB), the ring above it (178 against 202 us at 32 MiB).
 // docs/decisions/0012-three-and-four-rank-all-reduce.md
 constexpr int64_t kFewRanksTwoShotAllReduceBytes = int64_t(512) << 10;
-constexpr int64_t kFewRanksLL128MaxBytes = int64_t(16) << 20;
+constexpr int64_t kFewRanksRingAllReduceBytes = int64_t(16) << 20;
 
 // All-to-all uses this many channels (2 CTAs each: a sender and a receiver), fewer where the
 // workspace has fewer or the GPU has less than two SMs per CTA: chunk j of a pair goes through
@@ -140,13 +129,11 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks);
 Algo choose(OpCode op, int64_t bytes, int nranks);
 Algo builtin_choice(OpCode op, int64_t bytes, int nranks);
 
-// The LL128 limit of an engine without PYCOLL_CUDA_LL128_MAX_KIB: kDefaultTwoRankLL128MaxBytes for
-// two ranks, kFewRanksLL128MaxBytes for three and four, 0 (off, not measured) for more.
-int64_t default_ll128_max_bytes(int nranks);
-// The all_reduce `auto` of an engine whose LL128 limit is `ll128_max_bytes`: choose(), except that
+// The all_reduce `auto` of an engine whose registered two-shot protocols run all_reduce up to
+// `fast_two_shot_max_bytes` (EngineLimits: registered_max_bytes): choose(), except that
 // two ranks run one-shot where it picked two-shot below kTwoRankChannelTwoShotAllReduceBytes for a
 // size LL128 does not cover (the channel two-shot loses to one-shot there).
-Algo choose_all_reduce(int64_t bytes, int nranks, int64_t ll128_max_bytes);
+Algo choose_all_reduce(int64_t bytes, int nranks, int64_t fast_two_shot_max_bytes);
 
 // The two-rank two-shot all_reduce of `bytes` runs `wide_blocks` CTAs (the "wide" two-shot) with
 // waves up to kTwoRankWideTwoShotMaxBytes; wide_blocks <= 0: never.

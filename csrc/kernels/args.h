@@ -65,6 +65,8 @@ struct ReduceArgs {
   DType dtype;        // element type (never Bool: the host maps it to UInt8)
   ReduceOp rop;       // reduce operation (bitwise ones only for UInt8, Int32, Int64)
   int32_t flags;      // kArgTrace | kArgTaper | kArgClaimed | kArgWaves
+  int32_t region;     // a registered protocol's kernel: its index in h.layout.regions
+  int32_t pad;
   // Tree: per tree t (0, 1): parent (-1 at the root) and up to two children (-1 if none).
   int32_t tree_parent[2];
   int32_t tree_child[2][2];

@@ -48,6 +48,7 @@
 
 #include "kernels/args.h"
 #include "kernels/grid_dependency.cuh"
+#include "kernels/ll128_layout.h"
 #include "kernels/ll_all_reduce.cuh"
 #include "kernels/signal.cuh"
 #include "transport/cuda_ipc/device_handle.h"
@@ -102,9 +103,8 @@ __device__ __forceinline__ bool ll128_wait(const DeviceHandle* h, const char* co
 // Warp 0 of a CTA: waits for `peer`'s header line (kind 0: check word, kind 1: ack) of this call.
 // While the check header is missing, a peer with an unread channel message for this CTA or already
 // in its next LL call runs a different collective: reported as a mismatch. False after an error.
-__device__ __forceinline__ bool ll128_wait_header(const DeviceHandle* h, int peer, int kind, uint64_t flag,
-                                                  uint64_t check) {
-  const cuda_ipc::LL128Layout& L = h->layout.ll128;
+__device__ __forceinline__ bool ll128_wait_header(const DeviceHandle* h, const cuda_ipc::LL128Layout& L, int peer,
+                                                  int kind, uint64_t flag, uint64_t check) {
   const int lane = int(threadIdx.x & 31u);
   const char* line = h->base[h->rank] + L.header_offset(h->nranks, peer, h->rank, kind, int(blockIdx.x)) + lane * 16;
   const WaitSite site{int32_t(OpCode::AllReduce), int(blockIdx.x), peer, cuda_ipc::kWaitData};
@@ -146,8 +146,9 @@ __device__ __forceinline__ bool ll128_wait_header(const DeviceHandle* h, int pee
 template <DType D, class Op>
 __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const __grid_constant__ ReduceArgs a) {
   const DeviceHandle* h = &a.h;
-  const cuda_ipc::LL128Layout& L = h->layout.ll128;
   const int n = h->nranks;
+  const cuda_ipc::ProtocolRegion& region = h->layout.regions[a.region];  // the engine's plan names it
+  const cuda_ipc::LL128Layout L = cuda_ipc::ll128_layout(region.off, region.param, n);
   const int me = h->rank;
   const int b = int(blockIdx.x);
   char* mine = h->base[me];
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
   ok = 1;
   if (threadIdx.x < 32) {
     for (int q = 0; q < n && ok; ++q)
-      if (q != me && !ll128_wait_header(h, q, 0, flag, a.check)) ok = 0;
+      if (q != me && !ll128_wait_header(h, L, q, 0, flag, a.check)) ok = 0;
   }
   if (__syncthreads_and(ok) == 0) return;
 
@@ -323,7 +324,7 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
     const int q = (me + k) % n;
     const int64_t end = range_end(q);
     if (end <= lo) {
-      if (threadIdx.x < 32 && !ll128_wait_header(h, q, 1, flag, a.check)) return;
+      if (threadIdx.x < 32 && !ll128_wait_header(h, L, q, 1, flag, a.check)) return;
       continue;
     }
     const int64_t bytes = seg_bytes(q);

@@ -148,17 +148,22 @@ __device__ __forceinline__ bool peer_in_next_ll_call(const DeviceHandle* h, int 
   return r.f0 == flag && r.f1 == flag;
 }
 
-// The same for the LL128 two-shot (kernels/ll128_two_shot.cuh): `peer`'s CTA 0 check header for
-// this rank's next LL128 epoch is here (its flag is the line's last word, the check word its first).
-__device__ __forceinline__ bool peer_in_next_ll128_call(const DeviceHandle* h, int peer, uint64_t* check) {
-  const cuda_ipc::LL128Layout& L = h->layout.ll128;
-  if (L.max_bytes == 0) return false;
+// The same for the registered protocols with a probe (cuda_ipc::RegionProbe, e.g. the LL128
+// two-shot): `peer`'s header for this rank's next call of one of them is here (its flag word is
+// that call's count, the check word its first word).
+__device__ __forceinline__ bool peer_in_next_region_call(const DeviceHandle* h, int peer, uint64_t* check) {
   const char* mine = h->base[h->rank];
-  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(mine + L.epoch_offset(0)) + 1;
-  const char* line = mine + L.header_offset(h->nranks, peer, h->rank, 0, 0);
-  if (*reinterpret_cast<const volatile uint64_t*>(line + cuda_ipc::kLL128LinePayload) != epoch) return false;
-  *check = *reinterpret_cast<const volatile uint64_t*>(line);
-  return true;
+  const int pidx = (peer - h->rank - 1 + 2 * h->nranks) % h->nranks;
+  for (int i = 0; i < h->layout.nregions && i < cuda_ipc::kMaxProtocolRegions; ++i) {
+    const cuda_ipc::RegionProbe& P = h->layout.regions[i].probe;
+    if (P.header_stride == 0) continue;
+    const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(mine + P.epoch_off) + 1;
+    const char* header = mine + P.header_off + int64_t(pidx) * P.header_stride;
+    if (*reinterpret_cast<const volatile uint64_t*>(header + P.flag_byte) != epoch) continue;
+    *check = *reinterpret_cast<const volatile uint64_t*>(header);
+    return true;
+  }
+  return false;
 }
 
 // A collective's channel wait gives a peer that is already in its next LL call this long to make
@@ -196,7 +201,7 @@ static __device__ __noinline__ bool wait_ge_slow(const DeviceHandle* h, const ui
       if (!keep_waiting(h, start, site, target, v)) return false;
       uint64_t theirs = 0;
       if (site.op != 0 &&
-          (peer_in_next_ll_call(h, site.peer, &theirs) || peer_in_next_ll128_call(h, site.peer, &theirs))) {
+          (peer_in_next_ll_call(h, site.peer, &theirs) || peer_in_next_region_call(h, site.peer, &theirs))) {
         const uint64_t now = globaltimer_ns();
         if (peer_moved_on_at == 0) peer_moved_on_at = now;
         if (now - peer_moved_on_at > kLLMismatchGraceNs) {
@@ -210,8 +215,8 @@ static __device__ __noinline__ bool wait_ge_slow(const DeviceHandle* h, const ui
 
 // Bounded spin-wait until *flag >= target, with acquire semantics on success. Returns false (and
 // the error is already reported) when the engine's timeout expires, when this rank has been
-// aborted, or (collectives) when the awaited peer has moved on to an LL or LL128 all_reduce. Called by one
-// thread per flag.
+// aborted, or (collectives) when the awaited peer has moved on to an LL all_reduce or a registered
+// protocol's. Called by one thread per flag.
 __device__ __forceinline__ bool wait_ge(const DeviceHandle* h, const uint64_t* flag, uint64_t target,
                                         const WaitSite& site, uint64_t check) {
   if (ld_acquire_sys(flag) >= target) return true;

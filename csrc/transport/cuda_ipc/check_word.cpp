@@ -2,6 +2,7 @@
 // the encoding and its messages are tested on machines without a GPU.
 #include "transport/cuda_ipc/check_word.h"
 
+#include <map>
 #include <sstream>
 
 #include "common/types.h"
@@ -9,7 +10,22 @@
 namespace pycoll {
 namespace cuda_ipc {
 
+namespace {
+std::map<int, const char*>& registered_names() {  // filled by static initializers: built on first use
+  static std::map<int, const char*> m;
+  return m;
+}
+}  // namespace
+
+void register_check_plan_name(int plan, const char* name) { registered_names()[plan] = name; }
+
+bool check_plan_taken(int plan) {
+  return (plan >= 0 && plan <= int(CheckPlan::Direct)) || registered_names().count(plan) > 0;
+}
+
 const char* check_plan_name(int plan) {
+  const auto it = registered_names().find(plan);
+  if (it != registered_names().end()) return it->second;
   switch (static_cast<CheckPlan>(plan)) {
     case CheckPlan::Unspecified: return "";
     case CheckPlan::OneShot: return "one-shot";
@@ -20,7 +36,6 @@ const char* check_plan_name(int plan) {
     case CheckPlan::SplitClaimed: return "split one-shot (claimed chunks)";
     case CheckPlan::LL: return "one-shot (LL protocol)";
     case CheckPlan::Direct: return "direct";
-    case CheckPlan::LL128: return "two-shot (LL128 protocol)";
   }
   return "unknown plan";
 }

@@ -35,7 +35,8 @@ enum class CheckPlan : int {
   SplitClaimed = 6,  // split one-shot, chunks claimed from one counter (kernels/one_shot_claimed.cuh)
   LL = 7,            // one-shot with flags inside the data (kernels/ll_all_reduce.cuh)
   Direct = 8,        // one hop: reduce-scatter, all-gather and reduce
-  LL128 = 9,         // two-shot with flags inside 128-byte lines (kernels/ll128_two_shot.cuh)
+  // 9..15: the registered all_reduce protocols' codes (cuda/all_reduce_registry.h); the LL128
+  // two-shot has 9.
 };
 
 PYCOLL_HD uint64_t collective_check_word(int op, int dtype, int reduce_op, int root, int64_t count,
@@ -71,6 +72,10 @@ inline CollectiveCheck decode_check_word(uint64_t w) {
 // messages (check_word.cpp; plain C++, tested without a GPU).
 std::string describe_check(const CollectiveCheck& c);
 const char* check_plan_name(int plan);
+// A registered protocol's code and name (cuda/all_reduce_registry.cpp does this for each), and
+// whether a code has a name already.
+void register_check_plan_name(int plan, const char* name);
+bool check_plan_taken(int plan);
 
 }  // namespace cuda_ipc
 }  // namespace pycoll

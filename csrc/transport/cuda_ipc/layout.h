@@ -22,10 +22,9 @@
 // the receiver needs no separate flag, no fence and no credit. Per sender and CTA it has two
 // buffers (parity of the CTA's LL epoch), which is enough: see ll_all_reduce.cuh for why.
 //
-// The LL128 region (kernels/ll128_two_shot.cuh) holds a whole two-shot all_reduce of up to
-// `max_bytes`: 128-byte lines of 120 payload bytes and a 64-bit flag, one line per 120 bytes of a
-// segment, for the scatter and for the gather phase of every sender. No slot is reused within a
-// call, so no credit flows back; why one buffer (no parity) suffices is in the kernel's comment.
+// Protocol regions: an all_reduce protocol registered with a region of its own (the LL128
+// two-shot, cuda/all_reduce_registry.h) gets `bytes` at `off`, and lays the region out itself
+// from there (kernels/ll128_layout.h).
 #pragma once
 
 #include <cstddef>
@@ -122,37 +121,28 @@ struct LLLayout {
   }
 };
 
-// docs/decisions/0010-ll128-two-shot.md
-constexpr int kLL128Blocks = 128;             // CTAs of an LL128 kernel at most
-constexpr int64_t kLL128LineBytes = 128;
-constexpr int64_t kLL128LinePayload = 120;    // the last 8 bytes of a line are its flag
+// A registered protocol's region (cuda/all_reduce_registry.h). `param` is the registration's own
+// number for its kernel (LL128: lines per sender and phase).
+constexpr int kMaxProtocolRegions = 4;
 
-// Lines one segment of a `bytes` all_reduce over `nranks` needs at most: the segment is
-// ceil(count/n) elements (less than ceil(bytes/n) + 8 bytes) rounded up to 16 bytes (the engine's
-// two-shot segment), so less than ceil(bytes/n) + 23 bytes.
-PYCOLL_HD int64_t ll128_lines_for(int64_t bytes, int nranks) {
-  const int64_t seg = (bytes + nranks - 1) / nranks + 23;
-  return (seg + kLL128LinePayload - 1) / kLL128LinePayload;
-}
+// How a peer already in its next call of a registered protocol shows it, so that a collective
+// waiting for that peer on a channel flag reports a mismatch at once instead of at the timeout
+// (kernels/signal.cuh): this rank's count of the protocol's calls is the u64 at `epoch_off`, and
+// the header that sender index i (as in the LL region) writes into this rank for its next call
+// has the u64 count + 1 at `header_off + i * header_stride + flag_byte`, and its check word as the
+// header's first u64. Offsets from the region's start when registered, absolute in a Layout.
+struct RegionProbe {
+  int64_t epoch_off = 0;
+  int64_t header_off = 0;
+  int64_t header_stride = 0;  // 0: no probe
+  int64_t flag_byte = 0;
+};
 
-struct LL128Layout {
-  int64_t max_bytes = 0;   // largest all_reduce the region holds; 0: no region
-  int64_t max_lines = 0;   // lines per (sender, phase): ll128_lines_for(max_bytes, nranks)
-  int64_t off_epoch = 0;   // local: [block] u64, LL128 kernels CTA b has run on this rank
-  int64_t off_header = 0;  // in dst: [sender index 0..n-2][kind][block] lines: kind 0 carries the
-                           // check word, kind 1 is the ack of a CTA that has no result lines to send
-  int64_t off_data = 0;    // in dst: [sender index][phase 0 scatter, 1 gather][max_lines] lines
-
-  PYCOLL_HD int64_t epoch_offset(int b) const { return off_epoch + int64_t(b) * 8; }
-  PYCOLL_HD int64_t header_offset(int nranks, int src, int dst, int kind, int b) const {
-    const int pidx = (src - dst - 1 + 2 * nranks) % nranks;
-    return off_header + ((int64_t(pidx) * 2 + kind) * kLL128Blocks + b) * kLL128LineBytes;
-  }
-  // Line `line` of `phase` written by `src` into dst's workspace.
-  PYCOLL_HD int64_t line_offset(int nranks, int src, int dst, int phase, int64_t line) const {
-    const int pidx = (src - dst - 1 + 2 * nranks) % nranks;
-    return off_data + ((int64_t(pidx) * 2 + phase) * max_lines + line) * kLL128LineBytes;
-  }
+struct ProtocolRegion {
+  int64_t off = 0;
+  int64_t bytes = 0;  // 0: no region (the protocol is off on this engine)
+  int64_t param = 0;
+  RegionProbe probe;
 };
 
 // Progress of the split one-shot all_reduce (kernels/one_shot.cuh), local to each rank: for
@@ -202,9 +192,11 @@ struct Layout {
   ChannelSetLayout coll;
   ChannelSetLayout p2p;
   LLLayout ll;
-  LL128Layout ll128;
   SplitLayout split;
   TraceLayout trace;
+  int32_t nregions = 0;
+  int32_t pad2 = 0;
+  ProtocolRegion regions[kMaxProtocolRegions];  // in the registry's order
   int64_t total_bytes = 0;
 };
 
@@ -228,9 +220,9 @@ inline int64_t coll_slot_bytes_for(int nranks, int coll_blocks = kCollBlocks) {
 
 // `coll_slot_bytes` 0 picks coll_slot_bytes_for(nranks, coll_blocks); otherwise a multiple of 4 KiB.
 // `coll_blocks`: channels per peer pair of the coll set, kCollBlocks..kMaxCollBlocks.
-// `ll128_max_bytes`: largest all_reduce the LL128 region holds (0: none).
+// `regions`: the registered protocols' regions (size, param and probe; make_layout places them).
 inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_blocks = kCollBlocks,
-                          int64_t ll128_max_bytes = 0) {
+                          const ProtocolRegion* regions = nullptr, int nregions = 0) {
   Layout L;
   L.nranks = nranks;
   int64_t off = 0;
@@ -268,12 +260,16 @@ inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_bloc
   L.split.off_ready = take(kMaxClaimedChunks * 4, kFlagStride);
   L.trace.off = take(int64_t(kTraceCtas) * kTraceEvents * 8, kFlagStride);
   L.ll.off_data = take(2 * npeers * kLLBlocks * L.ll.block_lines * kLLLineBytes, 4096);
-  if (ll128_max_bytes > 0 && npeers > 0) {
-    L.ll128.max_bytes = ll128_max_bytes;
-    L.ll128.max_lines = ll128_lines_for(ll128_max_bytes, nranks);
-    L.ll128.off_epoch = take(int64_t(kLL128Blocks) * 8, kFlagStride);
-    L.ll128.off_header = take(npeers * 2 * kLL128Blocks * kLL128LineBytes, 4096);
-    L.ll128.off_data = take(npeers * 2 * L.ll128.max_lines * kLL128LineBytes, 4096);
+  L.nregions = nregions;
+  for (int i = 0; i < nregions && i < kMaxProtocolRegions; ++i) {
+    if (regions[i].bytes <= 0 || npeers == 0) continue;  // off: all zero, no probe
+    ProtocolRegion& r = L.regions[i];
+    r = regions[i];
+    r.off = take(r.bytes, 4096);
+    if (r.probe.header_stride > 0) {
+      r.probe.epoch_off += r.off;
+      r.probe.header_off += r.off;
+    }
   }
   L.total_bytes = round_up_i64(off, 2 << 20);
   return L;

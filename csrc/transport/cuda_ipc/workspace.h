@@ -24,11 +24,11 @@ namespace cuda_ipc {
 class IpcWorkspace {
  public:
   // `coll_slot_bytes` 0: the layout's default for `size` ranks and `coll_blocks` channels per peer
-  // pair (make_layout); `ll128_max_bytes`: the LL128 region (make_layout). Every rank must pass the
-  // same values (the constructor throws on every rank otherwise).
+  // pair (make_layout); `regions`: the registered protocols' regions (make_layout). Every rank must
+  // pass the same values (the constructor throws on every rank otherwise).
   IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
                int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0,
-               int coll_blocks = kCollBlocks, int64_t ll128_max_bytes = 0);
+               int coll_blocks = kCollBlocks, const std::vector<ProtocolRegion>& regions = {});
   ~IpcWorkspace();
   IpcWorkspace(const IpcWorkspace&) = delete;
   IpcWorkspace& operator=(const IpcWorkspace&) = delete;
@@ -57,7 +57,7 @@ class IpcWorkspace {
 
  private:
   void init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, std::chrono::milliseconds timeout,
-            int64_t coll_slot_bytes, int coll_blocks, int64_t ll128_max_bytes);
+            int64_t coll_slot_bytes, int coll_blocks, const std::vector<ProtocolRegion>& regions);
   void release_mappings() noexcept;
 
   int rank_;
