@@ -22,9 +22,9 @@
 // the receiver needs no separate flag, no fence and no credit. Per sender and CTA it has two
 // buffers (parity of the CTA's LL epoch), which is enough: see ll_all_reduce.cuh for why.
 //
-// Protocol regions: an all_reduce protocol registered with a region of its own (the LL128
-// two-shot, cuda/all_reduce_registry.h) gets `bytes` at `off`, and lays the region out itself
-// from there (kernels/ll128_layout.h).
+// Protocol regions: an all_reduce protocol registered with a region of its own
+// (cuda/all_reduce_registry.h) gets `bytes` at `off`, and its kernel lays the region out itself
+// from there.
 #pragma once
 
 #include <cstddef>
