@@ -35,7 +35,8 @@ bool register_all_reduce_protocol(const AllReduceProtocol& p) {
     throw std::logic_error(std::string("all_reduce protocol '") + p.name + "': check code " +
                            std::to_string(p.check_code) + " is taken or outside 1..15");
   for (const auto& q : list)
-    if (std::string(q.name) == p.name) throw std::logic_error(std::string("all_reduce protocol '") + p.name + "' twice");
+    if (std::string(q.name) == p.name)
+      throw std::logic_error(std::string("all_reduce protocol '") + p.name + "' is registered twice");
   cuda_ipc::register_check_plan_name(p.check_code, p.check_name);
   list.push_back(p);
   std::stable_sort(list.begin(), list.end(), [](const AllReduceProtocol& a, const AllReduceProtocol& b) {
