@@ -2,7 +2,6 @@
 
 #include <c10/util/Exception.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -101,28 +100,6 @@ void backend_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Te
   if (!wire.is_same(t)) t.copy_(wire);
 }
 
-// An all_reduce of t (in place) started on a CPU inter-host backend (Gloo), running on that
-// backend's threads: finish() waits for it and copies the result back where t travels in another
-// dtype (inter_host_form).
-struct RunningAllReduce {
-  c10::intrusive_ptr<c10d::Work> work;
-  at::Tensor wire, t;
-
-  void finish() {
-    work->wait();
-    if (!wire.is_same(t)) t.copy_(wire);
-  }
-};
-
-RunningAllReduce start_host_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t,
-                                       ReduceKind op) {
-  auto [wire, wire_op] = inter_host_form(t, op);
-  std::vector<at::Tensor> ts{wire};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(wire_op);
-  return RunningAllReduce{b->allreduce(ts, opts), wire, t};
-}
-
 at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
 
 // Reduce-scatter of `in` (k blocks of out.numel() elements, contiguous) among the k members of an
@@ -156,24 +133,6 @@ constexpr size_t kDeviceHierarchicalReduceScatterMinBytes = 32 << 10;
 // 64 KiB): 1.2-1.9x faster than the three phases from 8 B to 1 MiB, about equal at 2 MiB, slower from
 // 8 MiB (11.3-11.8 ms against 13.8-14.5). CUDA tensors keep the three phases (not measured).
 constexpr size_t kHostLeaderMaxBytes = 1 << 20;
-
-// The three phases of a CPU all_reduce in chunks: each chunk's Gloo all_reduce runs on Gloo's
-// threads while the host reduce-scatters the next chunk and all-gathers the one before, so the
-// time approaches the slowest phase rather than the sum. A rank's shard is cut into pieces of at
-// least kOverlapMinPieceBytes, at most kOverlapMaxChunks of them.
-int64_t overlap_min_piece_bytes() {
-  const char* v = std::getenv("PYCOLL_SWEEP_PIECE_KIB");  // TEMPORARY sweep knob
-  return v ? std::atoll(v) * 1024 : int64_t(1) << 20;
-}
-int64_t overlap_max_chunks() {
-  const char* v = std::getenv("PYCOLL_SWEEP_CHUNKS");  // TEMPORARY sweep knob
-  return v ? std::atoll(v) : 4;
-}
-
-// Chunks of the three phases for a shard of `shard_bytes` (1: not chunked).
-int64_t overlap_chunks(int64_t shard_bytes) {
-  return std::max<int64_t>(1, std::min(overlap_max_chunks(), shard_bytes / overlap_min_piece_bytes()));
-}
 
 // The CPU scratch buffer kept across calls grows to at most this; a larger op allocates its own
 // (its page faults then cost a smaller share of its time, and a group keeps no more memory).
@@ -262,58 +221,19 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
   } else {
     // 1. reduce-scatter inside the host, 2. all-reduce of this rank's shard on its rail,
     // 3. all-gather inside the host. A size L does not divide runs on a zero-padded copy.
+    if (call.plan_text) *call.plan_text = "three phases: host reduce_scatter, rail all_reduce, host all_gather";
     const int64_t shard = ceil_div(n, L);
-    const int64_t chunks = on_device_ ? 1 : overlap_chunks(shard * static_cast<int64_t>(in.element_size()));
-    if (call.plan_text) {
-      *call.plan_text = chunks == 1 ? std::string("three phases")
-                                    : "three phases, " + std::to_string(chunks) + " chunks overlapped";
-      *call.plan_text += ": host reduce_scatter, rail all_reduce, host all_gather";
-    }
     const bool exact = shard * L == n;
     at::Tensor whole = exact ? in.reshape({-1}) : at::zeros({shard * L}, in.options());
     if (!exact) whole.narrow(0, 0, n).copy_(in.reshape({-1}));
     at::Tensor mine = scratch(shard, in.options());
-    const at::Tensor target = exact ? out.reshape({-1}) : whole;
-    if (on_device_) {
-      run_local(OpCode::ReduceScatter, whole, mine, level_op, stream);
-      if (check) check->finish();
-      backend_all_reduce(rail_, mine, level_op, on_device_);
-      run_local(OpCode::AllGather, mine, target, level_op, stream);
-    } else {
-      three_phases_in_chunks(whole, mine, target, level_op, stream, check);
-    }
+    run_local(OpCode::ReduceScatter, whole, mine, level_op, stream);
+    if (check) check->finish();
+    backend_all_reduce(rail_, mine, level_op, on_device_);
+    run_local(OpCode::AllGather, mine, exact ? out.reshape({-1}) : whole, level_op, stream);
     if (!exact) out.reshape({-1}).copy_(whole.narrow(0, 0, n));
   }
   if (op == ReduceKind::Avg) out.div_(size_);
-}
-
-void HierarchicalEngine::three_phases_in_chunks(const at::Tensor& whole, const at::Tensor& mine,
-                                                const at::Tensor& target, ReduceKind op, const c10::Stream& stream,
-                                                std::optional<CallCheck>& check) {
-  // Chunk i is a contiguous range of L pieces of `piece` elements (the last may be shorter): an
-  // all_reduce of its own, so a chunk's pieces are shards of it and every element is still
-  // reduced once by one rail.
-  const int64_t L = layout_.local_size();
-  const int64_t shard = mine.numel();
-  const int64_t es = static_cast<int64_t>(mine.element_size());
-  const int64_t chunks = overlap_chunks(shard * es);
-  const int64_t piece = ceil_div(shard, chunks);
-  std::vector<RunningAllReduce> running;
-  std::vector<std::pair<at::Tensor, at::Tensor>> gathers;  // (piece of mine, range of target)
-  for (int64_t i = 0; i * piece < shard; ++i) {
-    const int64_t len = std::min(piece, shard - i * piece);
-    const at::Tensor my_piece = mine.narrow(0, i * piece, len);
-    run_local(OpCode::ReduceScatter, whole.narrow(0, i * L * piece, L * len), my_piece, op, stream);
-    if (i == 0 && check) check->finish();
-    running.push_back(start_host_all_reduce(rail_, my_piece, op));
-    gathers.emplace_back(my_piece, target.narrow(0, i * L * piece, L * len));
-    if (i > 0) {  // the previous chunk's Gloo all_reduce ran while this chunk was reduce-scattered
-      running[i - 1].finish();
-      run_local(OpCode::AllGather, gathers[i - 1].first, gathers[i - 1].second, op, stream);
-    }
-  }
-  running.back().finish();
-  run_local(OpCode::AllGather, gathers.back().first, gathers.back().second, op, stream);
 }
 
 Algo HierarchicalEngine::run(const Collective& c, const c10::Stream& stream) {

@@ -65,11 +65,6 @@ class HierarchicalEngine : public Engine {
   // One op of the host's engine (reduce: only for the reductions).
   void run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce,
                  const c10::Stream& stream, int root = 0);
-  // Steps 1-3 of the all_reduce on CPU tensors, in chunks whose Gloo all_reduce overlaps the host's
-  // phases of the chunks around it: `whole` (L shards) into `target` (the same size), `mine` (one
-  // shard) the scratch of this rank's pieces. `check` is finished after the first local phase.
-  void three_phases_in_chunks(const at::Tensor& whole, const at::Tensor& mine, const at::Tensor& target,
-                              ReduceKind op, const c10::Stream& stream, std::optional<CallCheck>& check);
   // Small all_reduce of CPU tensors: reduce to the host's first rank, all-reduce among the hosts'
   // first ranks, broadcast inside the host (one inter-host call per host, not one per rail).
   bool leader_form(size_t bytes) const;
