@@ -172,10 +172,10 @@ def test_debug_log_names_the_path(layout, expected):
 def _both_all_reduce_forms(rank, ws):
     # Up to 1 MiB the leader form (host reduce, the hosts' first ranks on Gloo, host broadcast),
     # above it the three phases (host reduce_scatter, every rail on Gloo, host all_gather); sizes
-    # that two ranks per host do not divide, against Gloo.
+    # that two ranks per host do not divide, and 12 MiB that they do, against Gloo.
     gloo = dist.new_group(backend="gloo")
-    for n in (1031, (1 << 19) + 3):
-        for dtype in (torch.float32, torch.int32, torch.bfloat16):
+    for n in (1031, (1 << 19) + 3, (3 << 20) + 5, 3 << 20):
+        for dtype in (torch.float32, torch.int32, torch.bfloat16) if n < (1 << 20) or n % 2 else (torch.float32,):
             for op in (R.SUM, R.MAX) + ((R.AVG,) if dtype.is_floating_point else ()):
                 x = _input(dtype, rank, n, 3)
                 mine, ref = x.clone(), x.clone()
@@ -193,7 +193,7 @@ def test_all_reduce_leader_form_then_three_phases(layout):
     out = run_ranks(len(ids), _both_all_reduce_forms, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
                     env={"PYCOLL_DEBUG": "INFO"}, timeout=300)
     for plans in out:
-        assert plans == ["leader"] * 8 + ["three phases"] * 8, plans
+        assert plans == ["leader"] * 8 + ["three phases"] * 19, plans
 
 
 def _all_gather_by_rail_then_host(rank, ws):
