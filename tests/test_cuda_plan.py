@@ -38,6 +38,7 @@ def check_invariants(p, count, es, world, lim):
         r, mine = REGISTERED[p["protocol"]], lim["protocols"][p["protocol"]]
         assert p["algorithm"] == r["algorithm"] and p["check_plan"] == r["check_plan"]
         assert 0 < nbytes <= mine["max_bytes"] and 1 <= p["grid"] <= mine["max_blocks"]
+        assert p["fits_region"]  # what the engine checks before it launches
         return
     assert p["protocol"] == "channel"
     if p["variant"].startswith("split"):

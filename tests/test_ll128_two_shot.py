@@ -44,7 +44,7 @@ def test_plans_fit_its_region(world, es):
     for nbytes in (es, 3 * es, 120, 121 * es, 64 * 120 * world + 8, 1 * MiB + 8, 4 * MiB, 16 * MiB):
         p = plan(nbytes, world, "twoshot", es)
         count = nbytes // es
-        assert p["protocol"] == "ll128" and p["check_plan"] == "two-shot (LL128 protocol)"
+        assert p["protocol"] == "ll128" and p["check_plan"] == "two-shot (LL128 protocol)" and p["fits_region"]
         assert p["seg"] * world >= count and (p["seg"] * es) % 16 == 0
         lines = -(-min(p["seg"], count) * es // LINE_PAYLOAD)
         assert lines <= lines_for(lim["max_bytes"], world)

@@ -98,6 +98,12 @@ void register_cuda_plan(py::module_& m) {
         d["seg"] = p.seg;
         d["early_ok"] = p.early_ok;
         d["describe"] = p.describe();
+        if (p.protocol == gpu::Protocol::Registered) {
+          // What the engine checks before it launches: the plan within the region its limits give.
+          const cuda_ipc::ProtocolRegion region = gpu::protocol_regions(l).at(size_t(p.registered));
+          d["fits_region"] = region.bytes > 0 &&
+                             gpu::all_reduce_protocols()[p.registered].fits(p, count, elem_bytes, world, region);
+        }
         return d;
       },
       py::arg("count"), py::arg("elem_bytes"), py::arg("world"), py::arg("algo") = "auto", py::arg("sms") = 132,

@@ -59,10 +59,9 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
   limits.nranks = nranks;
   const auto& registered = gpu::all_reduce_protocols();
   for (const auto& r : registered) {
-    gpu::ProtocolLimits pl;
+    gpu::ProtocolLimits pl = r.read_limits(nranks, 132);  // its settings now; only the limit given here
     const auto it = protocols.find(r.name);
     pl.max_bytes = it == protocols.end() ? 0 : it->second;
-    pl.max_blocks = 1;
     if (pl.max_bytes < 0) throw py::value_error(std::string("the ") + r.name + " limit must be >= 0");
     limits.protocols.push_back(pl);
   }

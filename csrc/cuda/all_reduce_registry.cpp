@@ -27,13 +27,14 @@ std::map<std::string, AllReduceLauncher>& launchers() {
 
 bool register_all_reduce_protocol(const AllReduceProtocol& p) {
   auto& list = protocols();
-  if (!p.read_limits || !p.agreement || !p.plan || !p.region_bytes || !p.region_param || !p.ranges)
+  if (!p.read_limits || !p.agreement || !p.plan || !p.fits || !p.region_bytes || !p.region_param || !p.ranges)
     throw std::logic_error(std::string("all_reduce protocol '") + p.name + "' is registered without all its parts");
   if (int(list.size()) >= cuda_ipc::kMaxProtocolRegions)
     throw std::logic_error("more all_reduce protocols than cuda_ipc::kMaxProtocolRegions");
-  if (p.check_code <= 0 || p.check_code > 15 || cuda_ipc::check_plan_taken(p.check_code))
+  if (p.check_code < cuda_ipc::kFirstRegisteredCheckPlan || p.check_code > 15 ||
+      cuda_ipc::check_plan_taken(p.check_code))
     throw std::logic_error(std::string("all_reduce protocol '") + p.name + "': check code " +
-                           std::to_string(p.check_code) + " is taken or outside 1..15");
+                           std::to_string(p.check_code) + " is taken or outside 9..15");
   for (const auto& q : list)
     if (std::string(q.name) == p.name)
       throw std::logic_error(std::string("all_reduce protocol '") + p.name + "' is registered twice");

@@ -43,7 +43,7 @@ struct RegionRange {
 struct AllReduceProtocol {
   const char* name = "";        // the plan's protocol word ("ll128"): the log, the plan's report
   Algo algo = Algo::TwoShot;    // the schedule it runs: it takes calls planned as this algorithm
-  int check_code = 0;           // its cuda_ipc::CheckPlan code, 10..15 or an unused one below
+  int check_code = 0;           // its cuda_ipc::CheckPlan code: an unused one of 9..15
   const char* check_name = "";  // how a mismatch error names it: "two-shot (LL128 protocol)"
   int priority = 0;             // where several would take a call, the lowest first
 
@@ -52,9 +52,15 @@ struct AllReduceProtocol {
   // Its settings as the ranks must agree on them.
   SettingList (*agreement)(const ProtocolLimits&) = nullptr;
   // Fills the plan's grid, segment and chunking when it takes this call (the engine has already
-  // chosen `algo`), false to leave the call to the channel protocol.
+  // chosen `algo`), false to leave the call to the channel protocol. It should take every call
+  // of its algorithm up to its limit: the cost model (choose_all_reduce) assumes so.
   bool (*plan)(AllReducePlan& p, int64_t count, int64_t elem_bytes, const EngineLimits& l,
                const ProtocolLimits& mine) = nullptr;
+  // Whether the planned launch stays inside its region (`param` as region_param gave it): the
+  // engine checks it before every launch, so that a plan rule and a region size that disagree
+  // fail there instead of writing past the region into a peer's workspace.
+  bool (*fits)(const AllReducePlan& p, int64_t count, int64_t elem_bytes, int nranks,
+               const cuda_ipc::ProtocolRegion& region) = nullptr;
   // Its workspace region for these limits: size (0: none), the number its kernel is given
   // (cuda_ipc::ProtocolRegion::param), the mismatch probe (offsets from the region's start), and
   // the ranges rank `me` holds (offsets from `base`).
@@ -65,7 +71,9 @@ struct AllReduceProtocol {
 };
 
 // Adds a protocol (called from a static initializer of its registration). Raises std::logic_error
-// for a second protocol of the same name or check code, or beyond cuda_ipc::kMaxProtocolRegions.
+// for a second protocol of the same name or check code, a check code outside 9..15, a missing
+// part, or more than cuda_ipc::kMaxProtocolRegions: a programming error, which ends the process
+// with std::terminate when the extension is imported (static initialization cannot raise to Python).
 bool register_all_reduce_protocol(const AllReduceProtocol& p);
 // Every registered protocol, by priority and then name. The index into this list is the
 // protocol's number in a plan (AllReducePlan::registered), in EngineLimits::protocols and in the

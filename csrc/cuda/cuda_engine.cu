@@ -2,7 +2,6 @@
 // all_reduce_plan.h; the others through select.h), kernel launches (through launch.h). Nothing here blocks the host or allocates.
 #include "cuda/cuda_engine.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -12,7 +11,6 @@
 
 #include "common/cuda_check.h"
 #include "common/settings_agreement.h"
-#include "common/arith.h"
 #include "cuda/all_reduce_plan.h"
 #include "cuda/all_reduce_registry.h"
 #include "cuda/cuda_settings.h"
@@ -189,6 +187,13 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
                  "compute capability");
   early_launch_ = cuda_settings::kEarlyLaunch.get_or(major >= 9 ? 1 : 0) != 0 && major >= 9 &&
                   gpu::kernels_support_early_launch();
+  // A protocol that can be planned must have its kernel in this build (a launcher registered
+  // under another name would otherwise fail only at its first call).
+  for (size_t i = 0; i < gpu::all_reduce_protocols().size(); ++i) {
+    TORCH_CHECK(limits_.protocols[i].max_bytes == 0 || gpu::all_reduce_launcher(int(i)) != nullptr,
+                "pycoll CUDA engine: the all_reduce protocol '", gpu::all_reduce_protocols()[i].name,
+                "' is registered, but this build has no launcher registered under that name");
+  }
 }
 
 std::vector<int64_t> CudaEngine::trace() const {
@@ -330,12 +335,13 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
                    kOp, "trace reset");
   }
   if (p.protocol == gpu::Protocol::Registered) {
-    // Its plan rule sized the launch for its region (all_reduce_registry.h).
+    const gpu::AllReduceProtocol& proto = gpu::all_reduce_protocols().at(size_t(p.registered));
     const gpu::AllReduceLauncher* launcher = gpu::all_reduce_launcher(p.registered);
+    const cuda_ipc::ProtocolRegion& region = a.h.layout.regions[p.registered];
     TORCH_CHECK(launcher != nullptr, "pycoll::allreduce: this build has no kernel for the ", p.protocol_name(),
                 " protocol that the plan chose");
-    TORCH_CHECK(a.h.layout.regions[p.registered].bytes > 0, "pycoll::allreduce: the workspace has no ",
-                p.protocol_name(), " region");
+    TORCH_CHECK(region.bytes > 0 && proto.fits(p, count, es, size_, region), "pycoll::allreduce: ", count * es,
+                " bytes do not fit the workspace's ", p.protocol_name(), " region (", region.bytes, " bytes)");
     a.region = p.registered;
     PYCOLL_CUDA_OK(static_cast<cudaError_t>(launcher->launch(p.grid, stream, a, early_launch_)), kOp,
                    "kernel launch");

@@ -55,6 +55,11 @@ bool plan(AllReducePlan& p, int64_t count, int64_t es, const EngineLimits& l, co
   return true;
 }
 
+// Lines of the largest segment against the lines per sender and phase the region holds.
+bool fits(const AllReducePlan& p, int64_t count, int64_t es, int nranks, const cuda_ipc::ProtocolRegion& region) {
+  return ceil_div(std::min(p.seg, count) * es, kLL128LinePayload) <= region.param;
+}
+
 int64_t region_param(int nranks, const ProtocolLimits& l) { return cuda_ipc::ll128_lines_for(l.max_bytes, nranks); }
 
 int64_t region_bytes(int nranks, const ProtocolLimits& l) {
@@ -101,6 +106,7 @@ AllReduceProtocol registration() {
   p.read_limits = &read_limits;
   p.agreement = &agreement;
   p.plan = &plan;
+  p.fits = &fits;
   p.region_bytes = &region_bytes;
   p.region_param = &region_param;
   p.probe = &probe;

@@ -122,7 +122,7 @@ __device__ __forceinline__ int64_t block_chunk_count(int64_t nchunks, int b, int
 
 // The CTA copies the kernel arguments into shared memory (so that noinline code can take their
 // address without a per-thread local copy), one 8-byte word per thread: a single thread copying
-// the ~400-700 bytes one word after another cost a visible part of a small collective's latency.
+// the ~600-900 bytes one word after another cost a visible part of a small collective's latency.
 // `args` must be a __grid_constant__ kernel parameter (its address is then valid); everyone waits.
 template <class Args>
 __device__ __forceinline__ void load_args(StepShared* sh, Args* smem_args, const Args& args, DType dtype,

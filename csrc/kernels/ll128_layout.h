@@ -10,13 +10,12 @@
 
 #include "transport/cuda_ipc/layout.h"
 
-namespace pycoll::cuda_ipc {
-// The name the LL128 two-shot is registered under (cuda/ll128_two_shot.cpp, cuda/launch_ll128.cu).
-constexpr const char* kLL128ProtocolName = "ll128";
-}  // namespace pycoll::cuda_ipc
-
 namespace pycoll {
 namespace cuda_ipc {
+
+// The name the protocol is registered under, by its registration and by its launcher
+// (cuda/ll128_two_shot.cpp, cuda/launch_ll128.cu).
+constexpr const char* kLL128ProtocolName = "ll128";
 
 // docs/decisions/0010-ll128-two-shot.md
 constexpr int kLL128Blocks = 128;           // CTAs of an LL128 kernel at most

@@ -38,6 +38,7 @@ enum class CheckPlan : int {
   // 9..15: the registered all_reduce protocols' codes (cuda/all_reduce_registry.h); the LL128
   // two-shot has 9.
 };
+constexpr int kFirstRegisteredCheckPlan = 9;
 
 PYCOLL_HD uint64_t collective_check_word(int op, int dtype, int reduce_op, int root, int64_t count,
                                          CheckPlan plan = CheckPlan::Unspecified) {

@@ -29,7 +29,8 @@ namespace {
 #define PYCOLL_IPC_CHECK(expr, what) PYCOLL_CUDA_CHECK(expr, "pycoll::cuda_ipc: ", what)
 
 constexpr uint32_t kMagic = 0x70434950;  // "pCIP"
-constexpr uint32_t kVersion = 4;  // 2: the LL region; 3: split one-shot progress words; 4: claimed split
+// 2: the LL region; 3: split one-shot progress words; 4: claimed split; 5: registered protocols' regions
+constexpr uint32_t kVersion = 5;
 
 // What a rank publishes about itself. Raw bytes through the Store: every rank runs this binary.
 struct PeerInfo {
