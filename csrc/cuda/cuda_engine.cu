@@ -190,7 +190,8 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   // A protocol that can be planned must have its kernel in this build (a launcher registered
   // under another name would otherwise fail only at its first call).
   for (size_t i = 0; i < gpu::all_reduce_protocols().size(); ++i) {
-    TORCH_CHECK(limits_.protocols[i].max_bytes == 0 || gpu::all_reduce_launcher(int(i)) != nullptr,
+    launchers_.push_back(limits_.protocols[i].max_bytes > 0 ? gpu::all_reduce_launcher(int(i)) : nullptr);
+    TORCH_CHECK(limits_.protocols[i].max_bytes == 0 || launchers_.back() != nullptr,
                 "pycoll CUDA engine: the all_reduce protocol '", gpu::all_reduce_protocols()[i].name,
                 "' is registered, but this build has no launcher registered under that name");
   }
@@ -336,10 +337,8 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
   }
   if (p.protocol == gpu::Protocol::Registered) {
     const gpu::AllReduceProtocol& proto = gpu::all_reduce_protocols().at(size_t(p.registered));
-    const gpu::AllReduceLauncher* launcher = gpu::all_reduce_launcher(p.registered);
+    const gpu::AllReduceLauncher* launcher = launchers_.at(size_t(p.registered));  // planned: not null
     const cuda_ipc::ProtocolRegion& region = a.h.layout.regions[p.registered];
-    TORCH_CHECK(launcher != nullptr, "pycoll::allreduce: this build has no kernel for the ", p.protocol_name(),
-                " protocol that the plan chose");
     TORCH_CHECK(region.bytes > 0 && proto.fits(p, count, es, size_, region), "pycoll::allreduce: ", count * es,
                 " bytes do not fit the workspace's ", p.protocol_name(), " region (", region.bytes, " bytes)");
     a.region = p.registered;

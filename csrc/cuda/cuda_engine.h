@@ -103,6 +103,9 @@ class CudaEngine {
   int64_t chunk_bytes_ = 0;
   int sms_ = 0;               // the GPU's SM count: every CTA of a collective must be resident
   bool trace_ = false;        // PYCOLL_CUDA_TRACE: kernels record their timeline
+  // The registered protocols' launchers by protocol index (all_reduce_registry.h), looked up once
+  // here rather than by name on every launch; null for a protocol off on this engine.
+  std::vector<const gpu::AllReduceLauncher*> launchers_;
   bool early_launch_ = false;  // PYCOLL_CUDA_EARLY_LAUNCH: programmatic dependent launch (sm_90+)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
 };
