@@ -73,6 +73,20 @@ def exchange(store, rank: int, size: int) -> HostMap:
     return HostMap.from_ids([store.get(f"{_KEY}{r}").decode() for r in range(size)])
 
 
+def check_form_constants(store, rank: int, size: int, group_name: str) -> None:
+    """Every rank must choose the same form (flat or hierarchical) for each op, or the ranks would
+    wait in different sub-groups: their calibrated constants (PYCOLL_COST_MODEL) must agree."""
+    from . import _C
+
+    store.set(f"pycoll/hostforms/{rank}", _C.host_form_digest())
+    digests = [store.get(f"pycoll/hostforms/{r}").decode() for r in range(size)]
+    differ = [r for r in range(size) if digests[r] != digests[rank]]
+    if differ:
+        raise ValueError(f"pycoll: group {group_name}: rank {rank} and rank(s) {differ} loaded different constants "
+                         f"for the form across hosts (PYCOLL_COST_MODEL: {_C.host_form_entries() or 'none'} on rank "
+                         f"{rank}); every rank must load the same calibration file")
+
+
 def _debug(message: str) -> None:
     if os.environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "DEBUG", "TRACE"):
         print(f"[pycoll] {message}", file=sys.stderr, flush=True)
@@ -115,6 +129,8 @@ def make_backend(native, store, rank: int, size: int, timeout, group_name: str):
         return native(store, rank, size, timeout, group_name)
     me = hosts.host_of[rank]
     local = hosts.local_rank(rank)
+    if kind == "uniform":
+        check_form_constants(store, rank, size, group_name)
     # Inter-host engines: Gloo for CPU tensors, NCCL for CUDA tensors (_device_groups). Each
     # sub-group is made by exactly its members, on keys of its own.
     flat = dist.ProcessGroupGloo(dist.PrefixStore("pycoll/flat/", store), rank, size, timeout)

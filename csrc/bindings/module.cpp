@@ -9,6 +9,7 @@
 #include "algorithms/select.h"
 #include "bindings/compression_bindings.h"
 #include "bindings/cuda_plan_bindings.h"
+#include "bindings/host_form_bindings.h"
 #include "bindings/layout_bindings.h"
 #include "common/setting.h"
 #include "common/settings_agreement.h"
@@ -212,4 +213,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_compression(m);
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);
+  pycoll::register_host_forms(m);
 }

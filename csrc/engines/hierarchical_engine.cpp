@@ -9,6 +9,7 @@
 #include "common/setting.h"
 #include "engines/call_check.h"
 #include "engines/dtypes.h"
+#include "engines/host_form_model.h"
 
 namespace pycoll {
 
@@ -156,8 +157,13 @@ bool HierarchicalEngine::can_be_hierarchical() const {
   return layout_.uniform && rail_ && layout_.local_size() > 1 && layout_.num_hosts > 1;
 }
 
-bool HierarchicalEngine::small_on_device(const Collective& c, size_t bytes, size_t min_bytes) const {
-  return on_device_ && c.algo != Algo::Hierarchical && bytes < min_bytes;
+bool HierarchicalEngine::hierarchical_form(const Collective& c, size_t bytes, size_t device_min_bytes) const {
+  if (c.algo == Algo::Flat || !can_be_hierarchical()) return false;
+  if (c.algo == Algo::Hierarchical) return true;
+  if (auto form = calibrated_host_form(on_device_, c.op, layout_.num_hosts, layout_.local_size(),
+                                       static_cast<int64_t>(bytes)))
+    return *form == HostForm::Hierarchical;
+  return !(on_device_ && bytes < device_min_bytes);
 }
 
 void HierarchicalEngine::run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce,
@@ -199,7 +205,7 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
   const ReduceKind level_op = op == ReduceKind::Avg ? ReduceKind::Sum : op;
   const int64_t L = layout_.local_size();
   const int64_t n = in.numel();
-  *hierarchical = can_be_hierarchical() && !small_on_device(call, in.nbytes(), kDeviceHierarchicalMinBytes);
+  *hierarchical = hierarchical_form(call, in.nbytes(), kDeviceHierarchicalMinBytes);
   // The exchange of call signatures runs while the host reduces (call_check.h).
   std::optional<CallCheck> check = start_check(call);
   if (n == 0 || !*hierarchical) {
@@ -308,8 +314,7 @@ void HierarchicalEngine::scatter_rows(const at::Tensor& from, const at::Tensor& 
 Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& stream) {
   const ReduceKind level_op = c.reduce == ReduceKind::Avg ? ReduceKind::Sum : c.reduce;
   const int64_t N = layout_.num_hosts, m = c.output.numel();
-  const bool hier = c.algo != Algo::Flat && can_be_hierarchical() &&
-                    !small_on_device(c, c.input.nbytes(), kDeviceHierarchicalReduceScatterMinBytes);
+  const bool hier = hierarchical_form(c, c.input.nbytes(), kDeviceHierarchicalReduceScatterMinBytes);
   std::optional<CallCheck> check = start_check(c);
   if (m == 0) {
     if (check) check->finish();
@@ -344,7 +349,7 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
 Algo HierarchicalEngine::all_gather(const Collective& c, const c10::Stream& stream) {
   const int64_t L = layout_.local_size(), N = layout_.num_hosts;
   // CPU tensors only for now: on CUDA tensors NCCL's flat all_gather stays (not measured here).
-  const bool hier = c.algo != Algo::Flat && !on_device_ && can_be_hierarchical();
+  const bool hier = !on_device_ && hierarchical_form(c, c.output.nbytes(), 0);
   if (!hier) return run_flat(c);
   if (auto check = start_check(c)) check->finish();  // before any byte crosses hosts
   at::Tensor in = bytes_of(c.input);

@@ -24,7 +24,9 @@
 //   3. reduce-scatter of those N blocks along rail l: this rank's block, (N-1) m elements
 //      crossing hosts per rank (half of what the all_reduce form would send).
 //   Bitwise ops on NCCL (which has none) run the all_reduce above and keep this rank's block.
-// CUDA reduce_scatter below 32 KiB and CUDA all_reduce below 128 KiB run flat (NCCL's one call beats three phases there). The other
+// Which form `auto` runs: the calibrated constants where pycoll-bench --hosts --calibrate measured
+// this layout (engines/host_form_model.h); else CUDA reduce_scatter below 32 KiB and CUDA
+// all_reduce below 128 KiB run flat (NCCL's one call beats three phases there). The other
 // ops, and every op of a group whose hosts have different rank counts, run flat on the
 // inter-host engine.
 #pragma once
@@ -60,8 +62,10 @@ class HierarchicalEngine : public Engine {
   // The layout allows the hierarchical forms: the same number of ranks on every host, more than
   // one host, more than one rank per host.
   bool can_be_hierarchical() const;
-  // A device op below `min_bytes` (and not forced hierarchical) runs as one flat NCCL call.
-  bool small_on_device(const Collective& c, size_t bytes, size_t min_bytes) const;
+  // Whether `c` (of `bytes`, as pycoll-bench counts them) runs hierarchical: as PYCOLL_ALGO
+  // forces, else as the calibrated constants predict (engines/host_form_model.h), else by the
+  // built-in rule: hierarchical, except a device op below `device_min_bytes` (one flat NCCL call).
+  bool hierarchical_form(const Collective& c, size_t bytes, size_t device_min_bytes) const;
   // One op of the host's engine (reduce: only for the reductions).
   void run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce,
                  const c10::Stream& stream, int root = 0);

@@ -226,3 +226,75 @@ def write_constants(path, doc):
         json.dump(doc, fh, indent=1)
         fh.write("\n")
     os.replace(tmp, path)
+
+
+# Across hosts (--hosts N): `auto` runs an op flat or hierarchical by whichever of these two fits
+# predicts the cheaper (csrc/engines/host_form_model.h). One fit per form rather than a table of
+# per-size winners: on shared CPUs the per-size times of small messages scatter by 2-5x between
+# rounds, and a straight line through every size smooths that where a table would flip-flop.
+HOST_FORMS = ("flat", "hierarchical")
+HOST_FORM_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def fit_host_forms(rows, dtype, device, num_hosts, local_size):
+    """[entry, ...]: alpha-beta of the flat and the hierarchical form per op, from eager, error-free,
+    correct pycoll rows of ``dtype`` forced to a form; an op gets entries only when both forms
+    were measured at two sizes or more (the engine needs the pair to choose)."""
+    points = {}
+    for r in rows:
+        if (r["backend"] != "pycoll" or r["mode"] != "eager" or r["dtype"] != dtype or r.get("error")
+                or r.get("check") == "fail" or not r.get("time_us")):
+            continue
+        if r["op"] in HOST_FORM_OPS and r.get("algo") in HOST_FORMS:
+            points.setdefault(r["op"], {}).setdefault(r["algo"], []).append((r["bytes"], r["time_us"]))
+    out = []
+    for op in HOST_FORM_OPS:
+        fits = {}
+        for form, pts in (points.get(op) or {}).items():
+            try:
+                alpha, beta, rel_rms = fit_alpha_beta(pts)
+            except ValueError:
+                continue
+            fits[form] = dict(device=device, op=op, form=form, num_hosts=num_hosts, local_size=local_size,
+                              alpha_us=alpha, beta_us_per_byte=beta, min_bytes=int(min(b for b, _ in pts)),
+                              max_bytes=int(max(b for b, _ in pts)), points=len(pts), rel_rms_error=rel_rms)
+        if len(fits) == len(HOST_FORMS):
+            out.extend(fits[f] for f in HOST_FORMS)
+    return out
+
+
+def host_form_crossovers(entries):
+    """{(device, op, "NxL"): text} where the fitted lines cross, for the report."""
+    out = {}
+    pairs = {}
+    for e in entries:
+        pairs.setdefault((e["device"], e["op"], f"{e['num_hosts']}x{e['local_size']}"), {})[e["form"]] = e
+    for key, p in pairs.items():
+        f, h = p.get("flat"), p.get("hierarchical")
+        if not f or not h:
+            continue
+        da, db = h["alpha_us"] - f["alpha_us"], f["beta_us_per_byte"] - h["beta_us_per_byte"]
+        if db > 0 and da > 0:
+            out[key] = f"flat below {da / db:,.0f} B, hierarchical from there"
+        elif db < 0 and da < 0:
+            out[key] = f"hierarchical below {da / db:,.0f} B, flat from there"
+        else:
+            out[key] = ("hierarchical" if (da <= 0 and db >= 0) else "flat") + " at every size"
+    return out
+
+
+def merge_host_forms(existing, new_entries):
+    """The file's host_forms with those of the layouts and device just measured replaced."""
+    layouts = {(e["device"], e["num_hosts"], e["local_size"]) for e in new_entries}
+    kept = [e for e in (existing or []) if (e.get("device"), e.get("num_hosts"), e.get("local_size")) not in layouts]
+    return kept + list(new_entries)
+
+
+def read_existing(path):
+    """The calibration file at ``path`` as a dict, or {} (absent or unreadable: nothing to keep)."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}

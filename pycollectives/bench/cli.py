@@ -22,6 +22,8 @@ from ..config import ALGORITHMS as KNOWN_ALGOS  # noqa: E402  (the extension's o
 # What --calibrate measures when --algo is not given: every algorithm the cost model chooses
 # between (both engines implement all four).
 CALIBRATE_ALGOS = {"cpu": ["ring", "tree", "oneshot", "twoshot"], "cuda": ["oneshot", "twoshot", "ring", "tree"]}
+# With --hosts: the two forms of a group across hosts (csrc/engines/host_form_model.h).
+CALIBRATE_HOST_FORMS = ["flat", "hierarchical"]
 
 EXAMPLES = """\
 examples:
@@ -29,6 +31,7 @@ examples:
   pycoll-bench --ops all_reduce -b 8 -e 1G -f 2 --check
   pycoll-bench --backends pycoll,gloo --algo ring,tree,auto --nproc 4
   pycoll-bench --calibrate --rounds 3            # calibrate auto on this machine -> ~/.cache/pycollectives/cost_model.json
+  pycoll-bench --hosts 2 --nproc 4 --calibrate --rounds 3   # + when auto runs flat or hierarchical across hosts
   torchrun --nproc-per-node 8 -m pycollectives.bench --backends pycoll,nccl
 
 sizes are bytes of the op's largest buffer (all_gather: output, reduce_scatter: input), with
@@ -152,7 +155,9 @@ def build_parser():
     g.add_argument("--calibrate", action="store_true",
                    help="fit alpha (us) and beta (us/byte) per (op, algorithm) and write them for the auto "
                         "cost model; on GPUs also which algorithm won at each size, which the CUDA engine's "
-                        f"auto then follows (default algorithms: {','.join(CALIBRATE_ALGOS['cuda'])})")
+                        f"auto then follows (default algorithms: {','.join(CALIBRATE_ALGOS['cuda'])}); with "
+                        "--hosts, alpha and beta of the flat and the hierarchical form per op, added to the file, "
+                        "which auto then chooses between for that layout")
     g.add_argument("--calibrate-out", default=None,
                    help="constants file (default: this user's cache, $XDG_CACHE_HOME/pycollectives/cost_model.json "
                         "or ~/.cache/pycollectives/cost_model.json, which import pycollectives loads; "
@@ -269,7 +274,9 @@ def parse_config(argv, parser=None):
         err(f"sizes: {exc}")
 
     if a.calibrate and not algos and "pycoll" in backends and hasattr(pyc, "set_algo"):
-        algos = list(CALIBRATE_ALGOS[device])
+        # Across hosts the choice calibrated is the form; one host, the engine's algorithm.
+        # (Under torchrun across real hosts, pass --algo flat,hierarchical.)
+        algos = list(CALIBRATE_HOST_FORMS if a.hosts > 1 else CALIBRATE_ALGOS[device])
     calibrate_out = a.calibrate_out
     if a.calibrate_out is not None and not a.calibrate:
         err("--calibrate-out names the file --calibrate writes: add --calibrate")

@@ -181,6 +181,7 @@ def output_stem(cfg, meta):
 def finish(cfg, world, data):
     """Print, write, and return the exit status (1 on a wrong result or a failed op)."""
     meta = metadata(cfg, world)
+    meta["host_layout"] = data.get("host_layout")  # [hosts, ranks per host] across hosts, else None
     rows, baseline = data["results"], data["baseline"]
     add_ratios(rows, baseline)
     print(format_table(rows, meta, cfg, baseline), flush=True)
@@ -222,12 +223,31 @@ def finish(cfg, world, data):
             choices = calibrate.add_cuda_choices(
                 cdoc, rows, cfg.dtypes[0], meta["world_size"],
                 lambda op, nb, world: _C.cuda_algorithm(op, nb, world, builtin=True))
+        existing = calibrate.read_existing(cfg.calibrate_out)
+        host_forms = []
+        layout = data.get("host_layout")
+        if layout:
+            # A layout across hosts adds its forms to the file and keeps the one-host constants there.
+            host_forms = calibrate.fit_host_forms(rows, cfg.dtypes[0], cfg.device, layout[0], layout[1])
+            if existing:
+                cdoc = existing
+        cdoc["host_forms"] = calibrate.merge_host_forms(existing.get("host_forms"), host_forms)
         calibrate.write_constants(cfg.calibrate_out, cdoc)
         files["calibration"] = cfg.calibrate_out
         doc["calibration"] = cdoc
         print(f"\n# calibration ({cfg.dtypes[0]}): time_us = alpha_us + beta_us_per_byte * bytes", flush=True)
         print(f"#   {calibrate.how_it_is_used(cfg.calibrate_out)}", flush=True)
-        if not entries:
+        if layout:
+            if not host_forms:
+                print("#   across hosts: no op measured in both forms (--algo flat,hierarchical): no form constants",
+                      flush=True)
+            for e in host_forms:
+                print(f"#   {e['device']} {e['num_hosts']}x{e['local_size']} {e['op']:<16}{e['form']:<14}"
+                      f"alpha {e['alpha_us']:10.2f} us  beta {e['beta_us_per_byte'] * 1e3:10.5f} ns/B  "
+                      f"({e['points']} sizes, rel rms {e['rel_rms_error']:.2f})", flush=True)
+            for (dev, op, lay), text in calibrate.host_form_crossovers(host_forms).items():
+                print(f"#   {dev} {lay} {op}: auto runs {text}", flush=True)
+        elif not entries:
             print("#   no pycoll row with a forced algorithm (ring, tree, oneshot, twoshot): "
                   "\"entries\" is empty; fits of the other rows are under \"reference_entries\"", flush=True)
         for op, t in (choices or {}).items():

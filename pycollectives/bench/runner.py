@@ -375,7 +375,15 @@ class RankRunner:
                 stats = {"error": repr(exc)}
         return dict(results=results, skipped=skipped, elapsed_s=elapsed, backend_stats=stats,
                     baseline=baseline_label(self.variants),
-                    labels=[v.label for v in self.variants])
+                    labels=[v.label for v in self.variants], host_layout=self.host_layout())
+
+    def host_layout(self):
+        """[hosts, ranks per host] as pycoll sees this launch (simulated by --hosts, or real hosts
+        under torchrun), when every host has the same number of ranks and there are several of
+        each; else None. --calibrate fits the forms across hosts for this layout."""
+        from ..hosts import HostMap, host_identity
+        hosts = HostMap.from_ids(self.ctrl.gather(host_identity()))
+        return [len(hosts.hosts), len(hosts.hosts[0])] if hosts.kind == "uniform" else None
 
 
 def run_rank(cfg, rank, world, local_rank, store=None):
