@@ -6,7 +6,7 @@ agree, or the op header check raises). ``PYCOLL_DEBUG=INFO`` logs one line
 per op. A calibration (``pycoll-bench --calibrate``) replaces the built-in
 latency/bandwidth constants of the CPU engine's ``auto`` choice, or, for a file
 calibrated on GPUs, the CUDA engine's ``auto`` choices inside the measured sizes; a
-calibration across hosts (``--hosts``) adds when ``auto`` runs an op flat or hierarchical.
+calibration across hosts (``--hosts``) adds where ``auto`` runs an op flat or hierarchical.
 It is read at import from ``PYCOLL_COST_MODEL=path.json``, else from this user's
 cache (``pycollectives.cache.cost_model_path()``), never from this package.
 """
@@ -64,7 +64,7 @@ def load_cost_model(path: Optional[str] = None) -> int:
         _note_package_file()
     path = path or os.environ.get("PYCOLL_COST_MODEL") or cost_model_path()
     if not os.path.exists(path):
-        _C.clear_host_form_entries()
+        _C.clear_host_form_tables()
         return 0
     with open(path) as fh:
         model = json.load(fh)
@@ -87,23 +87,23 @@ def load_cost_model(path: Optional[str] = None) -> int:
     _debug_once(path, f"auto uses the calibration {os.path.abspath(path)} ({device}, "
                       f"{model.get('card', '?')}, {model.get('date', '?')}; {n} "
                       f"{'per-op tables' if device == 'cuda' else '(op, algorithm) constants'}"
-                      f"{f', {forms} form constants across hosts' if forms else ''})")
+                      f"{f', {forms} tables of forms across hosts' if forms else ''})")
     return n + forms
 
 
-def _load_host_forms(entries) -> int:
-    """The flat / hierarchical constants of groups across hosts (csrc/engines/host_form_model.h):
-    all of them or none (a bad entry raises ValueError and leaves none installed)."""
-    _C.clear_host_form_entries()
+def _load_host_forms(tables) -> int:
+    """Which form (flat or hierarchical) won where in groups across hosts (csrc/engines/
+    host_form_model.h): all of the tables or none (a bad one raises ValueError, none installed)."""
+    _C.clear_host_form_tables()
     try:
-        if not isinstance(entries, list):
-            raise ValueError("expected a list of {device, op, form, num_hosts, local_size, alpha_us, beta_us_per_byte}")
-        for e in entries:
-            _C.set_host_form_entry(str(e["device"]), str(e["op"]), str(e["form"]), int(e["num_hosts"]),
-                                   int(e["local_size"]), float(e["alpha_us"]), float(e["beta_us_per_byte"]))
-        return len(entries)
+        if not isinstance(tables, list):
+            raise ValueError("expected a list of {device, op, num_hosts, local_size, steps, max_bytes}")
+        for t in tables:
+            _C.set_host_form_table(str(t["device"]), str(t["op"]), int(t["num_hosts"]), int(t["local_size"]),
+                                   [(int(b), str(f)) for b, f in t["steps"]], int(t["max_bytes"]))
+        return len(tables)
     except (KeyError, TypeError, ValueError) as exc:
-        _C.clear_host_form_entries()
+        _C.clear_host_form_tables()
         raise ValueError(f"host_forms: {exc}") from exc
 
 

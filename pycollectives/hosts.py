@@ -75,16 +75,16 @@ def exchange(store, rank: int, size: int) -> HostMap:
 
 def check_form_constants(store, rank: int, size: int, group_name: str) -> None:
     """Every rank must choose the same form (flat or hierarchical) for each op, or the ranks would
-    wait in different sub-groups: their calibrated constants (PYCOLL_COST_MODEL) must agree."""
+    wait in different sub-groups: their calibrated tables (PYCOLL_COST_MODEL) must agree."""
     from . import _C
 
     store.set(f"pycoll/hostforms/{rank}", _C.host_form_digest())
     digests = [store.get(f"pycoll/hostforms/{r}").decode() for r in range(size)]
     differ = [r for r in range(size) if digests[r] != digests[rank]]
     if differ:
-        raise ValueError(f"pycoll: group {group_name}: rank {rank} and rank(s) {differ} loaded different constants "
-                         f"for the form across hosts (PYCOLL_COST_MODEL: {_C.host_form_entries() or 'none'} on rank "
-                         f"{rank}); every rank must load the same calibration file")
+        raise ValueError(f"pycoll: group {group_name}: rank {rank} and rank(s) {differ} loaded different tables "
+                         f"of forms across hosts (PYCOLL_COST_MODEL; on rank {rank}: "
+                         f"{_C.host_form_digest() or 'none'}); every rank must load the same calibration file")
 
 
 def _debug(message: str) -> None:

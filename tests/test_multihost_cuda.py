@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import pycollectives
+
 from ranks import run_ranks
 from test_multihost import SIZES, _input, _ops_for, _same
 
@@ -89,6 +91,21 @@ def _every_op(rank, ws, layout):
             b = _input(torch.float32, rank, 1031, 4 + root).to(dtype).to(dev)
             dist.broadcast(b, src=root)
             assert torch.equal(b.float().cpu(), _input(torch.float32, root, 1031, 4 + root).to(dtype).float())
+    # all_gather in the hierarchical form: on CUDA tensors only when forced (or calibrated).
+    pycollectives.set_algo("hierarchical")
+    for dtype in (torch.float32, torch.bfloat16, torch.uint8):
+        for n in (0, 1, 1031, (1 << 20) + 3):
+            x = _input(torch.float32, rank, n, 5).to(dtype)
+            out = torch.full((n * ws,), 7, dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(out, x.to(dev))
+            ref = [torch.empty(n) for _ in range(ws)]
+            dist.all_gather(ref, x.float(), group=gloo)
+            assert torch.equal(out.float().cpu(), torch.cat(ref)), (layout, "hierarchical all_gather", dtype, n)
+            inplace = torch.full((n * ws,), 7, dtype=dtype, device=dev)
+            inplace[rank * n:(rank + 1) * n] = x.to(dev)
+            dist.all_gather_into_tensor(inplace, inplace[rank * n:(rank + 1) * n])
+            assert torch.equal(inplace.float().cpu(), torch.cat(ref)), (layout, "in place", dtype, n)
+    pycollectives.set_algo(None)
     print("pycoll-test: reduce, all_to_all, gather, scatter, send/recv", flush=True)
     for root in range(ws):
         x = _input(torch.float32, rank, 99, 9)
@@ -122,6 +139,8 @@ def _every_op(rank, ws, layout):
     with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as fh:
         log = fh.read()
     paths = {line.split("algo=")[1].split()[0] for line in log.splitlines() if "allreduce algo=" in line}
+    gathers = {line.split("algo=")[1].split()[0] for line in log.splitlines() if "allgather algo=" in line}
+    assert gathers == ({"flat", "hierarchical"} if layout == "2x2" else {"flat"}), (layout, gathers)
     nccl_net = sorted({line.split(" via ")[1].split()[0] for line in log.splitlines() if " via NET/" in line})
     return checks, sorted(paths), nccl_net
 

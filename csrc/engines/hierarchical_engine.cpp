@@ -121,13 +121,6 @@ void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Te
   if (!direct) out.copy_(wire_out.view(out.sizes()));
 }
 
-// Messages below this size skip the hierarchy on CUDA tensors: NCCL's flat all_reduce is one
-// call, the three phases cost ~95 us. Measured as 2 simulated hosts x 2 H100 (sockets between
-// them), 2026-11-27: hierarchical 0.70x NCCL at 32 KiB, 1.27x at 256 KiB.
-constexpr size_t kDeviceHierarchicalMinBytes = 128 << 10;
-// The same for reduce_scatter (input bytes): hierarchical 0.5x NCCL at 4 KiB, 1.06x at 32 KiB.
-constexpr size_t kDeviceHierarchicalReduceScatterMinBytes = 32 << 10;
-
 // CPU tensors up to this size take the leader form of the hierarchical all_reduce: only the hosts'
 // first ranks call Gloo, so the inter-host phase costs one Gloo call's CPU per host instead of one
 // per rail. 2 hosts x 2 ranks on the 2-core CI machine, 2026-11-28, median of 3 launches (2 from
@@ -157,13 +150,11 @@ bool HierarchicalEngine::can_be_hierarchical() const {
   return layout_.uniform && rail_ && layout_.local_size() > 1 && layout_.num_hosts > 1;
 }
 
-bool HierarchicalEngine::hierarchical_form(const Collective& c, size_t bytes, size_t device_min_bytes) const {
+bool HierarchicalEngine::hierarchical_form(const Collective& c, OpCode op, size_t bytes) const {
   if (c.algo == Algo::Flat || !can_be_hierarchical()) return false;
   if (c.algo == Algo::Hierarchical) return true;
-  if (auto form = calibrated_host_form(on_device_, c.op, layout_.num_hosts, layout_.local_size(),
-                                       static_cast<int64_t>(bytes)))
-    return *form == HostForm::Hierarchical;
-  return !(on_device_ && bytes < device_min_bytes);
+  return choose_host_form(on_device_, op, layout_.num_hosts, layout_.local_size(), static_cast<int64_t>(bytes)) ==
+         HostForm::Hierarchical;
 }
 
 void HierarchicalEngine::run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce,
@@ -205,7 +196,7 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
   const ReduceKind level_op = op == ReduceKind::Avg ? ReduceKind::Sum : op;
   const int64_t L = layout_.local_size();
   const int64_t n = in.numel();
-  *hierarchical = hierarchical_form(call, in.nbytes(), kDeviceHierarchicalMinBytes);
+  *hierarchical = hierarchical_form(call, OpCode::AllReduce, in.nbytes());
   // The exchange of call signatures runs while the host reduces (call_check.h).
   std::optional<CallCheck> check = start_check(call);
   if (n == 0 || !*hierarchical) {
@@ -314,7 +305,7 @@ void HierarchicalEngine::scatter_rows(const at::Tensor& from, const at::Tensor& 
 Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& stream) {
   const ReduceKind level_op = c.reduce == ReduceKind::Avg ? ReduceKind::Sum : c.reduce;
   const int64_t N = layout_.num_hosts, m = c.output.numel();
-  const bool hier = hierarchical_form(c, c.input.nbytes(), kDeviceHierarchicalReduceScatterMinBytes);
+  const bool hier = hierarchical_form(c, OpCode::ReduceScatter, c.input.nbytes());
   std::optional<CallCheck> check = start_check(c);
   if (m == 0) {
     if (check) check->finish();
@@ -348,8 +339,8 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
 
 Algo HierarchicalEngine::all_gather(const Collective& c, const c10::Stream& stream) {
   const int64_t L = layout_.local_size(), N = layout_.num_hosts;
-  // CPU tensors only for now: on CUDA tensors NCCL's flat all_gather stays (not measured here).
-  const bool hier = !on_device_ && hierarchical_form(c, c.output.nbytes(), 0);
+  // On CUDA tensors the built-in choice is NCCL's one flat call (host_form_model.h).
+  const bool hier = hierarchical_form(c, OpCode::AllGather, c.output.nbytes());
   if (!hier) return run_flat(c);
   if (auto check = start_check(c)) check->finish();  // before any byte crosses hosts
   at::Tensor in = bytes_of(c.input);

@@ -24,9 +24,11 @@
 //   3. reduce-scatter of those N blocks along rail l: this rank's block, (N-1) m elements
 //      crossing hosts per rank (half of what the all_reduce form would send).
 //   Bitwise ops on NCCL (which has none) run the all_reduce above and keep this rank's block.
-// Which form `auto` runs: the calibrated constants where pycoll-bench --hosts --calibrate measured
-// this layout (engines/host_form_model.h); else CUDA reduce_scatter below 32 KiB and CUDA
-// all_reduce below 128 KiB run flat (NCCL's one call beats three phases there). The other
+// all_gather (same layout): along the rail (the N blocks of this rank's local rank), then inside
+//   the host, then into rank order; on CUDA tensors only when forced or calibrated (below).
+// Which form `auto` runs: engines/host_form_model.h (the table pycoll-bench --hosts --calibrate
+// measured for this layout, else the built-in rule: flat below 128 KiB for CUDA all_reduce, below
+// 32 KiB for CUDA reduce_scatter, and every CUDA all_gather, where NCCL's one call wins). The other
 // ops, and every op of a group whose hosts have different rank counts, run flat on the
 // inter-host engine.
 #pragma once
@@ -62,10 +64,9 @@ class HierarchicalEngine : public Engine {
   // The layout allows the hierarchical forms: the same number of ranks on every host, more than
   // one host, more than one rank per host.
   bool can_be_hierarchical() const;
-  // Whether `c` (of `bytes`, as pycoll-bench counts them) runs hierarchical: as PYCOLL_ALGO
-  // forces, else as the calibrated constants predict (engines/host_form_model.h), else by the
-  // built-in rule: hierarchical, except a device op below `device_min_bytes` (one flat NCCL call).
-  bool hierarchical_form(const Collective& c, size_t bytes, size_t device_min_bytes) const;
+  // Whether `c` runs `op`'s hierarchical form at `bytes` (as pycoll-bench counts them): as
+  // PYCOLL_ALGO forces, else as host_form_model.h chooses (calibrated, else built in).
+  bool hierarchical_form(const Collective& c, OpCode op, size_t bytes) const;
   // One op of the host's engine (reduce: only for the reductions).
   void run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce,
                  const c10::Stream& stream, int root = 0);

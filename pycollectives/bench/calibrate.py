@@ -160,27 +160,35 @@ def fit_cuda_choices(rows, dtype, world, builtin, margin=CUDA_CHOICE_MARGIN):
         times.setdefault(r["op"], {}).setdefault(engine_bytes(r["op"], r["bytes"], world), {})[algo] = r["time_us"]
     out = {}
     for op, by_size in sorted(times.items()):
-        sizes, raw = [], []
-        for nb in sorted(by_size):
-            t = by_size[nb]
-            if len(t) < 2:
-                continue
-            fastest = min(t, key=t.get)
-            base = builtin(op, nb, world)
-            sizes.append(nb)
-            raw.append(base if base in t and t[fastest] >= (1.0 - margin) * t[base] else fastest)
-        wins = list(raw)
-        for i in range(1, len(raw) - 1):
-            t, nbr = by_size[sizes[i]], raw[i - 1]
-            if nbr == raw[i + 1] != raw[i] and nbr in t and t[raw[i]] >= (1.0 - ISLAND_MARGINS * margin) * t[nbr]:
-                wins[i] = nbr
-        steps = []
-        for nb, win in zip(sizes, wins):
-            if not steps or steps[-1][1] != win:
-                steps.append([nb, win])
-        if steps:
-            out[op] = {"max_bytes": sizes[-1], "steps": steps, "sizes": sizes}
+        table = winner_steps(by_size, lambda nb, op=op: builtin(op, nb, world), margin)
+        if table:
+            out[op] = table
     return out
+
+
+def winner_steps(by_size, builtin, margin):
+    """{"max_bytes", "steps": [[from_bytes, choice], ...], "sizes"} from {bytes: {choice: time_us}},
+    or None: the rule of fit_cuda_choices (built-in choice unless beaten by the margin, one-size
+    islands taken for noise), for any set of choices; ``builtin(bytes)`` names the built-in one."""
+    sizes, raw = [], []
+    for nb in sorted(by_size):
+        t = by_size[nb]
+        if len(t) < 2:
+            continue
+        fastest = min(t, key=t.get)
+        base = builtin(nb)
+        sizes.append(nb)
+        raw.append(base if base in t and t[fastest] >= (1.0 - margin) * t[base] else fastest)
+    wins = list(raw)
+    for i in range(1, len(raw) - 1):
+        t, nbr = by_size[sizes[i]], raw[i - 1]
+        if nbr == raw[i + 1] != raw[i] and nbr in t and t[raw[i]] >= (1.0 - ISLAND_MARGINS * margin) * t[nbr]:
+            wins[i] = nbr
+    steps = []
+    for nb, win in zip(sizes, wins):
+        if not steps or steps[-1][1] != win:
+            steps.append([nb, win])
+    return {"max_bytes": sizes[-1], "steps": steps, "sizes": sizes} if steps else None
 
 
 def constants_document(entries, reference, meta, dtype):
@@ -228,63 +236,37 @@ def write_constants(path, doc):
     os.replace(tmp, path)
 
 
-# Across hosts (--hosts N): `auto` runs an op flat or hierarchical by whichever of these two fits
-# predicts the cheaper (csrc/engines/host_form_model.h). One fit per form rather than a table of
-# per-size winners: on shared CPUs the per-size times of small messages scatter by 2-5x between
-# rounds, and a straight line through every size smooths that where a table would flip-flop.
+# Across hosts (--hosts N): per (device, op, layout), which form (flat or hierarchical) won where,
+# by the rule of the CUDA engine's measured choices (winner_steps: the built-in form unless the
+# other was faster by the margin); the engine follows the table inside the measured sizes
+# (csrc/engines/host_form_model.h). A table rather than one alpha-beta line per form: Gloo's time
+# bends past the caches (5-6x from 8 to 32 MiB on 2 cores), and lines fitted through 8 B..64 MiB
+# put the crossover of all_gather at 5 MiB where the measured times cross again above 8 MiB.
 HOST_FORMS = ("flat", "hierarchical")
 HOST_FORM_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
-def fit_host_forms(rows, dtype, device, num_hosts, local_size):
-    """[entry, ...]: alpha-beta of the flat and the hierarchical form per op, from eager, error-free,
-    correct pycoll rows of ``dtype`` forced to a form; an op gets entries only when both forms
-    were measured at two sizes or more (the engine needs the pair to choose)."""
-    points = {}
+def fit_host_forms(rows, dtype, device, num_hosts, local_size, builtin, margin=CUDA_CHOICE_MARGIN):
+    """[{device, op, num_hosts, local_size, max_bytes, steps, sizes, margin}, ...], one per op measured
+    in both forms, from eager, error-free, correct pycoll rows of ``dtype`` forced to a form.
+    ``builtin(op, bytes)``: the engine's form without a table (``_C.host_form(..., builtin=True)``)."""
+    times = {}
     for r in rows:
         if (r["backend"] != "pycoll" or r["mode"] != "eager" or r["dtype"] != dtype or r.get("error")
                 or r.get("check") == "fail" or not r.get("time_us")):
             continue
         if r["op"] in HOST_FORM_OPS and r.get("algo") in HOST_FORMS:
-            points.setdefault(r["op"], {}).setdefault(r["algo"], []).append((r["bytes"], r["time_us"]))
+            times.setdefault(r["op"], {}).setdefault(r["bytes"], {})[r["algo"]] = r["time_us"]
     out = []
     for op in HOST_FORM_OPS:
-        fits = {}
-        for form, pts in (points.get(op) or {}).items():
-            try:
-                alpha, beta, rel_rms = fit_alpha_beta(pts)
-            except ValueError:
-                continue
-            fits[form] = dict(device=device, op=op, form=form, num_hosts=num_hosts, local_size=local_size,
-                              alpha_us=alpha, beta_us_per_byte=beta, min_bytes=int(min(b for b, _ in pts)),
-                              max_bytes=int(max(b for b, _ in pts)), points=len(pts), rel_rms_error=rel_rms)
-        if len(fits) == len(HOST_FORMS):
-            out.extend(fits[f] for f in HOST_FORMS)
-    return out
-
-
-def host_form_crossovers(entries):
-    """{(device, op, "NxL"): text} where the fitted lines cross, for the report."""
-    out = {}
-    pairs = {}
-    for e in entries:
-        pairs.setdefault((e["device"], e["op"], f"{e['num_hosts']}x{e['local_size']}"), {})[e["form"]] = e
-    for key, p in pairs.items():
-        f, h = p.get("flat"), p.get("hierarchical")
-        if not f or not h:
-            continue
-        da, db = h["alpha_us"] - f["alpha_us"], f["beta_us_per_byte"] - h["beta_us_per_byte"]
-        if db > 0 and da > 0:
-            out[key] = f"flat below {da / db:,.0f} B, hierarchical from there"
-        elif db < 0 and da < 0:
-            out[key] = f"hierarchical below {da / db:,.0f} B, flat from there"
-        else:
-            out[key] = ("hierarchical" if (da <= 0 and db >= 0) else "flat") + " at every size"
+        table = winner_steps(times.get(op) or {}, lambda nb, op=op: builtin(op, nb), margin)
+        if table:
+            out.append(dict(device=device, op=op, num_hosts=num_hosts, local_size=local_size, margin=margin, **table))
     return out
 
 
 def merge_host_forms(existing, new_entries):
-    """The file's host_forms with those of the layouts and device just measured replaced."""
+    """The file's host_forms with those of the (device, layout)s just measured replaced."""
     layouts = {(e["device"], e["num_hosts"], e["local_size"]) for e in new_entries}
     kept = [e for e in (existing or []) if (e.get("device"), e.get("num_hosts"), e.get("local_size")) not in layouts]
     return kept + list(new_entries)

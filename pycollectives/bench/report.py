@@ -226,9 +226,12 @@ def finish(cfg, world, data):
         existing = calibrate.read_existing(cfg.calibrate_out)
         host_forms = []
         layout = data.get("host_layout")
-        if layout:
+        hosts_C = calibrate.extension() if layout else None
+        if hosts_C is not None:
             # A layout across hosts adds its forms to the file and keeps the one-host constants there.
-            host_forms = calibrate.fit_host_forms(rows, cfg.dtypes[0], cfg.device, layout[0], layout[1])
+            host_forms = calibrate.fit_host_forms(
+                rows, cfg.dtypes[0], cfg.device, layout[0], layout[1],
+                lambda op, nb: hosts_C.host_form(cfg.device, op, layout[0], layout[1], nb, builtin=True))
             if existing:
                 cdoc = existing
         cdoc["host_forms"] = calibrate.merge_host_forms(existing.get("host_forms"), host_forms)
@@ -239,14 +242,12 @@ def finish(cfg, world, data):
         print(f"#   {calibrate.how_it_is_used(cfg.calibrate_out)}", flush=True)
         if layout:
             if not host_forms:
-                print("#   across hosts: no op measured in both forms (--algo flat,hierarchical): no form constants",
+                print("#   across hosts: no op measured in both forms (--algo flat,hierarchical): no table of forms",
                       flush=True)
-            for e in host_forms:
-                print(f"#   {e['device']} {e['num_hosts']}x{e['local_size']} {e['op']:<16}{e['form']:<14}"
-                      f"alpha {e['alpha_us']:10.2f} us  beta {e['beta_us_per_byte'] * 1e3:10.5f} ns/B  "
-                      f"({e['points']} sizes, rel rms {e['rel_rms_error']:.2f})", flush=True)
-            for (dev, op, lay), text in calibrate.host_form_crossovers(host_forms).items():
-                print(f"#   {dev} {lay} {op}: auto runs {text}", flush=True)
+            for t in host_forms:
+                steps = ", ".join(f"{f} from {format_size(b)}" for b, f in t["steps"])
+                print(f"#   {t['device']} {t['num_hosts']}x{t['local_size']} {t['op']}: auto runs {steps} "
+                      f"(up to {format_size(t['max_bytes'])})", flush=True)
         elif not entries:
             print("#   no pycoll row with a forced algorithm (ring, tree, oneshot, twoshot): "
                   "\"entries\" is empty; fits of the other rows are under \"reference_entries\"", flush=True)
@@ -255,7 +256,7 @@ def finish(cfg, world, data):
             print(f"#   CUDA auto, {op}: {steps} (up to {format_size(t['max_bytes'])})", flush=True)
         for kind, group in (("", entries), ("(reference) ", reference)):
             for e in group:
-                print(f"#   {kind}{e['backend']:<8}{e['algo']:<12}{e['op']:<16}alpha {e['alpha_us']:10.2f} us  "
+                print(f"#   {kind}{e['backend']:<8}{e['algo']:<13}{e['op']:<16}alpha {e['alpha_us']:10.2f} us  "
                       f"beta {e['beta_us_per_byte'] * 1e3:10.5f} ns/B  "
                       f"({e['points']} sizes, rel rms {e['rel_rms_error']:.2f})", flush=True)
     if cfg.save:
