@@ -49,5 +49,13 @@ if [ "$NG" -ge 4 ]; then
   step gpu_tests_4 600 python3 -m pytest -q -m gpu "${GPU_TESTS[@]}" -p no:cacheprovider
   step bench_4 900 python3 -m pycollectives.bench --nproc 4 --ops all_reduce,all_gather,reduce_scatter \
     --algo auto,oneshot,twoshot,ring,tree -f 4 --out "$OUTDIR"
+  # Across hosts: 4 GPUs as 2 simulated hosts x 2 (and 4 x 1) against NCCL split the same way,
+  # the two-torchrun-agents command, and the table of forms (flat / hierarchical) calibrated on
+  # this layout (written beside the logs, not into the user's cache).
+  step multihost_4 600 python3 -m pytest -q -m gpu tests/test_multihost_cuda.py tests/test_multihost_torchrun.py \
+    -p no:cacheprovider
+  step bench_hosts_4 900 python3 -m pycollectives.bench --hosts 2 --nproc 4 --ops all_reduce,all_gather,reduce_scatter \
+    --algo auto,flat,hierarchical -f 4 --rounds 3 --calibrate --calibrate-out "$OUTDIR/hosts2x2-cost-model.json" \
+    --out "$OUTDIR" --name hosts2x2-pycoll-vs-nccl
 fi
 grep -h "ms/step\|step time" "$OUTDIR"/ddp_gpt*.log "$OUTDIR"/fsdp_gpt.log 2>/dev/null
