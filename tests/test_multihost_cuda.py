@@ -160,3 +160,57 @@ def test_cuda_every_op_across_simulated_hosts(layout):
     assert all(expected in paths for _, paths, _ in out), out
     # NCCL between the simulated hosts went over its network transport (printed for the record).
     print(layout, "NCCL transports between hosts:", sorted({t for _, _, net in out for t in net}))
+
+
+def _graph_capture(rank, ws, layout):
+    """all_reduce, all_gather and reduce_scatter of CUDA tensors across hosts captured in one CUDA
+    graph (NCCL allows capture): replayed with new inputs, each replay's results exact."""
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    plans = []
+    for n in (1031, 1 << 18):  # below and above the built-in flat-to-hierarchical size on CUDA
+        ar = torch.zeros(n, device=dev)
+        ag_in, ag_out = torch.zeros(n, device=dev), torch.empty(n * ws, device=dev)
+        rs_in, rs_out = torch.zeros(n * ws, device=dev), torch.empty(n, device=dev)
+
+        def ops():
+            dist.all_reduce(ar)
+            dist.all_gather_into_tensor(ag_out, ag_in)
+            dist.reduce_scatter_tensor(rs_out, rs_in)
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ops()  # warm-up outside the graph: engines and NCCL communicators exist before capture
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            ops()
+        for i in range(3):
+            ar.fill_(float(rank + 1 + i))
+            ag_in.copy_(torch.arange(n, device=dev, dtype=torch.float32) + 1000 * rank + i)
+            rs_in.copy_(torch.arange(n * ws, device=dev, dtype=torch.float32) * (rank + 1) + i)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.all(ar == ws * (ws + 1) / 2 + ws * i), (layout, n, i, "all_reduce", ar[:4])
+            want_ag = torch.cat([torch.arange(n, dtype=torch.float32) + 1000 * r + i for r in range(ws)])
+            assert torch.equal(ag_out.cpu(), want_ag), (layout, n, i, "all_gather")
+            want_rs = torch.arange(n * rank, n * rank + n, dtype=torch.float64) * (ws * (ws + 1) / 2) + ws * i
+            assert torch.equal(rs_out.cpu().double(), want_rs), (layout, n, i, "reduce_scatter")
+        del g
+    with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as fh:
+        return sorted({line.split("algo=")[1].split()[0] for line in fh if "allreduce algo=" in line})
+
+
+@pytest.mark.gpu
+@pytest.mark.pycoll_only
+@pytest.mark.parametrize("layout", ["2x1", "2x2"])
+def test_cuda_graph_capture_across_simulated_hosts(layout):
+    ids = LAYOUTS[layout]
+    if GPUS < len(ids):
+        pytest.skip(f"needs {len(ids)} CUDA GPUs, {GPUS} visible")
+    out = run_ranks(len(ids), _graph_capture, layout, timeout=150,
+                    rank_env=[{"PYCOLL_HOSTID": h, "NCCL_HOSTID": h} for h in ids], env={"PYCOLL_DEBUG": "INFO"})
+    # 2 x 2: the small all_reduce ran flat on NCCL, the large one hierarchical, both captured.
+    assert all(paths == (["flat", "hierarchical"] if layout == "2x2" else ["flat"]) for paths in out), out
