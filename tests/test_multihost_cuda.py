@@ -214,3 +214,47 @@ def test_cuda_graph_capture_across_simulated_hosts(layout):
                     rank_env=[{"PYCOLL_HOSTID": h, "NCCL_HOSTID": h} for h in ids], env={"PYCOLL_DEBUG": "INFO"})
     # 2 x 2: the small all_reduce ran flat on NCCL, the large one hierarchical, both captured.
     assert all(paths == (["flat", "hierarchical"] if layout == "2x2" else ["flat"]) for paths in out), out
+
+
+def _cuda_mismatch(rank, ws, case):
+    """Host 0's ranks call one thing, host 1's another, on CUDA tensors with the check on: every
+    rank raises naming both calls before anything is enqueued on NCCL, and the group still works."""
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    first_host = rank < ws // 2
+    try:
+        if case == "sizes":
+            dist.all_reduce(torch.ones(1000 if first_host else 2000, device=dev))
+        elif case == "op":
+            t = torch.ones(100, device=dev)
+            dist.all_reduce(t) if first_host else dist.broadcast(t, src=0)
+        elif case == "reduce_op":
+            dist.all_reduce(torch.ones(100, device=dev), op=R.SUM if first_host else R.MAX)
+        elif case == "all_gather":
+            n = 10 if first_host else 11
+            dist.all_gather_into_tensor(torch.empty(n * ws, device=dev), torch.ones(n, device=dev))
+        elif case == "reduce_scatter":
+            n = 1 << 16 if first_host else (1 << 16) + 1
+            dist.reduce_scatter_tensor(torch.empty(n, device=dev), torch.ones(n * ws, device=dev))
+    except RuntimeError as e:
+        msg = str(e)
+        assert "called different collectives across hosts" in msg, msg
+        t = torch.ones(1031, device=dev)
+        dist.all_reduce(t)
+        assert torch.equal(t.cpu(), torch.full((1031,), float(ws)))
+        return msg
+    raise AssertionError(f"{case}: a call that differs across hosts did not raise")
+
+
+@pytest.mark.gpu
+@pytest.mark.pycoll_only
+@pytest.mark.parametrize("layout", ["2x1", "2x2"])
+@pytest.mark.parametrize("case", ["sizes", "op", "reduce_op", "all_gather", "reduce_scatter"])
+def test_cuda_call_that_differs_across_hosts_raises(layout, case):
+    ids = LAYOUTS[layout]
+    if GPUS < len(ids):
+        pytest.skip(f"needs {len(ids)} CUDA GPUs, {GPUS} visible")
+    out = run_ranks(len(ids), _cuda_mismatch, case, timeout=120,
+                    rank_env=[{"PYCOLL_HOSTID": h, "NCCL_HOSTID": h} for h in ids],
+                    env={"PYCOLL_CHECK_ACROSS_HOSTS": "1"})
+    assert all(out), out

@@ -20,9 +20,10 @@ namespace {
 // with 4 ranks as 2 x 2 on 2 cores (small all_reduce: 1.7 -> 5 ms, from 2x Gloo to 0.9x).
 const IntSetting kCheckAcrossHosts(
     "PYCOLL_CHECK_ACROSS_HOSTS", 0, 0, 1, "backend", true, Audience::User,
-    "1: across hosts, every op of CPU tensors first compares the ranks' calls (one small all-gather "
-    "between hosts), so that a call that differs raises an error naming both instead of aborting the "
-    "process inside Gloo, at the price of that round trip per op.",
+    "1: across hosts, every op first compares the ranks' calls (one small all-gather between hosts, "
+    "on Gloo), so that a call that differs raises an error naming both instead of aborting the "
+    "process inside Gloo or hanging inside NCCL, at the price of that round trip per op (for CUDA "
+    "tensors it blocks the calling thread, as torch's DETAIL mode does for NCCL).",
     "0 (1 with TORCH_DISTRIBUTED_DEBUG=DETAIL)");
 
 bool check_calls_across_hosts() {
@@ -182,11 +183,12 @@ bool HierarchicalEngine::serves(OpCode op, at::ScalarType dtype, const at::Devic
 
 std::optional<CallCheck> HierarchicalEngine::start_check(const Collective& c) {
   if (!check_calls_) return std::nullopt;
-  // On the flat group whatever the op, so that two different ops meet in one exchange. NCCL (the
-  // CUDA tensors' inter-host engine) checks nothing itself either, but a host-side exchange per op
-  // would stall the stream semantics: not there yet.
-  if (on_device_) return std::nullopt;
-  return std::make_optional<CallCheck>(flat_, c, size_, [this](int r) {
+  // On the flat Gloo group whatever the op, so that two different ops meet in one exchange, and
+  // whatever the device: NCCL (the CUDA tensors' inter-host engine) checks nothing either, and
+  // with sizes that differ it hangs or reads past a buffer. For CUDA tensors the exchange blocks
+  // this host thread before the op is enqueued, as torch's TORCH_DISTRIBUTED_DEBUG=DETAIL does
+  // for NCCL; the stream order is unchanged.
+  return std::make_optional<CallCheck>(layout_.flat, c, size_, [this](int r) {
     return "rank " + std::to_string(r) + " (host " + std::to_string(layout_.host_of[r]) + ")";
   });
 }
