@@ -1,7 +1,7 @@
 // The host cost of one kernel launch, the floor under every eager CUDA collective: an empty kernel
-// with a 256-byte argument struct (pycoll's launch arguments are of that order), launched back to
+// with a 256-byte argument struct, launched back to
 // back with <<<>>>, with cudaLaunchKernelEx, and with cudaLaunchKernelEx and the programmatic
-// dependent launch attribute that pycoll's collective kernels set (csrc/cuda/launch.cu); 1 and 64
+// dependent launch attribute that pycoll's collective kernels set (csrc/cuda/launch_config.h); 1 and 64
 // CTAs; host time per launch, best of 5 runs of 20,000. One GPU is enough.
 //
 //   nvcc -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 benchmarks/cuda_launch_cost.cu -o /tmp/launch_cost
