@@ -132,6 +132,12 @@ CUDA_CHOICE_MARGIN = 0.05
 ISLAND_MARGINS = 3
 
 
+def _timed_pycoll_row(r, dtype):
+    """An eager, error-free, correct pycoll row of ``dtype`` with a time: what a table may use."""
+    return (r["backend"] == "pycoll" and r["mode"] == "eager" and r["dtype"] == dtype and not r.get("error")
+            and r.get("check") != "fail" and bool(r.get("time_us")))
+
+
 def engine_bytes(op, nbytes, world):
     """pycoll-bench counts the op's largest buffer; the CUDA engine's choice counts the tensor for
     all_reduce and one rank's share for all_gather / reduce_scatter."""
@@ -151,8 +157,7 @@ def fit_cuda_choices(rows, dtype, world, builtin, margin=CUDA_CHOICE_MARGIN):
     sizes only (min..max); outside them the engine keeps its built-in rules."""
     times = {}
     for r in rows:
-        if (r["backend"] != "pycoll" or r["mode"] != "eager" or r["dtype"] != dtype or r.get("error")
-                or r.get("check") == "fail" or not r.get("time_us")):
+        if not _timed_pycoll_row(r, dtype):
             continue
         algo = r.get("algo")
         if r["op"] not in CUDA_CHOICE_ALGOS or algo not in CUDA_CHOICE_ALGOS[r["op"]]:
@@ -252,8 +257,7 @@ def fit_host_forms(rows, dtype, device, num_hosts, local_size, builtin, margin=C
     ``builtin(op, bytes)``: the engine's form without a table (``_C.host_form(..., builtin=True)``)."""
     times = {}
     for r in rows:
-        if (r["backend"] != "pycoll" or r["mode"] != "eager" or r["dtype"] != dtype or r.get("error")
-                or r.get("check") == "fail" or not r.get("time_us")):
+        if not _timed_pycoll_row(r, dtype):
             continue
         if r["op"] in HOST_FORM_OPS and r.get("algo") in HOST_FORMS:
             times.setdefault(r["op"], {}).setdefault(r["bytes"], {})[r["algo"]] = r["time_us"]
