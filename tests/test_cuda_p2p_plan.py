@@ -1,13 +1,15 @@
 """The CUDA engine's cut of a send/recv (gpu::plan_p2p) and the all_to_all's CTA roles
 (kernels/all_to_all_role.h), tested without a GPU through pycollectives._C: both ends of a pair
 must derive the same launch from what they both know, every byte must have a chunk, and every
-side of every pair exactly one CTA. docs/decisions/0011-p2p-channels.md."""
+side of every pair exactly one CTA. A coalesced batch (gpu::plan_p2p_batch) keeps every message's
+cut and runs in one launch only where no CTA can wait on one that is not placed. docs/decisions/0011-p2p-channels.md."""
 import pytest
 
 import pycollectives
 
 p2p_plan = pycollectives._C.cuda_p2p_plan
 roles = pycollectives._C.cuda_all_to_all_roles
+batch_plan = pycollectives._C.cuda_p2p_batch_plan
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = (1, 7, 4095, 4096, 4097, 128 * KiB - 1, 128 * KiB, 128 * KiB + 1, MiB, 4 * MiB + 3, 8 * MiB,
@@ -72,3 +74,59 @@ def test_bad_arguments_name_the_problem():
         p2p_plan(10, 9)
     with pytest.raises(ValueError, match="rank in"):
         roles(4, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# coalesced batches (batch_isend_irecv in one launch)
+
+
+def _check_batch(ops, world, sms):
+    p = batch_plan(ops, world, sms)
+    nxt = 0
+    for (peer, is_send, nbytes), o in zip(ops, p["ops"]):
+        alone = p2p_plan(nbytes, world, sms)
+        # Cut as the message alone: a peer that posts it by itself agrees on every chunk.
+        assert (o["blocks"], o["chunk"], o["nchunks"]) == (alone["blocks"], alone["chunk"], alone["nchunks"]), (ops, o)
+        if nbytes == 0:
+            assert o["first_block"] == -1
+            continue
+        assert o["first_block"] == nxt, (ops, p)  # consecutive CTA ranges, in posting order
+        nxt += o["blocks"]
+    assert p["grid"] == nxt
+    return p
+
+
+@pytest.mark.parametrize("sms", (132, 108, 78))
+def test_a_send_and_a_receive_of_any_size_fit_one_launch(sms):
+    for nbytes in SIZES:
+        p = _check_batch([(1, True, nbytes), (1, False, nbytes)], 2, sms)
+        assert p["fits"] and p["grid"] <= sms - 4, (nbytes, p)
+
+
+def test_small_messages_to_every_peer_fit_one_launch():
+    for world in range(2, 9):
+        for me in range(world):
+            ops = [(q, s, 4099) for q in range(world) if q != me for s in (True, False)]
+            p = _check_batch(ops, world, 132)
+            assert p["fits"] and p["grid"] == len(ops), (world, p)
+
+
+def test_a_batch_that_could_wait_on_unplaced_ctas_runs_op_by_op():
+    # Three peers' 1 GiB sends and receives need 6 x 64 CTAs: more than the GPU holds at once.
+    big = [(q, s, 1 << 30) for q in (1, 2, 3) for s in (True, False)]
+    assert not _check_batch(big, 4, 132)["fits"]
+    # Two sends to one peer share its channels: they must run one after the other.
+    assert not _check_batch([(1, True, 100), (1, True, 100)], 2, 132)["fits"]
+    assert _check_batch([(1, True, 100), (1, False, 100)], 2, 132)["fits"]
+    # Nothing to move: no launch.
+    assert not _check_batch([(1, True, 0), (1, False, 0)], 2, 132)["fits"]
+    # Zero-byte messages take no CTA and no channel.
+    p = _check_batch([(1, True, 0), (1, True, 5), (1, False, 3)], 2, 132)
+    assert p["fits"] and p["grid"] == 2
+
+
+def test_batch_plan_rejects_bad_input():
+    with pytest.raises(ValueError):
+        batch_plan([(2, True, 10)], 2, 132)
+    with pytest.raises(ValueError):
+        batch_plan([(1, True, -1)], 2, 132)

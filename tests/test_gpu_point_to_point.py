@@ -1,7 +1,8 @@
 """Point-to-point and all_to_all of CUDA tensors on the CUDA engine (issue 23), on 2, 3 and 4 GPUs:
 every dtype, sizes 0, 1, odd, 4 MiB + 3 and 256 MiB, odd offsets, non-contiguous tensors, tags,
 many outstanding isends to every peer, both directions at once, uneven all_to_all with zero-size
-splits; a length mismatch raises on both ranks; a send/recv pair replays in a CUDA graph.
+splits; a length mismatch raises on both ranks; a send/recv pair replays in a CUDA graph; a
+coalesced batch_isend_irecv runs in one launch where it fits, against ranks that post one by one.
 
 Data movement is exact, so every result is compared byte for byte with a plain torch computation
 on inputs that every rank builds from the same seed (random bytes viewed as the dtype: any dtype
@@ -189,6 +190,66 @@ def test_send_recv_every_peer_at_once(world, seed):
     run_on(world, _every_peer_at_once, seed, timeout=300)
 
 
+def _coalesced_batches(rank, world, seed):
+    """batch_isend_irecv runs in one launch where it fits (a send to and a receive from every peer,
+    once each, in CTAs the GPU holds at once), op by op otherwise; either way every byte arrives,
+    with ranks that do not coalesce (odd ranks: PYCOLL_COALESCE_P2P=0) posting the same messages
+    one by one, and with single isends/irecvs before and after each batch."""
+    import pycollectives
+
+    dev = setup_device(rank)
+    peers = [p for p in range(world) if p != rank]
+    coalescing = rank % 2 == 0
+    assert dist.group.WORLD._get_backend(dev).supports_coalescing == coalescing
+    # Sizes in bytes: tiny, odd, a few MiB with an odd tail, 64 MiB + 3 (one launch on 2 GPUs, op
+    # by op on 3 and 4: 2 x (n-1) x 64 CTAs are more than the GPU holds at once).
+    for r, nbytes in enumerate((1, 4099 * 4 + 1, 3 * MiB + 5, 64 * MiB + 3)):
+        before = pycollectives.stats().get("batch_isend_irecv", {}).get("calls", 0)
+        # A single message each way before the batch, and one after (the lanes' order).
+        pre_out = {p: torch.empty(777, dtype=torch.uint8, device=dev) for p in peers}
+        pre = [dist.isend(payload(seed, ("pre", r, rank, p), rank, 777, torch.uint8, dev), p) for p in peers]
+        pre += [dist.irecv(pre_out[p], p) for p in peers]
+        ops, outs = [], {}
+        for p in peers:
+            # Odd offsets on both ends: a send from byte 1 of a buffer, a receive into byte 3.
+            src = torch.empty(nbytes + 1, dtype=torch.uint8, device=dev)
+            src[1:] = payload(seed, ("batch", r, rank, p), rank, nbytes, torch.uint8, dev)
+            dst = torch.zeros(nbytes + 3, dtype=torch.uint8, device=dev)
+            outs[p] = dst
+            ops += [dist.P2POp(dist.isend, src[1:], p), dist.P2POp(dist.irecv, dst[3:], p)]
+        works = dist.batch_isend_irecv(ops)
+        post_out = {p: torch.empty(5, 7, device=dev).t() for p in peers}  # non-contiguous receive
+        post = [dist.isend(payload(seed, ("post", r, rank, p), rank, 35, torch.float32, dev).view(7, 5), p)
+                for p in peers]
+        post += [dist.irecv(post_out[p], p) for p in peers]
+        for w in pre + works + post:
+            w.wait()
+        for p in peers:
+            assert_same(pre_out[p], payload(seed, ("pre", r, p, rank), p, 777, torch.uint8, dev), f"pre from {p}")
+            assert torch.all(outs[p][:3] == 0), "bytes before the receive were written"
+            assert_same(outs[p][3:], payload(seed, ("batch", r, p, rank), p, nbytes, torch.uint8, dev),
+                        f"batch of {nbytes} B from {p}")
+            want = payload(seed, ("post", r, p, rank), p, 35, torch.float32, dev).view(7, 5)
+            assert_same(post_out[p], want, f"post from {p}")
+        launched = pycollectives.stats().get("batch_isend_irecv", {}).get("calls", 0) - before
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        fits = pycollectives._C.cuda_p2p_batch_plan([(p, s, nbytes) for p in peers for s in (True, False)],
+                                                    world, sms)["fits"]
+        assert fits or world > 2  # a send and a receive always fit
+        assert launched == (1 if coalescing and fits else 0), (nbytes, launched, fits)
+    torch.cuda.synchronize()
+    return True
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_batch_isend_irecv_coalesced(world, seed):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    rank_env = [{"PYCOLL_COALESCE_P2P": str(1 - r % 2)} for r in range(world)]
+    assert run_ranks(world, _coalesced_batches, seed, timeout=300, pg_timeout=PG_TIMEOUT,
+                     rank_env=rank_env) == [True] * world
+
+
 # ---------------------------------------------------------------------------------------------
 # all_to_all
 
@@ -303,6 +364,38 @@ def _graph(rank, world, seed):
         torch.cuda.synchronize()
         assert torch.all(y == float(prv * 10 + i)), f"replay {i}: got {y[0].item()}"
     return True
+
+
+def _batch_graph(rank, world, seed):
+    """A coalesced batch_isend_irecv (one launch) captured in a CUDA graph moves new data at every replay."""
+    dev = setup_device(rank)
+    peer = 1 - rank
+    x = torch.zeros(MiB + 3, device=dev)
+    y = torch.zeros_like(x)
+
+    def exchange():
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, peer)]):
+            w.wait()
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        exchange()  # warm-up outside the graph (creates the engine)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        exchange()
+    for i in range(3):
+        x.fill_(float(rank * 10 + i))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.all(y == float(peer * 10 + i)), f"replay {i}: got {y[0].item()}"
+    return True
+
+
+@needs(2)
+def test_coalesced_batch_in_cuda_graph(seed):
+    assert run_ranks(2, _batch_graph, seed, timeout=300, pg_timeout=PG_TIMEOUT) == [True, True]
 
 
 @needs(2)

@@ -42,6 +42,16 @@ class DeviceQueue {
   // Point-to-point on the CUDA engine (matched per peer in issue order).
   virtual c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, uint64_t seq) = 0;
   virtual c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, uint64_t seq) = 0;
+  // A coalesced batch_isend_irecv's sends and receives on the CUDA engine, in posting order: one
+  // launch (one Work) when the engine can run them together, else one send or receive (and Work)
+  // each.
+  struct P2PRequest {
+    at::Tensor t;
+    int peer;
+    bool is_send;
+    uint64_t seq;
+  };
+  virtual std::vector<c10::intrusive_ptr<c10d::Work>> p2p_batch(const std::vector<P2PRequest>& ops, uint64_t seq) = 0;
 
   // ProcessGroup.abort(): every kernel of the group that waits on a peer ends (with an error the
   // next op raises) instead of holding the GPU until the group's timeout. Any thread, idempotent.

@@ -232,9 +232,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
       Engine* engine;
     } job{this, &call, &engine};
     const Job* j = &job;
-    return cuda_->launch(call.type, call.name, seq, call.tensors, call.outputs, call.async,
-                         [j](const c10::Stream& s) { j->pg->execute(*j->call, *j->engine, s); },
-                         DeviceQueue::Lane::Collective);
+    return in_block(cuda_->launch(call.type, call.name, seq, call.tensors, call.outputs, call.async,
+                                  [j](const c10::Stream& s) { j->pg->execute(*j->call, *j->engine, s); },
+                                  DeviceQueue::Lane::Collective));
   }
   // Host-side engines run on the executor; a staged op's copies follow the caller's stream as it was now.
   const c10::Stream stream = current_stream(call.device);
@@ -242,8 +242,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   const char* name = call.name;
   const bool async = call.async;
   auto outputs = call.outputs;
-  return launch_on_executor(type, name, seq, std::move(outputs), async,
-                            [this, call = std::move(call), &engine, stream]() mutable { execute(call, engine, stream); });
+  return in_block(launch_on_executor(type, name, seq, std::move(outputs), async,
+                                     [this, call = std::move(call), &engine, stream]() mutable {
+                                       execute(call, engine, stream);
+                                     }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "algorithms/cpu_engine.h"
+#include "backend/coalesced_work.h"
 #include "backend/device_queue.h"
 #include "backend/executor.h"
 #include "backend/op_call.h"
@@ -46,7 +47,12 @@ class ProcessGroupPycoll : public c10d::Backend {
   ~ProcessGroupPycoll() override;
 
   const std::string getBackendName() const override { return "pycoll"; }
-  bool supportsCoalescing() const override { return false; }
+  // batch_isend_irecv: torch brackets the ops with startCoalescing/endCoalescing, and the sends
+  // and receives of CUDA tensors run in one launch (backend/coalescing.cpp). PYCOLL_COALESCE_P2P=0
+  // turns it off (torch then issues them one by one).
+  bool supportsCoalescing() const override { return coalesce_p2p_; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   // split_group (what DeviceMesh uses after init_process_group(device_id=)): backend/split.cpp.
   bool supportsSplitting() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
@@ -145,8 +151,15 @@ class ProcessGroupPycoll : public c10d::Backend {
   Engine& device_hierarchical(Engine& local);
   // all_reduce of a sparse COO tensor (SUM), from uneven all_gathers (backend/sparse_all_reduce.cpp).
   c10::intrusive_ptr<c10d::Work> sparse_allreduce(const at::Tensor& t, const c10d::AllreduceOptions& opts);
+  // Inside a coalescing block: adds w to the block's Work. Returns w.
+  c10::intrusive_ptr<c10d::Work> in_block(c10::intrusive_ptr<c10d::Work> w);
+  // Inside a coalescing block: holds a send/recv of the CUDA engine until the block ends and
+  // returns the block's Work; outside, nullptr.
+  c10::intrusive_ptr<c10d::Work> defer_device_p2p(bool is_send, const at::Tensor& t, int peer);
   // send and recv: checks, then to self, the device queue, or the host channels.
   c10::intrusive_ptr<c10d::Work> point_to_point(bool is_send, std::vector<at::Tensor>& tensors, int peer, int tag);
+  // Point-to-point on the CUDA engine (`peer` numbered as the engine numbers ranks).
+  c10::intrusive_ptr<c10d::Work> device_p2p(bool is_send, const at::Tensor& t, int peer);
   // Point-to-point on the CPU engine's channels (CPU tensors, and CUDA tensors through host memory).
   c10::intrusive_ptr<c10d::Work> host_p2p(bool is_send, const char* op, const at::Tensor& t, int peer, int tag);
   // Point-to-point with a rank on another host, on the inter-host engine.
@@ -180,6 +193,15 @@ class ProcessGroupPycoll : public c10d::Backend {
   std::mutex broken_mu_;
   std::string broken_;  // set once the group can no longer run collectives
   std::atomic<bool> closed_{false};
+  // The open coalescing block (the caller's thread opens and closes it; other threads may issue).
+  struct CoalescingBlock {
+    c10::intrusive_ptr<CoalescedWork> work;
+    std::vector<DeviceQueue::P2PRequest> device_p2p;  // CUDA-engine sends/receives, in posting order
+  };
+  static bool coalesce_p2p_from_settings();  // PYCOLL_COALESCE_P2P
+  bool coalesce_p2p_ = coalesce_p2p_from_settings();
+  std::mutex coalescing_mu_;
+  std::optional<CoalescingBlock> coalescing_;
 };
 
 }  // namespace pycoll

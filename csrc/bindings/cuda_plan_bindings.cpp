@@ -4,12 +4,14 @@
 
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "cuda/all_reduce_plan.h"
 #include "cuda/all_reduce_registry.h"
 #include "cuda/engine_limits.h"
 #include "cuda/select.h"
 #include "kernels/all_to_all_role.h"
+#include "kernels/args.h"
 #include "transport/cuda_ipc/layout.h"
 #include "transport/cuda_ipc/check_word.h"
 
@@ -128,6 +130,38 @@ void register_cuda_plan(py::module_& m) {
       py::arg("bytes"), py::arg("world"), py::arg("sms") = 132,
       "How the CUDA engine cuts a send/recv of `bytes` on a group of `world` ranks (gpu::plan_p2p): "
       "CTAs, chunk, chunks, and the p2p channel set's slot size, depth and channel count.");
+  m.def(
+      "cuda_p2p_batch_plan",
+      [](const std::vector<std::tuple<int, bool, int64_t>>& ops, int world, int sms) {
+        if (world < 2 || world > cuda_ipc::kMaxRanks || sms < 1)
+          throw py::value_error("cuda_p2p_batch_plan: world 2..8 and sms >= 1");
+        const cuda_ipc::Layout L = cuda_ipc::make_layout(world);
+        std::vector<gpu::P2PBatchItem> items;
+        for (const auto& [peer, is_send, bytes] : ops) {
+          if (peer < 0 || peer >= world || bytes < 0)
+            throw py::value_error("cuda_p2p_batch_plan: each op is (peer in 0..world-1, is_send, bytes >= 0)");
+          items.push_back({peer, is_send, bytes});
+        }
+        const gpu::P2PBatchPlan p =
+            gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, L.p2p.slot_bytes, L.p2p.nblocks, sms);
+        py::list per_op;
+        for (size_t i = 0; i < items.size(); ++i) {
+          py::dict d;
+          d["blocks"] = p.geometry[i].blocks;
+          d["chunk"] = p.geometry[i].chunk;
+          d["nchunks"] = p.geometry[i].nchunks;
+          d["first_block"] = p.first_block[i];
+          per_op.append(d);
+        }
+        py::dict d;
+        d["fits"] = p.fits;
+        d["grid"] = p.grid;
+        d["ops"] = per_op;
+        return d;
+      },
+      py::arg("ops"), py::arg("world"), py::arg("sms") = 132,
+      "How the CUDA engine launches a coalesced batch of sends and receives (gpu::plan_p2p_batch): whether it "
+      "fits one launch, its CTAs, and per op (peer, is_send, bytes) plan_p2p's cut and first CTA.");
   m.def(
       "cuda_all_to_all_roles",
       [](int world, int rank, int coll_channels, int sms) {

@@ -577,6 +577,44 @@ void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
   PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 
+bool CudaEngine::p2p_batch_fits(const std::vector<gpu::P2PBatchItem>& items) const {
+  const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
+  return gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, p2p.slot_bytes, p2p.nblocks, sms_).fits;
+}
+
+void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream) {
+  const char* kOp = "batch_isend_irecv";
+  std::vector<gpu::P2PBatchItem> items;
+  items.reserve(ops.size());
+  for (const P2POp& o : ops) {
+    check_tensor(o.t, o.is_send ? "send" : "recv", "tensor", device_);
+    TORCH_CHECK(o.peer >= 0 && o.peer < size_ && o.peer != rank_, "pycoll::", o.is_send ? "send" : "recv", ": peer ",
+                o.peer, " must be another rank in 0..", size_ - 1);
+    items.push_back({o.peer, o.is_send, int64_t(o.t.nbytes())});
+  }
+  const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
+  const gpu::P2PBatchPlan plan = gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, p2p.slot_bytes, p2p.nblocks, sms_);
+  TORCH_CHECK(plan.fits, "pycoll::batch_isend_irecv: this batch cannot run in one launch (p2p_batch_fits)");
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  check_usable(kOp);
+  kernels::P2PBatchArgs a{};
+  a.h = ws_->handle();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (plan.first_block[i] < 0) continue;  // zero bytes
+    const gpu::Geometry& g = plan.geometry[i];
+    kernels::P2PBatchOp& o = a.ops[a.nops++];
+    o.buf = ops[i].t.data_ptr();
+    o.bytes = items[i].bytes;
+    o.chunk = g.chunk;
+    o.nchunks = g.nchunks;
+    o.peer = ops[i].peer;
+    o.is_send = ops[i].is_send ? 1 : 0;
+    o.blocks = g.blocks;
+    o.first_block = plan.first_block[i];
+  }
+  PYCOLL_CUDA_OK(gpu::launch_p2p_batch(plan.grid, stream, a), kOp, "kernel launch");
+}
+
 void CudaEngine::barrier(cudaStream_t stream) {
   const char* kOp = "barrier";
   if (size_ == 1) return;

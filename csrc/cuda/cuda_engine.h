@@ -11,6 +11,8 @@
 //     collectives. All sends to one peer must be ordered on one stream, likewise all receives from
 //     one peer; sends and receives must be on different streams (a send larger than 1 MiB needs the
 //     peer's matching receive to run).
+//   - A coalesced batch (p2p_batch) runs sends and receives in one kernel on one stream: each
+//     message on CTAs of its own, cut as when it is alone.
 //   - Every call enqueues on `stream` and returns without blocking the host. The caller keeps the
 //     tensors alive until the work completes (recordStream) and sets nothing: the engine guards
 //     the device itself.
@@ -75,6 +77,17 @@ class CudaEngine {
   // channel of bounded size in the receiver-visible workspace with ready/consumed counters).
   void send(const at::Tensor& t, int peer, cudaStream_t stream);
   void recv(at::Tensor& t, int peer, cudaStream_t stream);
+  // A coalesced batch of sends and receives (in posting order) in one launch on `stream`. Only
+  // when p2p_batch_fits (gpu::plan_p2p_batch); otherwise the batch must run as separate sends
+  // and receives. The stream must be ordered after earlier sends and receives of the kinds in
+  // the batch, and later ones after it (the backend does this).
+  struct P2POp {
+    at::Tensor t;  // dense; a receive's destination
+    int peer;
+    bool is_send;
+  };
+  bool p2p_batch_fits(const std::vector<gpu::P2PBatchItem>& items) const;
+  void p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream);
   void barrier(cudaStream_t stream);
   // Non-zero if a kernel's bounded spin-wait expired (peer never arrived); kernels write it into host-mapped memory.
   int device_error() const;

@@ -21,6 +21,10 @@ cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& a,
   return launch_kernel(kernels::p2p_kernel, grid, kernels::kThreads, stream, a, early);
 }
 
+cudaError_t launch_p2p_batch(int grid, cudaStream_t stream, const kernels::P2PBatchArgs& a) {
+  return launch_kernel(kernels::p2p_batch_kernel, grid, kernels::kThreads, stream, a, /*early=*/false);
+}
+
 bool kernels_support_early_launch() {
   return compiled_with_grid_dependency(kernels::reduce_kernel) && compiled_with_grid_dependency(kernels::copy_kernel) &&
          compiled_with_grid_dependency(kernels::p2p_kernel) && ll_kernels_support_early_launch() &&

@@ -17,6 +17,8 @@ namespace gpu {
 cudaError_t launch_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args, bool early);
 cudaError_t launch_copy(int grid, cudaStream_t stream, const kernels::CopyArgs& args, bool early);
 cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& args, bool early);
+// A coalesced batch of sends and receives (never early: see CudaEngine::send).
+cudaError_t launch_p2p_batch(int grid, cudaStream_t stream, const kernels::P2PBatchArgs& args);
 // The LL one-shot all-reduce (kernels/ll_all_reduce.cuh): `grid` = the message's 16 KiB regions.
 cudaError_t launch_ll_all_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args, bool early);
 // The registered protocols' kernels launch through the registry (cuda/all_reduce_registry.h).

@@ -85,6 +85,30 @@ Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int s
   return g;
 }
 
+P2PBatchPlan plan_p2p_batch(const std::vector<P2PBatchItem>& items, int max_ops, int64_t p2p_slot_bytes,
+                            int p2p_channels, int sms) {
+  P2PBatchPlan plan;
+  plan.geometry.reserve(items.size());
+  plan.first_block.assign(items.size(), -1);
+  std::vector<uint8_t> taken;  // per (peer, direction)
+  int ops = 0;
+  bool fits = true;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const P2PBatchItem& it = items[i];
+    plan.geometry.push_back(plan_p2p(it.bytes, p2p_slot_bytes, p2p_channels, sms));
+    if (it.bytes <= 0) continue;
+    const size_t key = 2 * size_t(std::max(0, it.peer)) + (it.is_send ? 1 : 0);
+    if (taken.size() <= key) taken.resize(key + 1, 0);
+    if (taken[key]) fits = false;
+    taken[key] = 1;
+    plan.first_block[i] = plan.grid;
+    plan.grid += plan.geometry.back().blocks;
+    ++ops;
+  }
+  plan.fits = fits && ops > 0 && ops <= max_ops && plan.grid <= std::max(1, sms - kSmHeadroom);
+  return plan;
+}
+
 int all_to_all_channels(int nranks, int coll_channels, int sms) {
   const int channels = std::min({kAllToAllChannels, coll_channels, std::max(1, (sms - kSmHeadroom) / 2)});
   return std::min(coll_channels, std::max(channels, nranks - 1));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/types.h"
 
@@ -98,6 +99,26 @@ constexpr int kSmHeadroom = 4;
 // kSmHeadroom. Both ends call it with the same arguments (their layouts and GPUs are alike, the
 // message length the same), so they agree on which CTA carries which chunk.
 Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms);
+
+// A coalesced batch of sends and receives (batch_isend_irecv) in one launch: each message keeps
+// plan_p2p's cut (a peer that posts it alone must agree), on consecutive CTAs. One launch holds
+// every CTA of every message at once, so it is allowed only when nothing in it can wait on a CTA
+// that is not placed: at most one send and one receive per peer (two of one direction share
+// channels) and, together, no more CTAs than the GPU's SMs less kSmHeadroom. Otherwise the batch
+// runs as separate sends and receives (`fits` false). Zero-byte messages take no CTA.
+struct P2PBatchItem {
+  int peer;
+  bool is_send;
+  int64_t bytes;
+};
+struct P2PBatchPlan {
+  bool fits = false;
+  int grid = 0;                     // CTAs of the launch
+  std::vector<Geometry> geometry;   // per item, plan_p2p's
+  std::vector<int> first_block;     // per item, its first CTA (-1: zero bytes, not launched)
+};
+P2PBatchPlan plan_p2p_batch(const std::vector<P2PBatchItem>& items, int max_ops, int64_t p2p_slot_bytes,
+                            int p2p_channels, int sms);
 // Channels of an all_to_all of `nranks` (it launches two CTAs per channel): kAllToAllChannels, no
 // more than the workspace's `coll_channels` or half the GPU's SMs less kSmHeadroom, but at least
 // one per pair.

@@ -108,5 +108,30 @@ struct P2PArgs {
   int32_t pad;
 };
 
+// Several sends and receives in one launch (a coalesced batch_isend_irecv, gpu::plan_p2p_batch):
+// op i runs on CTAs first_block .. first_block + blocks - 1, cut as that message alone would be
+// (its CTA k drives channel k of its pair), so a peer that posts the same messages one by one
+// agrees on every chunk. At most one send and one receive per peer: two messages of one direction
+// of a pair share channels and must run one after the other.
+constexpr int kMaxP2PBatchOps = 2 * (cuda_ipc::kMaxRanks - 1);
+
+struct P2PBatchOp {
+  void* buf;
+  int64_t bytes;
+  int64_t chunk;
+  int64_t nchunks;
+  int32_t peer;
+  int32_t is_send;
+  int32_t blocks;
+  int32_t first_block;
+};
+
+struct P2PBatchArgs {
+  cuda_ipc::DeviceHandle h;
+  int32_t nops;
+  int32_t pad;
+  P2PBatchOp ops[kMaxP2PBatchOps];
+};
+
 }  // namespace kernels
 }  // namespace pycoll

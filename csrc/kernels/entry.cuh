@@ -1,4 +1,4 @@
-// Kernel entry points: one reduce kernel, one copy kernel, one p2p kernel.
+// Kernel entry points: one reduce kernel, one copy kernel, the p2p kernels (one message, a batch).
 // Each copies its arguments to shared memory, waits for the kernel before it on the stream (it may
 // have been scheduled early, grid_dependency.cuh), builds the CTA's channel endpoints, runs the
 // body the mode names, and stores the channel counters back when the body completed (after an
@@ -100,8 +100,23 @@ static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const __grid_co
   load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
   wait_for_previous_grid();
   let_next_grid_launch();
-  BlockChannels ch(&sh, &sa.h.layout.p2p, /*op=*/0, uint64_t(sa.bytes));
-  if (p2p_run(sa, ch, &sh)) ch.finish();
+  const P2PMessage m = p2p_message(sa);
+  BlockChannels ch(&sh, &sa.h.layout.p2p, /*op=*/0, uint64_t(m.bytes), m.block,
+                   m.is_send ? BlockChannels::kOutbound : BlockChannels::kInbound);
+  if (p2p_run(m, ch, &sh)) ch.finish();
+}
+
+// Sends and receives of one coalesced batch in one launch (p2p.cuh).
+static __global__ void __launch_bounds__(kThreads, 1) p2p_batch_kernel(const __grid_constant__ P2PBatchArgs a) {
+  __shared__ P2PBatchArgs sa;
+  __shared__ StepShared sh;
+  load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
+  wait_for_previous_grid();
+  let_next_grid_launch();
+  const P2PMessage m = p2p_message(sa);
+  BlockChannels ch(&sh, &sa.h.layout.p2p, /*op=*/0, uint64_t(m.bytes), m.block,
+                   m.is_send ? BlockChannels::kOutbound : BlockChannels::kInbound);
+  if (p2p_run(m, ch, &sh)) ch.finish();
 }
 
 }  // namespace kernels

@@ -114,6 +114,16 @@ void CudaOps::order_after_last_collective(cudaStream_t stream, const at::Device&
   last_collective_stream_ = stream;
 }
 
+void CudaOps::order_streams(cudaStream_t earlier, cudaStream_t later, const at::Device& device, const char* op) {
+  cudaStreamCaptureStatus a = cudaStreamCaptureStatusNone, b = cudaStreamCaptureStatusNone;
+  PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(earlier, &a), op);
+  PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(later, &b), op);
+  if (a != cudaStreamCaptureStatusNone || b != cudaStreamCaptureStatusNone) return;
+  EventPool::Event e = events(device).get();
+  PYCOLL_CHECK_CUDA(cudaEventRecord(e.get(), earlier), op);
+  PYCOLL_CHECK_CUDA(cudaStreamWaitEvent(later, e.get(), 0), op);
+}
+
 c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op, uint64_t seq,
                                                const std::vector<at::Tensor>& tensors,
                                                const std::vector<at::Tensor>& outputs, bool async_op,
@@ -216,6 +226,63 @@ c10::intrusive_ptr<c10d::Work> CudaOps::recv(const at::Tensor& t, int src, uint6
         write_back(t, buf);
       },
       Lane::Recv);
+}
+
+std::vector<c10::intrusive_ptr<c10d::Work>> CudaOps::p2p_batch(const std::vector<P2PRequest>& ops, uint64_t seq) {
+  static constexpr const char* kOp = "pycoll::batch_isend_irecv";
+  TORCH_INTERNAL_ASSERT(!ops.empty());
+  const at::Device device = ops[0].t.device();
+  std::vector<gpu::P2PBatchItem> items;
+  std::vector<at::Tensor> tensors, received;
+  bool has_send = false, has_recv = false;
+  for (const P2PRequest& o : ops) {
+    TORCH_CHECK_VALUE(o.t.device() == device, "pycoll::batch_isend_irecv: every tensor must be on one device; got ",
+                      device.str(), " and ", o.t.device().str());
+    items.push_back({o.peer, o.is_send, int64_t(o.t.nbytes())});
+    tensors.push_back(o.t);
+    if (o.is_send) {
+      has_send = true;
+    } else {
+      has_recv = true;
+      received.push_back(o.t);
+    }
+  }
+  c10::cuda::CUDAGuard guard(device);
+  CudaEngine& eng = cuda_engine(device);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  if (!eng.p2p_batch_fits(items)) {
+    // Each on its lane, as when posted one by one (the peer may post them so: it agrees on every chunk).
+    for (const P2PRequest& o : ops) works.push_back(o.is_send ? send(o.t, o.peer, o.seq) : recv(o.t, o.peer, o.seq));
+    return works;
+  }
+  // One kernel, on the lane of its kind (a batch of receives never waits behind a send). Sends
+  // and receives each keep one order per lane (their channels' counters): a batch of both runs on
+  // the send lane after the receive lane's earlier ops, and the receive lane's later ops wait for it.
+  const Lane lane = has_send ? Lane::Send : Lane::Recv;
+  const bool both = has_send && has_recv;
+  const cudaStream_t send_lane = comm_stream(device, Lane::Send).stream();
+  const cudaStream_t recv_lane = comm_stream(device, Lane::Recv).stream();
+  if (both) order_streams(recv_lane, send_lane, device, kOp);
+  int64_t bytes = 0;
+  for (const auto& it : items) bytes += it.bytes;
+  works.push_back(launch(
+      c10d::OpType::COALESCED, kOp, seq, tensors, received, /*async_op=*/true,
+      [&](const c10::Stream& s) {
+        std::vector<CudaEngine::P2POp> eops;
+        std::vector<std::pair<at::Tensor, at::Tensor>> copies_back;
+        eops.reserve(ops.size());
+        for (const P2PRequest& o : ops) {
+          at::Tensor buf = dense(o.t);
+          if (!o.is_send && !buf.is_same(o.t)) copies_back.emplace_back(o.t, buf);
+          eops.push_back({buf, o.peer, o.is_send});
+        }
+        eng.p2p_batch(eops, c10::cuda::CUDAStream(s).stream());
+        for (const auto& [user, buf] : copies_back) write_back(user, buf);
+        record_op("batch_isend_irecv", bytes, Algo::Direct, OpTimer(), -1, size_);
+      },
+      lane));
+  if (both) order_streams(send_lane, recv_lane, device, kOp);
+  return works;
 }
 
 }  // namespace pycoll

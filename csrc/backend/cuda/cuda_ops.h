@@ -56,6 +56,7 @@ class CudaOps : public DeviceQueue {
                                         bool async_op, const Body& body, Lane lane) override;
   c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, uint64_t seq) override;
   c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, uint64_t seq) override;
+  std::vector<c10::intrusive_ptr<c10d::Work>> p2p_batch(const std::vector<P2PRequest>& ops, uint64_t seq) override;
 
  private:
   CudaEngine& cuda_engine(const at::Device& device);
@@ -83,6 +84,9 @@ class CudaOps : public DeviceQueue {
 
   // Makes `stream` wait for the last collective when that ran on another stream.
   void order_after_last_collective(cudaStream_t stream, const at::Device& device, const char* op);
+  // Makes `later` wait for what is queued on `earlier` now (not while either is being captured:
+  // see order_after_last_collective).
+  void order_streams(cudaStream_t earlier, cudaStream_t later, const at::Device& device, const char* op);
 };
 
 }  // namespace pycoll
