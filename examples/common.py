@@ -66,6 +66,10 @@ def base_parser(description: str) -> argparse.ArgumentParser:
                    help="CPU threads per rank (default: cores / ranks)")
     p.add_argument("--result-line", action="store_true",
                    help="rank 0 prints 'RESULT {json}' per backend (used by the tests)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="run each backend under torch.profiler: rank 0 prints the kernels and ops that "
+                        "took the most time, and every rank writes DIR/<backend>-rank<r>.json "
+                        "(chrome://tracing, Perfetto)")
     return p
 
 
@@ -187,7 +191,8 @@ def _rank_main(local_rank: int, train, args, spawned: bool) -> None:
         for name, group in groups.items():
             run = Run(rank, world, local_rank, device, name, group)
             torch.manual_seed(args.seed)
-            results[name] = train(args, run)
+            with _profiled(args, name, rank, device):
+                results[name] = train(args, run)
             # device_ids: NCCL otherwise guesses the device (and warns).
             dist.barrier(group=group,
                          device_ids=[local_rank] if device.type == "cuda" else None)
@@ -197,6 +202,25 @@ def _rank_main(local_rank: int, train, args, spawned: bool) -> None:
             report(args, world, results)
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _profiled(args, backend: str, rank: int, device: torch.device):
+    """--profile: the whole run of one backend under torch.profiler (warm-up steps included)."""
+    if not args.profile:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        yield
+    os.makedirs(args.profile, exist_ok=True)
+    prof.export_chrome_trace(os.path.join(args.profile, f"{backend}-rank{rank}.json"))
+    if rank == 0:
+        key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(f"[{backend}] rank 0, whole run, by {key}:\n"
+              f"{prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60)}", flush=True)
 
 
 def report(args, world: int, results: dict) -> None:

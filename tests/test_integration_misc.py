@@ -285,15 +285,21 @@ def test_torchrun_ddp_gpt():
 
 
 @pytest.mark.pycoll_only
-def test_mp_spawn_ddp_cnn():
+def test_mp_spawn_ddp_cnn(tmp_path):
     steps = 4
     out = _run([sys.executable, os.path.join(EXAMPLES, "ddp_cnn.py"), "--device", "cpu",
                 "--nproc", str(WORLD), "--backend", BACKEND, "--compare", "gloo",
                 "--epochs", "1", "--steps", str(steps), "--warmup", "1", "--batch", "8",
-                "--width", "8", "--samples", "128", "--result-line"])
+                "--width", "8", "--samples", "128", "--result-line", "--profile", str(tmp_path)])
     mine, ref = _check_launch(out, steps)
     assert mine["test_accuracy"] == ref["test_accuracy"]
     assert "ms/step" in out and "test accuracy" in out
+    # --profile: rank 0's table per backend, and every rank's trace.
+    for b in (BACKEND, "gloo"):
+        assert f"[{b}] rank 0, whole run, by self_cpu_time_total" in out, out[-3000:]
+        for r in range(WORLD):
+            trace = json.loads((tmp_path / f"{b}-rank{r}.json").read_text())
+            assert trace["traceEvents"], (b, r)
 
 
 # --------------------------------------------------------------------------
