@@ -44,7 +44,8 @@ def test_sizes_scale_the_ctas_on_h100_class_gpus():
     assert by_size == {64 * KiB: 1, 128 * KiB: 1, 4 * MiB: 32, 8 * MiB: 64, 1 << 30: 64}
     assert p2p_plan(1 << 30, 2)["slot_bytes"] == 128 * KiB
     assert p2p_plan(1 << 30, 8)["slot_bytes"] == 64 * KiB
-    assert p2p_plan(0, 2)["nchunks"] == 0
+    # No bytes: one empty chunk on one CTA (it carries the length to the receiver).
+    assert (p2p_plan(0, 2)["nchunks"], p2p_plan(0, 2)["blocks"]) == (1, 1)
 
 
 @pytest.mark.parametrize("world", range(1, 9))
@@ -87,9 +88,6 @@ def _check_batch(ops, world, sms):
         alone = p2p_plan(nbytes, world, sms)
         # Cut as the message alone: a peer that posts it by itself agrees on every chunk.
         assert (o["blocks"], o["chunk"], o["nchunks"]) == (alone["blocks"], alone["chunk"], alone["nchunks"]), (ops, o)
-        if nbytes == 0:
-            assert o["first_block"] == -1
-            continue
         assert o["first_block"] == nxt, (ops, p)  # consecutive CTA ranges, in posting order
         nxt += o["blocks"]
     assert p["grid"] == nxt
@@ -118,11 +116,11 @@ def test_a_batch_that_could_wait_on_unplaced_ctas_runs_op_by_op():
     # Two sends to one peer share its channels: they must run one after the other.
     assert not _check_batch([(1, True, 100), (1, True, 100)], 2, 132)["fits"]
     assert _check_batch([(1, True, 100), (1, False, 100)], 2, 132)["fits"]
-    # Nothing to move: no launch.
-    assert not _check_batch([(1, True, 0), (1, False, 0)], 2, 132)["fits"]
-    # Zero-byte messages take no CTA and no channel.
-    p = _check_batch([(1, True, 0), (1, True, 5), (1, False, 3)], 2, 132)
+    # A message of no bytes still takes a CTA and its pair's channel: its empty chunk carries the
+    # length, so a receive that expects bytes raises.
+    p = _check_batch([(1, True, 0), (1, False, 0)], 2, 132)
     assert p["fits"] and p["grid"] == 2
+    assert not _check_batch([(1, True, 0), (1, True, 5), (1, False, 3)], 2, 132)["fits"]
 
 
 def test_batch_plan_rejects_bad_input():

@@ -305,9 +305,10 @@ def _length_mismatch(rank, world, seed):
     well within the group's timeout, at the latest at the group's next call. Each case in a fresh
     group (an engine that saw an error stays unusable): a near miss (40 against 41 CTAs, the sender
     never waits), a send far larger than the receive (the sender's CTAs wait for credits that never
-    come and must leave through the group's error state) and the reverse."""
+    come and must leave through the group's error state), the reverse, and a send of no bytes (its
+    empty chunk carries the length)."""
     dev = setup_device(rank)
-    cases = ((5 * MiB, 5 * MiB + 4), (64 * MiB, MiB), (MiB, 64 * MiB))
+    cases = ((5 * MiB, 5 * MiB + 4), (64 * MiB, MiB), (MiB, 64 * MiB), (0, 4 * MiB))
     texts = []
     for sent, expected in cases:
         g = dist.new_group([0, 1], timeout=PG_TIMEOUT)
@@ -336,7 +337,7 @@ def _length_mismatch(rank, world, seed):
 @needs(2)
 def test_send_recv_length_mismatch_raises(seed):
     texts = run_ranks(2, _length_mismatch, seed, timeout=300, pg_timeout=PG_TIMEOUT)
-    for i, (sent, expected) in enumerate(((5 * MiB, 5 * MiB + 4), (64 * MiB, MiB), (MiB, 64 * MiB))):
+    for i, (sent, expected) in enumerate(((5 * MiB, 5 * MiB + 4), (64 * MiB, MiB), (MiB, 64 * MiB), (0, 4 * MiB))):
         pair = [texts[0][i], texts[1][i]]
         # The receiver's kernel names both lengths; the sender learns of it through the group's
         # error state (the first error of either rank is what both report).

@@ -556,8 +556,7 @@ void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
   check_tensor(t, kOp, "tensor", device_);
   TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::send: peer ", peer,
               " must be another rank in 0..", size_ - 1);
-  const int64_t bytes = int64_t(t.nbytes());
-  if (bytes == 0) return;
+  const int64_t bytes = int64_t(t.nbytes());  // 0 too: the receiver checks the length (plan_p2p)
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
   const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, true, plan_p2p(bytes));
@@ -569,8 +568,7 @@ void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
   check_tensor(t, kOp, "tensor", device_);
   TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::recv: peer ", peer,
               " must be another rank in 0..", size_ - 1);
-  const int64_t bytes = int64_t(t.nbytes());
-  if (bytes == 0) return;
+  const int64_t bytes = int64_t(t.nbytes());  // 0 too: the receiver checks the length (plan_p2p)
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
   const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, false, plan_p2p(bytes));
@@ -600,7 +598,6 @@ void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream) {
   kernels::P2PBatchArgs a{};
   a.h = ws_->handle();
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (plan.first_block[i] < 0) continue;  // zero bytes
     const gpu::Geometry& g = plan.geometry[i];
     kernels::P2PBatchOp& o = a.ops[a.nops++];
     o.buf = ops[i].t.data_ptr();

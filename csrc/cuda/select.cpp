@@ -75,7 +75,7 @@ Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int s
       std::max(1, std::min({kP2PMaxBlocks, p2p_channels, std::max(1, (sms - kSmHeadroom) / 2)}));
   Geometry g;
   g.chunk = p2p_slot_bytes;
-  g.nchunks = 0;
+  g.nchunks = 1;  // a message of no bytes is one empty chunk: it carries its length to the receiver
   g.blocks = 1;
   if (bytes <= 0) return g;
   const int64_t floor = std::min(kP2PMinChunkBytes, p2p_slot_bytes);
@@ -96,7 +96,6 @@ P2PBatchPlan plan_p2p_batch(const std::vector<P2PBatchItem>& items, int max_ops,
   for (size_t i = 0; i < items.size(); ++i) {
     const P2PBatchItem& it = items[i];
     plan.geometry.push_back(plan_p2p(it.bytes, p2p_slot_bytes, p2p_channels, sms));
-    if (it.bytes <= 0) continue;
     const size_t key = 2 * size_t(std::max(0, it.peer)) + (it.is_send ? 1 : 0);
     if (taken.size() <= key) taken.resize(key + 1, 0);
     if (taken[key]) fits = false;

@@ -97,7 +97,9 @@ constexpr int kSmHeadroom = 4;
 // last), none below kP2PMinChunkBytes unless the message or the slot is, spread over at most
 // kP2PMaxBlocks CTAs, no more than the workspace's `p2p_channels` or half the GPU's SMs less
 // kSmHeadroom. Both ends call it with the same arguments (their layouts and GPUs are alike, the
-// message length the same), so they agree on which CTA carries which chunk.
+// message length the same), so they agree on which CTA carries which chunk. A message of no
+// bytes is one empty chunk on one CTA: a receive that expects bytes then learns the length (0) and
+// raises, instead of waiting for its timeout.
 Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms);
 
 // A coalesced batch of sends and receives (batch_isend_irecv) in one launch: each message keeps
@@ -105,7 +107,7 @@ Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int s
 // every CTA of every message at once, so it is allowed only when nothing in it can wait on a CTA
 // that is not placed: at most one send and one receive per peer (two of one direction share
 // channels) and, together, no more CTAs than the GPU's SMs less kSmHeadroom. Otherwise the batch
-// runs as separate sends and receives (`fits` false). Zero-byte messages take no CTA.
+// runs as separate sends and receives (`fits` false).
 struct P2PBatchItem {
   int peer;
   bool is_send;
@@ -115,7 +117,7 @@ struct P2PBatchPlan {
   bool fits = false;
   int grid = 0;                     // CTAs of the launch
   std::vector<Geometry> geometry;   // per item, plan_p2p's
-  std::vector<int> first_block;     // per item, its first CTA (-1: zero bytes, not launched)
+  std::vector<int> first_block;     // per item, its first CTA
 };
 P2PBatchPlan plan_p2p_batch(const std::vector<P2PBatchItem>& items, int max_ops, int64_t p2p_slot_bytes,
                             int p2p_channels, int sms);

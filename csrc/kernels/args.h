@@ -112,7 +112,8 @@ struct P2PArgs {
 // op i runs on CTAs first_block .. first_block + blocks - 1, cut as that message alone would be
 // (its CTA k drives channel k of its pair), so a peer that posts the same messages one by one
 // agrees on every chunk. At most one send and one receive per peer: two messages of one direction
-// of a pair share channels and must run one after the other.
+// of a pair share channels and must run one after the other. A message of no bytes takes one CTA
+// (its empty chunk carries the length to the receiver).
 constexpr int kMaxP2PBatchOps = 2 * (cuda_ipc::kMaxRanks - 1);
 
 struct P2PBatchOp {
