@@ -66,6 +66,10 @@ def base_parser(description: str) -> argparse.ArgumentParser:
                    help="CPU threads per rank (default: cores / ranks)")
     p.add_argument("--result-line", action="store_true",
                    help="rank 0 prints 'RESULT {json}' per backend (used by the tests)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="with --compare: train on every backend this many times, alternating which goes "
+                        "first (the first run of a process is often slower), and report each backend's "
+                        "median step time (default 2 on GPU, 1 on CPU)")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="run each backend under torch.profiler: rank 0 prints the kernels and ops that "
                         "took the most time, and every rank writes DIR/<backend>-rank<r>.json "
@@ -111,6 +115,10 @@ def finish_args(args: argparse.Namespace, gpt: bool = False) -> argparse.Namespa
             sys.exit(f"--dim {args.dim} is not a multiple of --heads {args.heads}")
     if args.compare in ("none", args.backend):
         args.compare = None
+    if args.rounds is None:
+        args.rounds = 2 if on_gpu and args.compare else 1
+    if args.rounds < 1:
+        sys.exit("--rounds must be at least 1")
     return args
 
 
@@ -186,22 +194,38 @@ def _rank_main(local_rank: int, train, args, spawned: bool) -> None:
     if args.compare:
         # Every rank creates every group, in the same order.
         groups[args.compare] = dist.new_group(backend=args.compare)
-    results = {}
+    runs = {name: [] for name in groups}
     try:
-        for name, group in groups.items():
-            run = Run(rank, world, local_rank, device, name, group)
-            torch.manual_seed(args.seed)
-            with _profiled(args, name, rank, device):
-                results[name] = train(args, run)
-            # device_ids: NCCL otherwise guesses the device (and warns).
-            dist.barrier(group=group,
-                         device_ids=[local_rank] if device.type == "cuda" else None)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        for i in range(args.rounds):
+            # Alternate the order (A B, B A, ...): a process's first run pays for warm-up that
+            # the warm-up steps do not cover (allocator growth, lazy kernel loading).
+            order = list(groups) if i % 2 == 0 else list(reversed(groups))
+            for name in order:
+                group = groups[name]
+                run = Run(rank, world, local_rank, device, name, group)
+                torch.manual_seed(args.seed)
+                with _profiled(args, f"{name}-round{i}" if args.rounds > 1 else name, rank, device):
+                    runs[name].append(train(args, run))
+                # device_ids: NCCL otherwise guesses the device (and warns).
+                dist.barrier(group=group,
+                             device_ids=[local_rank] if device.type == "cuda" else None)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
         if rank == 0:
-            report(args, world, results)
+            report(args, world, {name: _median_run(rs) for name, rs in runs.items()})
     finally:
         dist.destroy_process_group()
+
+
+def _median_run(results: list) -> dict:
+    """One backend's result over the rounds: the first round's values (losses and the rest are
+    the same every round), with the median step time and every round's."""
+    times = sorted(r["ms_per_step"] for r in results)
+    median = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
+    out = dict(results[0], ms_per_step=median)
+    if len(results) > 1:
+        out["ms_per_step_rounds"] = [r["ms_per_step"] for r in results]
+    return out
 
 
 @contextlib.contextmanager
@@ -227,10 +251,12 @@ def report(args, world: int, results: dict) -> None:
     names = list(results)
     for name in names:
         r = results[name]
+        rounds = r.get("ms_per_step_rounds")
+        each = f", median of {len(rounds)} runs: {' / '.join(f'{t:.2f}' for t in rounds)}" if rounds else ""
         line = (f"{name}: {r['ms_per_step']:.2f} ms/step ({args.warmup} warm-up steps excluded, "
-                f"{world} ranks, {args.device}), final loss {r['losses'][-1]:.4f}")
+                f"{world} ranks, {args.device}{each}), final loss {r['losses'][-1]:.4f}")
         for k, v in r.items():
-            if k not in ("losses", "ms_per_step", "param_norm"):
+            if k not in ("losses", "ms_per_step", "param_norm", "ms_per_step_rounds"):
                 line += f", {k.replace('_', ' ')} {v:.4g}" if isinstance(v, float) else f", {k} {v}"
         print(line, flush=True)
         if args.result_line:
