@@ -44,6 +44,10 @@ def test_sizes_scale_the_ctas_on_h100_class_gpus():
     assert by_size == {64 * KiB: 1, 128 * KiB: 1, 4 * MiB: 32, 8 * MiB: 64, 1 << 30: 64}
     assert p2p_plan(1 << 30, 2)["slot_bytes"] == 128 * KiB
     assert p2p_plan(1 << 30, 8)["slot_bytes"] == 64 * KiB
+    # A receive of 16 CTAs or more (more than 15 chunks of 128 KiB) waits for its first chunk on
+    # one CTA first.
+    assert [p2p_plan(n, 2)["gated"] for n in (0, 1, MiB, 15 * 128 * KiB, 15 * 128 * KiB + 1, 4 * MiB, 1 << 30)] == \
+        [False, False, False, False, True, True, True]
     # No bytes: one empty chunk on one CTA (it carries the length to the receiver).
     assert (p2p_plan(0, 2)["nchunks"], p2p_plan(0, 2)["blocks"]) == (1, 1)
 

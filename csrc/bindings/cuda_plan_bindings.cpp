@@ -125,11 +125,13 @@ void register_cuda_plan(py::module_& m) {
         d["slot_bytes"] = L.p2p.slot_bytes;
         d["slots"] = L.p2p.nslots;
         d["channels"] = L.p2p.nblocks;
+        d["gated"] = gpu::p2p_receive_gated(g);
         return d;
       },
       py::arg("bytes"), py::arg("world"), py::arg("sms") = 132,
       "How the CUDA engine cuts a send/recv of `bytes` on a group of `world` ranks (gpu::plan_p2p): "
-      "CTAs, chunk, chunks, and the p2p channel set's slot size, depth and channel count.");
+      "CTAs, chunk, chunks, the p2p channel set's slot size, depth and channel count, and whether a receive of it "
+      "waits for its first chunk on one CTA first (gated).");
   m.def(
       "cuda_p2p_batch_plan",
       [](const std::vector<std::tuple<int, bool, int64_t>>& ops, int world, int sms) {

@@ -542,11 +542,19 @@ kernels::P2PArgs make_p2p_args(const cuda_ipc::DeviceHandle& h, void* buf, int64
   return a;
 }
 
+// Before a receive of kP2PGateMinBlocks CTAs or more: the one-CTA gate (kernels::kP2PGate).
+void gate_receive(const kernels::P2PArgs& a, cudaStream_t stream, const char* op) {
+  if (a.is_send || !gpu::p2p_receive_gated(gpu::Geometry{a.blocks, a.chunk, a.nchunks})) return;
+  kernels::P2PArgs gate = a;
+  gate.flags |= kernels::kP2PGate;
+  PYCOLL_CUDA_OK(gpu::launch_p2p(1, stream, gate, /*early=*/false), op, "gate launch");
+}
+
 }  // namespace
 
 gpu::Geometry CudaEngine::plan_p2p(int64_t bytes) const {
   const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
-  return gpu::plan_p2p(bytes, p2p.slot_bytes, p2p.nblocks, sms_);
+  return gpu::plan_p2p(bytes, p2p.slot_bytes, p2p.nblocks, sms_, limits_.p2p_max_blocks);
 }
 
 // Send/recv kernels launch without programmatic dependent launch: an early-launched successor on the
@@ -572,12 +580,14 @@ void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
   const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, false, plan_p2p(bytes));
+  gate_receive(a, stream, kOp);
   PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 
 bool CudaEngine::p2p_batch_fits(const std::vector<gpu::P2PBatchItem>& items) const {
   const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
-  return gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, p2p.slot_bytes, p2p.nblocks, sms_).fits;
+  return gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, p2p.slot_bytes, p2p.nblocks, sms_,
+                                                       limits_.p2p_max_blocks).fits;
 }
 
 void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream) {
@@ -591,7 +601,8 @@ void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream) {
     items.push_back({o.peer, o.is_send, int64_t(o.t.nbytes())});
   }
   const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
-  const gpu::P2PBatchPlan plan = gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, p2p.slot_bytes, p2p.nblocks, sms_);
+  const gpu::P2PBatchPlan plan = gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, p2p.slot_bytes, p2p.nblocks, sms_,
+                                                       limits_.p2p_max_blocks);
   TORCH_CHECK(plan.fits, "pycoll::batch_isend_irecv: this batch cannot run in one launch (p2p_batch_fits)");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
@@ -609,6 +620,14 @@ void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream) {
     o.blocks = g.blocks;
     o.first_block = plan.first_block[i];
   }
+  // A batch of receives only is gated per large receive (a batch with a send is not: its peer's
+  // batch may wait on that send before it sends what our gate would wait for).
+  bool any_send = false;
+  for (const P2POp& o : ops) any_send = any_send || o.is_send;
+  for (size_t i = 0; i < ops.size() && !any_send; ++i)
+    gate_receive(make_p2p_args(ws_->handle(), ops[i].t.data_ptr(), items[i].bytes, ops[i].peer, false,
+                               plan.geometry[i]),
+                 stream, kOp);
   PYCOLL_CUDA_OK(gpu::launch_p2p_batch(plan.grid, stream, a), kOp, "kernel launch");
 }
 

@@ -51,6 +51,11 @@ const IntSetting kTwoShotBlocks("PYCOLL_CUDA_TWO_SHOT_BLOCKS", gpu::kTwoRankWide
                                 "CTAs of a two-rank two-shot all_reduce with waves up to "
                                 "gpu::kTwoRankWideTwoShotMaxBytes; 0 = the PYCOLL_CUDA_MAX_BLOCKS cap.",
                                 "128 (0 when PYCOLL_CUDA_MAX_BLOCKS is set)");
+const IntSetting kP2PMaxBlocks("PYCOLL_CUDA_P2P_MAX_BLOCKS", gpu::kP2PMaxBlocks, 1, gpu::kP2PMaxBlocks, kScope, true,
+                                Audience::Developer,
+                                "CTAs one send or receive uses at most (never more than the p2p channels or half the "
+                                "SMs less 4). A receive posted before its send holds them while it waits. "
+                                "docs/decisions/0011-p2p-channels.md");
 const IntSetting kEarlyLaunch("PYCOLL_CUDA_EARLY_LAUNCH", 1, 0, 1, kScope, false, Audience::Developer,
                               "1: collective kernels use programmatic dependent launch (sm_90+), so back-to-back "
                               "collectives do not wait for a full launch. docs/decisions/0005-early-launch.md",

@@ -20,6 +20,7 @@ extern const IntSetting kSplitTaper;
 extern const IntSetting kSplitClaimed;
 extern const IntSetting kTwoShotWaves;
 extern const IntSetting kTwoShotBlocks;
+extern const IntSetting kP2PMaxBlocks;
 extern const IntSetting kEarlyLaunch;
 extern const IntSetting kTrace;
 

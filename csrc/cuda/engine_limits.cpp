@@ -25,6 +25,7 @@ EngineLimits read_engine_limits(int nranks, int sms) {
   // A set PYCOLL_CUDA_MAX_BLOCKS caps two-shot too, unless PYCOLL_CUDA_TWO_SHOT_BLOCKS says otherwise.
   l.two_shot_wide_blocks =
       std::min<int>(sms, int(kTwoShotBlocks.get_or(kMaxBlocks.is_set() ? 0 : kTwoRankWideTwoShotBlocks)));
+  l.p2p_max_blocks = int(cuda_settings::kP2PMaxBlocks.get());
   for (const AllReduceProtocol& p : all_reduce_protocols()) l.protocols.push_back(p.read_limits(nranks, sms));
 
   l.workspace_blocks =
@@ -59,6 +60,7 @@ SettingList agreement_list(const EngineLimits& l) {
       {kSplitClaimed.name(), s(l.split_claimed)},
       {kTwoShotWaves.name(), s(l.two_shot_waves)},
       {kTwoShotBlocks.name(), s(l.two_shot_wide_blocks)},
+      {cuda_settings::kP2PMaxBlocks.name(), s(l.p2p_max_blocks)},
   };
   const auto& protocols = all_reduce_protocols();
   for (size_t i = 0; i < protocols.size(); ++i)

@@ -30,6 +30,7 @@ struct EngineLimits {
   bool split_claimed = true;
   bool two_shot_waves = false;
   int two_shot_wide_blocks = 0;    // two_shot_max_blocks()
+  int p2p_max_blocks = 1;          // CTAs of one send or receive (PYCOLL_CUDA_P2P_MAX_BLOCKS)
   // The registered protocols' own limits, in all_reduce_protocols() order.
   std::vector<ProtocolLimits> protocols;
 };

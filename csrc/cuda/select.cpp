@@ -70,9 +70,9 @@ Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_byte
   return g;
 }
 
-Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms) {
+Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms, int most_blocks) {
   const int64_t max_blocks =
-      std::max(1, std::min({kP2PMaxBlocks, p2p_channels, std::max(1, (sms - kSmHeadroom) / 2)}));
+      std::max(1, std::min({most_blocks, p2p_channels, std::max(1, (sms - kSmHeadroom) / 2)}));
   Geometry g;
   g.chunk = p2p_slot_bytes;
   g.nchunks = 1;  // a message of no bytes is one empty chunk: it carries its length to the receiver
@@ -86,7 +86,7 @@ Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int s
 }
 
 P2PBatchPlan plan_p2p_batch(const std::vector<P2PBatchItem>& items, int max_ops, int64_t p2p_slot_bytes,
-                            int p2p_channels, int sms) {
+                            int p2p_channels, int sms, int max_blocks) {
   P2PBatchPlan plan;
   plan.geometry.reserve(items.size());
   plan.first_block.assign(items.size(), -1);
@@ -95,7 +95,7 @@ P2PBatchPlan plan_p2p_batch(const std::vector<P2PBatchItem>& items, int max_ops,
   bool fits = true;
   for (size_t i = 0; i < items.size(); ++i) {
     const P2PBatchItem& it = items[i];
-    plan.geometry.push_back(plan_p2p(it.bytes, p2p_slot_bytes, p2p_channels, sms));
+    plan.geometry.push_back(plan_p2p(it.bytes, p2p_slot_bytes, p2p_channels, sms, max_blocks));
     const size_t key = 2 * size_t(std::max(0, it.peer)) + (it.is_send ? 1 : 0);
     if (taken.size() <= key) taken.resize(key + 1, 0);
     if (taken[key]) fits = false;

@@ -95,12 +95,20 @@ constexpr int kSmHeadroom = 4;
 
 // Cut a send/recv of `bytes`: chunks of at most `p2p_slot_bytes` (a multiple of 4 KiB but the
 // last), none below kP2PMinChunkBytes unless the message or the slot is, spread over at most
-// kP2PMaxBlocks CTAs, no more than the workspace's `p2p_channels` or half the GPU's SMs less
-// kSmHeadroom. Both ends call it with the same arguments (their layouts and GPUs are alike, the
+// `max_blocks` (kP2PMaxBlocks, or PYCOLL_CUDA_P2P_MAX_BLOCKS) CTAs, no more than the workspace's
+// `p2p_channels` or half the GPU's SMs less kSmHeadroom. Both ends call it with the same arguments (their layouts and GPUs are alike, the
 // message length the same), so they agree on which CTA carries which chunk. A message of no
 // bytes is one empty chunk on one CTA: a receive that expects bytes then learns the length (0) and
 // raises, instead of waiting for its timeout.
-Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms);
+Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms, int max_blocks = kP2PMaxBlocks);
+
+// A receive that runs on at least this many CTAs is gated: a one-CTA kernel waits for its first
+// chunk before the receive kernel launches (kernels::kP2PGate), so that a receive posted long
+// before its send (pipeline schedules post them ahead) holds one SM, not 16-64, while the compute
+// it overlaps runs. Smaller receives take few SMs and would pay the gate's extra launch.
+// docs/decisions/0016-gated-receives.md
+constexpr int kP2PGateMinBlocks = 16;
+inline bool p2p_receive_gated(const Geometry& receive) { return receive.blocks >= kP2PGateMinBlocks; }
 
 // A coalesced batch of sends and receives (batch_isend_irecv) in one launch: each message keeps
 // plan_p2p's cut (a peer that posts it alone must agree), on consecutive CTAs. One launch holds
@@ -120,7 +128,7 @@ struct P2PBatchPlan {
   std::vector<int> first_block;     // per item, its first CTA
 };
 P2PBatchPlan plan_p2p_batch(const std::vector<P2PBatchItem>& items, int max_ops, int64_t p2p_slot_bytes,
-                            int p2p_channels, int sms);
+                            int p2p_channels, int sms, int max_blocks = kP2PMaxBlocks);
 // Channels of an all_to_all of `nranks` (it launches two CTAs per channel): kAllToAllChannels, no
 // more than the workspace's `coll_channels` or half the GPU's SMs less kSmHeadroom, but at least
 // one per pair.

@@ -103,6 +103,11 @@ static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const __grid_co
   const P2PMessage m = p2p_message(sa);
   BlockChannels ch(&sh, &sa.h.layout.p2p, /*op=*/0, uint64_t(m.bytes), m.block,
                    m.is_send ? BlockChannels::kOutbound : BlockChannels::kInbound);
+  if (sa.flags & kP2PGate) {
+    // Wait for (and check the length of) the first chunk; the receive kernel consumes it.
+    (void)ch.acquire(0, 1u << m.peer);
+    return;
+  }
   if (p2p_run(m, ch, &sh)) ch.finish();
 }
 
