@@ -7,6 +7,12 @@ one-pass torch op over the bytes it must touch at least once, with the threads p
                   whole input once, write the output once)
   all_gather      out.copy_(src) over the whole output (every byte of it is written once)
   broadcast       dst.copy_(src) over the message (a non-root rank writes it once)
+  sendrecv        dst.copy_(src) over the message (every rank reads its message once and writes
+                  the one it receives once)
+  send            dst.copy_(src) on the receiving ranks only (what a receive that read the
+                  sender's memory directly would cost); the senders idle
+  pingpong        two such copies one after the other on rank 0 (a round trip moves the message
+                  twice, the second after the first); the other ranks idle
 
 pycoll-bench prints, for each row, floor time / row time ("of floor": 1.0 means the row runs at
 the memory's speed; Gloo's fraction is printed too). The floor assumes no byte is moved twice; a
@@ -18,7 +24,7 @@ import torch
 
 from .timing import estimate_seconds, time_calls
 
-FLOOR_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+FLOOR_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "sendrecv", "pingpong")
 
 
 def threads_per_rank(ranks_on_host):
@@ -30,9 +36,11 @@ def threads_per_rank(ranks_on_host):
     return max(1, len(os.sched_getaffinity(0)) // max(1, ranks_on_host))
 
 
-def floor_call(op, count, dtype, world):
-    """A callable running the floor's one-pass op for `op` with `count` elements (the size the
-    benchmark names: the all_gather output, the reduce_scatter input)."""
+def floor_call(op, count, dtype, world, rank=0):
+    """A callable running rank `rank`'s part of the floor's one-pass op for `op` with `count`
+    elements (the size the benchmark names: the all_gather output, the reduce_scatter input)."""
+    if (op == "send" and rank % 2 == 0) or (op == "pingpong" and rank != 0):
+        return lambda: None
     if op == "all_reduce":
         x, y = torch.ones(count, dtype=dtype), torch.ones(count, dtype=dtype)
         return lambda: x.add_(y)
@@ -40,15 +48,19 @@ def floor_call(op, count, dtype, world):
         m = count // world
         blocks, out = torch.ones(world, m, dtype=dtype), torch.empty(m, dtype=dtype)
         return lambda: torch.sum(blocks, 0, out=out)
-    if op in ("all_gather", "broadcast"):
+    if op in ("all_gather", "broadcast", "send", "sendrecv"):
         src, dst = torch.ones(count, dtype=dtype), torch.empty(count, dtype=dtype)
         return lambda: dst.copy_(src)
+    if op == "pingpong":
+        src, mid, dst = (torch.ones(count, dtype=dtype), torch.empty(count, dtype=dtype),
+                         torch.empty(count, dtype=dtype))
+        return lambda: (mid.copy_(src), dst.copy_(mid))
     raise ValueError(f"no memory floor for {op}")
 
 
-def measure_floor(op, count, dtype, world, ranks_on_host, budget_s, ctrl):
+def measure_floor(op, count, dtype, world, rank, ranks_on_host, budget_s, ctrl):
     """(microseconds per call of the floor op run by every rank at once, max over ranks; calls)."""
-    fn = floor_call(op, count, dtype, world)
+    fn = floor_call(op, count, dtype, world, rank)
     before = torch.get_num_threads()
     torch.set_num_threads(threads_per_rank(ranks_on_host))
     try:

@@ -293,7 +293,8 @@ class RankRunner:
     def floor_row(self, coll, nbytes, count, dtype, dtype_name, inplace):
         """The memory floor at this size (floor.py), as a row labelled 'floor'."""
         ranks_on_host = self.world // max(1, self.cfg.hosts)
-        us, iters = measure_floor(coll.name, count, dtype, self.world, ranks_on_host, self.cfg.budget_s, self.ctrl)
+        us, iters = measure_floor(coll.name, count, dtype, self.world, self.rank, ranks_on_host, self.cfg.budget_s,
+                                  self.ctrl)
         algbw = nbytes / us / 1e3
         return dict(op=coll.name, bytes=nbytes, count=count, dtype=dtype_name,
                     reduce_op=self.cfg.reduce_op if coll.reduces else None, label="floor", backend="floor",
