@@ -22,6 +22,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import sys
 import time
 import zlib
@@ -220,9 +221,7 @@ def _rank_main(local_rank: int, train, args, spawned: bool) -> None:
 def _median_run(results: list) -> dict:
     """One backend's result over the rounds: the first round's values (losses and the rest are
     the same every round), with the median step time and every round's."""
-    times = sorted(r["ms_per_step"] for r in results)
-    median = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
-    out = dict(results[0], ms_per_step=median)
+    out = dict(results[0], ms_per_step=statistics.median(r["ms_per_step"] for r in results))
     if len(results) > 1:
         out["ms_per_step_rounds"] = [r["ms_per_step"] for r in results]
     return out
