@@ -42,7 +42,12 @@ def test_kernels_that_wait_on_each_other_leave_sms_free(sms):
 def test_sizes_scale_the_ctas_on_h100_class_gpus():
     by_size = {n: p2p_plan(n, 2)["blocks"] for n in (64 * KiB, 128 * KiB, 4 * MiB, 8 * MiB, 1 << 30)}
     assert by_size == {64 * KiB: 1, 128 * KiB: 1, 4 * MiB: 32, 8 * MiB: 64, 1 << 30: 64}
-    assert p2p_plan(1 << 30, 2)["slot_bytes"] == 128 * KiB
+    # Two ranks: 512 KiB slots; a chunk grows past 128 KiB only where every CTA still carries 4
+    # chunks, from 32 MiB (decision 0017). 3-4 ranks keep 128 KiB, 5-8 ranks 64 KiB.
+    assert p2p_plan(1 << 30, 2)["slot_bytes"] == 512 * KiB
+    sizes = (MiB, 8 * MiB, 16 * MiB, 32 * MiB, 32 * MiB + 1, 64 * MiB, 128 * MiB, 1 << 30)
+    assert [p2p_plan(n, 2)["chunk"] // KiB for n in sizes] == [128, 128, 128, 128, 132, 256, 512, 512]
+    assert p2p_plan(1 << 30, 3)["slot_bytes"] == p2p_plan(1 << 30, 4)["slot_bytes"] == 128 * KiB
     assert p2p_plan(1 << 30, 8)["slot_bytes"] == 64 * KiB
     # A receive of 16 CTAs or more (more than 15 chunks of 128 KiB) waits for its first chunk on
     # one CTA first.

@@ -42,9 +42,10 @@ def _issue(family, rank, world, dev, peer_joins=True):
     elif family == "all_gather":
         dist.all_gather_into_tensor(torch.empty(world * (1 << 20), device=dev), torch.ones(1 << 20, device=dev))
     elif family == "send_recv":
-        # Rank 0 sends to the last rank, which receives; the others have nothing to do. 64 MiB: more
-        # than the pair's channels hold, so a send waits for its receiver.
-        t = torch.ones(16 << 20, device=dev)
+        # Rank 0 sends to the last rank, which receives; the others have nothing to do. 256 MiB: more
+        # than the pair's channels hold (64 channels x 4 slots of at most 512 KiB, 128 MiB), so a
+        # send waits for its receiver.
+        t = torch.ones(64 << 20, device=dev)
         if rank == 0:
             dist.send(t, world - 1)
         elif rank == world - 1:

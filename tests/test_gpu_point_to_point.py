@@ -345,53 +345,46 @@ def test_send_recv_length_mismatch_raises(seed):
         assert all("unusable" in t for t in pair), pair
 
 
-def _graph(rank, world, seed):
-    """A send/recv pair captured in a CUDA graph moves new data at every replay."""
-    dev = setup_device(rank)
-    nxt, prv = (rank + 1) % world, (rank - 1) % world
-    x = torch.zeros(3 * MiB + 5, device=dev)
+def _replays_move_new_data(rank, source, numel, exchange):
+    """Runs `exchange(x, y)` once outside a graph (that creates the engine), captures it in a CUDA
+    graph, then replays it three times with new data in x: y must hold rank `source`'s data of that
+    replay each time."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x = torch.zeros(numel, device=dev)
     y = torch.zeros_like(x)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        ring_exchange(x, y, rank, world)  # warm-up outside the graph (creates the engine)
+        exchange(x, y)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ring_exchange(x, y, rank, world)
+        exchange(x, y)
     for i in range(3):
         x.fill_(float(rank * 10 + i))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.all(y == float(prv * 10 + i)), f"replay {i}: got {y[0].item()}"
+        assert torch.all(y == float(source * 10 + i)), f"replay {i}: got {y[0].item()}"
     return True
+
+
+def _graph(rank, world, seed):
+    """A send/recv pair captured in a CUDA graph moves new data at every replay."""
+    setup_device(rank)
+    return _replays_move_new_data(rank, (rank - 1) % world, 3 * MiB + 5,
+                                  lambda x, y: ring_exchange(x, y, rank, world))
 
 
 def _batch_graph(rank, world, seed):
     """A coalesced batch_isend_irecv (one launch) captured in a CUDA graph moves new data at every replay."""
-    dev = setup_device(rank)
+    setup_device(rank)
     peer = 1 - rank
-    x = torch.zeros(MiB + 3, device=dev)
-    y = torch.zeros_like(x)
 
-    def exchange():
+    def exchange(x, y):
         for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, peer)]):
             w.wait()
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        exchange()  # warm-up outside the graph (creates the engine)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        exchange()
-    for i in range(3):
-        x.fill_(float(rank * 10 + i))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.all(y == float(peer * 10 + i)), f"replay {i}: got {y[0].item()}"
-    return True
+    return _replays_move_new_data(rank, peer, MiB + 3, exchange)
 
 
 @needs(2)

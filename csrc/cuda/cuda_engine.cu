@@ -179,7 +179,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
 
   ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
                                                  limits_.slot_bytes, limits_.workspace_blocks,
-                                                 gpu::protocol_regions(limits_));
+                                                 gpu::protocol_regions(limits_), limits_.p2p_slot_bytes);
   TORCH_INTERNAL_ASSERT(ws_->layout().coll.slot_bytes == limits_.slot_bytes, "pycoll: workspace slot size ",
                         ws_->layout().coll.slot_bytes, " differs from the planned ", limits_.slot_bytes);
   int major = 0;

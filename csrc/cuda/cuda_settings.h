@@ -21,6 +21,7 @@ extern const IntSetting kSplitClaimed;
 extern const IntSetting kTwoShotWaves;
 extern const IntSetting kTwoShotBlocks;
 extern const IntSetting kP2PMaxBlocks;
+extern const IntSetting kP2PSlotKiB;
 extern const IntSetting kEarlyLaunch;
 extern const IntSetting kTrace;
 

@@ -26,6 +26,8 @@ EngineLimits read_engine_limits(int nranks, int sms) {
   l.two_shot_wide_blocks =
       std::min<int>(sms, int(kTwoShotBlocks.get_or(kMaxBlocks.is_set() ? 0 : kTwoRankWideTwoShotBlocks)));
   l.p2p_max_blocks = int(cuda_settings::kP2PMaxBlocks.get());
+  const int64_t p2p_slot_kib = kP2PSlotKiB.get();
+  l.p2p_slot_bytes = p2p_slot_kib > 0 ? p2p_slot_kib * 1024 : cuda_ipc::p2p_slot_bytes_for(nranks);
   for (const AllReduceProtocol& p : all_reduce_protocols()) l.protocols.push_back(p.read_limits(nranks, sms));
 
   l.workspace_blocks =
@@ -61,6 +63,7 @@ SettingList agreement_list(const EngineLimits& l) {
       {kTwoShotWaves.name(), s(l.two_shot_waves)},
       {kTwoShotBlocks.name(), s(l.two_shot_wide_blocks)},
       {cuda_settings::kP2PMaxBlocks.name(), s(l.p2p_max_blocks)},
+      {std::string(kP2PSlotKiB.name()) + " (p2p slot bytes)", s(l.p2p_slot_bytes)},
   };
   const auto& protocols = all_reduce_protocols();
   for (size_t i = 0; i < protocols.size(); ++i)

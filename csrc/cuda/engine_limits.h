@@ -31,6 +31,7 @@ struct EngineLimits {
   bool two_shot_waves = false;
   int two_shot_wide_blocks = 0;    // two_shot_max_blocks()
   int p2p_max_blocks = 1;          // CTAs of one send or receive (PYCOLL_CUDA_P2P_MAX_BLOCKS)
+  int64_t p2p_slot_bytes = 0;      // one p2p slot (make_layout; PYCOLL_CUDA_P2P_SLOT_KIB)
   // The registered protocols' own limits, in all_reduce_protocols() order.
   std::vector<ProtocolLimits> protocols;
 };

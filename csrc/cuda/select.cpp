@@ -79,7 +79,8 @@ Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int s
   g.blocks = 1;
   if (bytes <= 0) return g;
   const int64_t floor = std::min(kP2PMinChunkBytes, p2p_slot_bytes);
-  g.chunk = std::clamp(round_up(ceil_div(bytes, max_blocks), int64_t(4096)), floor, p2p_slot_bytes);
+  g.chunk = std::clamp(round_up(ceil_div(bytes, max_blocks * kP2PChunksPerBlock), int64_t(4096)), floor,
+                       p2p_slot_bytes);
   g.nchunks = ceil_div(bytes, g.chunk);
   g.blocks = int(std::min(max_blocks, g.nchunks));
   return g;

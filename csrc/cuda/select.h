@@ -91,6 +91,11 @@ constexpr int kAllToAllChannels = 64;
 // docs/decisions/0011-p2p-channels.md
 constexpr int kP2PMaxBlocks = 64;
 constexpr int64_t kP2PMinChunkBytes = 128 << 10;
+// A chunk grows past kP2PMinChunkBytes (up to the slot) only where every CTA still carries this
+// many, so that a CTA's receive copies one chunk out while the next arrives: larger chunks add
+// bandwidth from 64 MiB on two ranks, while a 16 MiB message keeps its two 128 KiB chunks per CTA.
+// docs/decisions/0017-p2p-large-slots-and-all-to-all-own-slice.md
+constexpr int64_t kP2PChunksPerBlock = 4;
 constexpr int kSmHeadroom = 4;
 
 // Cut a send/recv of `bytes`: chunks of at most `p2p_slot_bytes` (a multiple of 4 KiB but the

@@ -94,8 +94,15 @@ static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const __grid_c
   if (ok) ch.finish();
 }
 
-static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const __grid_constant__ P2PArgs a) {
-  __shared__ P2PArgs sa;
+// A launch of one send or receive may be its receive's gate (kP2PGate); a batch never is.
+static __device__ __forceinline__ bool p2p_gate_only(const P2PArgs& a) { return (a.flags & kP2PGate) != 0; }
+static __device__ __forceinline__ bool p2p_gate_only(const P2PBatchArgs&) { return false; }
+
+// One CTA of a p2p launch (`Args`: one message, P2PArgs, or a coalesced batch, P2PBatchArgs):
+// the message p2p_message says it serves, on its channel of the pair.
+template <class Args>
+static __device__ __forceinline__ void p2p_cta(const Args& a) {
+  __shared__ Args sa;
   __shared__ StepShared sh;
   load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
   wait_for_previous_grid();
@@ -103,7 +110,7 @@ static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const __grid_co
   const P2PMessage m = p2p_message(sa);
   BlockChannels ch(&sh, &sa.h.layout.p2p, /*op=*/0, uint64_t(m.bytes), m.block,
                    m.is_send ? BlockChannels::kOutbound : BlockChannels::kInbound);
-  if (sa.flags & kP2PGate) {
+  if (p2p_gate_only(sa)) {
     // Wait for (and check the length of) the first chunk; the receive kernel consumes it.
     (void)ch.acquire(0, 1u << m.peer);
     return;
@@ -111,17 +118,11 @@ static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const __grid_co
   if (p2p_run(m, ch, &sh)) ch.finish();
 }
 
+static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const __grid_constant__ P2PArgs a) { p2p_cta(a); }
+
 // Sends and receives of one coalesced batch in one launch (p2p.cuh).
 static __global__ void __launch_bounds__(kThreads, 1) p2p_batch_kernel(const __grid_constant__ P2PBatchArgs a) {
-  __shared__ P2PBatchArgs sa;
-  __shared__ StepShared sh;
-  load_args(&sh, &sa, a, DType::UInt8, ReduceOp::Or);
-  wait_for_previous_grid();
-  let_next_grid_launch();
-  const P2PMessage m = p2p_message(sa);
-  BlockChannels ch(&sh, &sa.h.layout.p2p, /*op=*/0, uint64_t(m.bytes), m.block,
-                   m.is_send ? BlockChannels::kOutbound : BlockChannels::kInbound);
-  if (p2p_run(m, ch, &sh)) ch.finish();
+  p2p_cta(a);
 }
 
 }  // namespace kernels

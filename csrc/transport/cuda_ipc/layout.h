@@ -48,12 +48,15 @@ constexpr int kCollSlots = 4;       // FIFO depth of a collective channel
 // deep; the slot is the largest power of two that fits kP2PDataBudget shared by the n-1 inbound
 // peers, clamped to [kMinP2PSlotBytes, kMaxP2PSlotBytes]. A message is cut by plan_p2p
 // (cuda/select.h). docs/decisions/0011-p2p-channels.md
-// 2..4 ranks -> 128 KiB slots (32, 64, 96 MiB of workspace per rank and group), 5..8 -> 64 KiB.
+// 3..4 ranks -> 128 KiB slots (64, 96 MiB of workspace per rank and group), 5..8 -> 64 KiB.
+// Two ranks (one inbound peer) -> kTwoRankP2PSlotBytes, 128 MiB: a send/recv of 32 MiB or more
+// moves 512 KiB per channel step. docs/decisions/0017-p2p-large-slots-and-all-to-all-own-slice.md
 constexpr int kP2PBlocks = 64;      // channels per peer pair of the p2p set
 constexpr int kP2PSlots = 4;        // FIFO depth of a p2p channel
 constexpr int64_t kP2PDataBudget = int64_t(96) << 20;
 constexpr int64_t kMinP2PSlotBytes = 64 << 10;
 constexpr int64_t kMaxP2PSlotBytes = 128 << 10;
+constexpr int64_t kTwoRankP2PSlotBytes = 512 << 10;
 // Collective slot size: the data budget below is shared by the n-1 inbound peers; the slot is the
 // largest power of two that fits, clamped to [16 KiB, 256 KiB]: 2..4 ranks -> 256 KiB slots (64,
 // 128, 192 MiB of workspace per rank and group), 5..7 -> 128 KiB, 8 -> 64 KiB. Every pipeline step
@@ -204,6 +207,7 @@ inline int64_t round_up_i64(int64_t v, int64_t a) { return (v + a - 1) / a * a; 
 
 inline int64_t p2p_slot_bytes_for(int nranks) {
   if (nranks < 2) return kMinP2PSlotBytes;
+  if (nranks == 2) return kTwoRankP2PSlotBytes;
   const int64_t per_slot = kP2PDataBudget / (int64_t(nranks - 1) * kP2PBlocks * kP2PSlots);
   int64_t s = kMinP2PSlotBytes;
   while (s * 2 <= per_slot && s * 2 <= kMaxP2PSlotBytes) s *= 2;
@@ -221,8 +225,9 @@ inline int64_t coll_slot_bytes_for(int nranks, int coll_blocks = kCollBlocks) {
 // `coll_slot_bytes` 0 picks coll_slot_bytes_for(nranks, coll_blocks); otherwise a multiple of 4 KiB.
 // `coll_blocks`: channels per peer pair of the coll set, kCollBlocks..kMaxCollBlocks.
 // `regions`: the registered protocols' regions (size, param and probe; make_layout places them).
+// `p2p_slot_bytes` 0 picks p2p_slot_bytes_for(nranks); otherwise a multiple of 4 KiB.
 inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_blocks = kCollBlocks,
-                          const ProtocolRegion* regions = nullptr, int nregions = 0) {
+                          const ProtocolRegion* regions = nullptr, int nregions = 0, int64_t p2p_slot_bytes = 0) {
   Layout L;
   L.nranks = nranks;
   int64_t off = 0;
@@ -246,7 +251,7 @@ inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_bloc
   L.off_claim = take(kFlagStride, kFlagStride);
   flags(L.coll, coll_blocks, kCollSlots,
         coll_slot_bytes > 0 ? coll_slot_bytes : coll_slot_bytes_for(nranks, coll_blocks));
-  flags(L.p2p, kP2PBlocks, kP2PSlots, p2p_slot_bytes_for(nranks));
+  flags(L.p2p, kP2PBlocks, kP2PSlots, p2p_slot_bytes > 0 ? p2p_slot_bytes : p2p_slot_bytes_for(nranks));
   const int64_t npeers = nranks > 1 ? nranks - 1 : 0;
   L.coll.off_data = take(npeers * coll_blocks * kCollSlots * L.coll.slot_bytes, 4096);
   L.p2p.off_data = take(npeers * kP2PBlocks * kP2PSlots * L.p2p.slot_bytes, 4096);

@@ -70,7 +70,7 @@ std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t
 
 IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank,
                            int size, int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes,
-                           int coll_blocks, const std::vector<ProtocolRegion>& regions)
+                           int coll_blocks, const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes)
     : rank_(rank), size_(size), device_(device) {
   TORCH_CHECK(size >= 1 && size <= kMaxRanks, "pycoll::cuda_ipc: world size ", size, " is outside 1..",
               kMaxRanks, " (the CUDA engine serves one host)");
@@ -78,7 +78,7 @@ IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::str
   TORCH_CHECK(store, "pycoll::cuda_ipc: store is null");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   try {
-    init(std::move(store), key_prefix, timeout, coll_slot_bytes, coll_blocks, regions);
+    init(std::move(store), key_prefix, timeout, coll_slot_bytes, coll_blocks, regions, p2p_slot_bytes);
   } catch (...) {
     release_mappings();
     if (host_err_ != nullptr) (void)cudaFreeHost(host_err_);
@@ -89,7 +89,7 @@ IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::str
 
 void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix,
                         std::chrono::milliseconds timeout, int64_t coll_slot_bytes, int coll_blocks,
-                        const std::vector<ProtocolRegion>& regions) {
+                        const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes) {
   const int rank = rank_;
   const int size = size_;
   const int device = device_;
@@ -104,13 +104,15 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
 
   TORCH_CHECK(coll_slot_bytes == 0 || (coll_slot_bytes >= 4096 && coll_slot_bytes % 4096 == 0),
               "pycoll::cuda_ipc: slot size ", coll_slot_bytes, " is not a positive multiple of 4 KiB");
+  TORCH_CHECK(p2p_slot_bytes == 0 || (p2p_slot_bytes >= 4096 && p2p_slot_bytes % 4096 == 0),
+              "pycoll::cuda_ipc: p2p slot size ", p2p_slot_bytes, " is not a positive multiple of 4 KiB");
   TORCH_CHECK(coll_blocks >= kCollBlocks && coll_blocks <= kMaxCollBlocks, "pycoll::cuda_ipc: ", coll_blocks,
               " channels per peer pair is outside ", kCollBlocks, "..", kMaxCollBlocks);
   TORCH_CHECK(int(regions.size()) <= kMaxProtocolRegions, "pycoll::cuda_ipc: ", regions.size(),
               " protocol regions, at most ", kMaxProtocolRegions);
   for (const ProtocolRegion& r : regions)
     TORCH_CHECK(r.bytes >= 0 && r.param >= 0, "pycoll::cuda_ipc: negative protocol region size");
-  layout_ = make_layout(size, coll_slot_bytes, coll_blocks, regions.data(), int(regions.size()));
+  layout_ = make_layout(size, coll_slot_bytes, coll_blocks, regions.data(), int(regions.size()), p2p_slot_bytes);
   handle_.rank = rank;
   handle_.nranks = size;
   handle_.layout = layout_;

@@ -24,11 +24,13 @@ namespace cuda_ipc {
 class IpcWorkspace {
  public:
   // `coll_slot_bytes` 0: the layout's default for `size` ranks and `coll_blocks` channels per peer
-  // pair (make_layout); `regions`: the registered protocols' regions (make_layout). Every rank must
-  // pass the same values (the constructor throws on every rank otherwise).
+  // pair (make_layout); `regions`: the registered protocols' regions (make_layout);
+  // `p2p_slot_bytes` 0: the layout's default for `size` ranks. Every rank must pass the same values
+  // (the constructor throws on every rank otherwise).
   IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
                int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0,
-               int coll_blocks = kCollBlocks, const std::vector<ProtocolRegion>& regions = {});
+               int coll_blocks = kCollBlocks, const std::vector<ProtocolRegion>& regions = {},
+               int64_t p2p_slot_bytes = 0);
   ~IpcWorkspace();
   IpcWorkspace(const IpcWorkspace&) = delete;
   IpcWorkspace& operator=(const IpcWorkspace&) = delete;
@@ -57,7 +59,8 @@ class IpcWorkspace {
 
  private:
   void init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, std::chrono::milliseconds timeout,
-            int64_t coll_slot_bytes, int coll_blocks, const std::vector<ProtocolRegion>& regions);
+            int64_t coll_slot_bytes, int coll_blocks, const std::vector<ProtocolRegion>& regions,
+            int64_t p2p_slot_bytes);
   void release_mappings() noexcept;
 
   int rank_;
