@@ -58,7 +58,8 @@ const IntSetting kP2PMaxBlocks("PYCOLL_CUDA_P2P_MAX_BLOCKS", gpu::kP2PMaxBlocks,
                                 "docs/decisions/0011-p2p-channels.md");
 const IntSetting kP2PSlotKiB("PYCOLL_CUDA_P2P_SLOT_KIB", 0, 0, kMaxKiB, kScope, true, Audience::Developer,
                              "Point-to-point slot size in KiB (the largest chunk of a send/recv); 0 = by world "
-                             "size (transport/cuda_ipc/layout.h). docs/decisions/0011-p2p-channels.md",
+                             "size (512 KiB for two ranks; transport/cuda_ipc/layout.h). "
+                             "docs/decisions/0017-p2p-large-slots-and-all-to-all-own-slice.md",
                              "0 (by world size)", false, 4);
 const IntSetting kEarlyLaunch("PYCOLL_CUDA_EARLY_LAUNCH", 1, 0, 1, kScope, false, Audience::Developer,
                               "1: collective kernels use programmatic dependent launch (sm_90+), so back-to-back "
