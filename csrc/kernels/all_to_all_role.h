@@ -14,7 +14,7 @@ namespace kernels {
 struct AllToAllRole {
   int chan;      // channel of the pair
   int channels;  // Cp: channels per pair
-  int peer;      // < 0: this CTA serves no pair (it only copies its share of the own slice)
+  int peer;      // < 0: this CTA serves no pair (a receiving one still copies its share of the own slice)
   bool sender;
 };
 

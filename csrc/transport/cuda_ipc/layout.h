@@ -49,8 +49,8 @@ constexpr int kCollSlots = 4;       // FIFO depth of a collective channel
 // peers, clamped to [kMinP2PSlotBytes, kMaxP2PSlotBytes]. A message is cut by plan_p2p
 // (cuda/select.h). docs/decisions/0011-p2p-channels.md
 // 3..4 ranks -> 128 KiB slots (64, 96 MiB of workspace per rank and group), 5..8 -> 64 KiB.
-// Two ranks (one inbound peer) -> kTwoRankP2PSlotBytes, 128 MiB: a send/recv of 32 MiB or more
-// moves 512 KiB per channel step. docs/decisions/0017-p2p-large-slots-and-all-to-all-own-slice.md
+// Two ranks (one inbound peer) -> kTwoRankP2PSlotBytes, 128 MiB, above kP2PDataBudget: chunks grow
+// past 128 KiB above 32 MiB, to 512 KiB from 128 MiB (gpu::plan_p2p). docs/decisions/0017-p2p-large-slots-and-all-to-all-own-slice.md
 constexpr int kP2PBlocks = 64;      // channels per peer pair of the p2p set
 constexpr int kP2PSlots = 4;        // FIFO depth of a p2p channel
 constexpr int64_t kP2PDataBudget = int64_t(96) << 20;
