@@ -93,8 +93,8 @@ constexpr int kP2PMaxBlocks = 64;
 constexpr int64_t kP2PMinChunkBytes = 128 << 10;
 // A chunk grows past kP2PMinChunkBytes (up to the slot) only where the CTAs still carry about this
 // many each (the 4 KiB rounding leaves some with one fewer), so that a CTA's receive copies one
-// chunk out while the next arrives: larger chunks add
-// bandwidth from 64 MiB on two ranks, while a 16 MiB message keeps its two 128 KiB chunks per CTA.
+// chunk out while the next arrives: larger chunks add bandwidth from 64 MiB on two ranks, while a
+// 16 MiB message keeps its two 128 KiB chunks per CTA.
 // docs/decisions/0017-p2p-large-slots-and-all-to-all-own-slice.md
 constexpr int64_t kP2PChunksPerBlock = 4;
 constexpr int kSmHeadroom = 4;
