@@ -587,7 +587,8 @@ void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
 bool CudaEngine::p2p_batch_fits(const std::vector<gpu::P2PBatchItem>& items) const {
   const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
   return gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, p2p.slot_bytes, p2p.nblocks, sms_,
-                                                       limits_.p2p_max_blocks).fits;
+                             limits_.p2p_max_blocks)
+      .fits;
 }
 
 void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream) {

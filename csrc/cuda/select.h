@@ -102,10 +102,11 @@ constexpr int kSmHeadroom = 4;
 // Cut a send/recv of `bytes`: chunks of at most `p2p_slot_bytes` (a multiple of 4 KiB but the
 // last), none below kP2PMinChunkBytes unless the message or the slot is, spread over at most
 // `max_blocks` (kP2PMaxBlocks, or PYCOLL_CUDA_P2P_MAX_BLOCKS) CTAs, no more than the workspace's
-// `p2p_channels` or half the GPU's SMs less kSmHeadroom. Both ends call it with the same arguments (their layouts and GPUs are alike, the
-// message length the same), so they agree on which CTA carries which chunk. A message of no
-// bytes is one empty chunk on one CTA: a receive that expects bytes then learns the length (0) and
-// raises, instead of waiting for its timeout.
+// `p2p_channels` or half the GPU's SMs less kSmHeadroom; chunks past kP2PMinChunkBytes only as
+// kP2PChunksPerBlock says. Both ends call it with the same arguments (their layouts and GPUs are
+// alike, the message length the same), so they agree on which CTA carries which chunk. A message
+// of no bytes is one empty chunk on one CTA: a receive that expects bytes then learns the length
+// (0) and raises, instead of waiting for its timeout.
 Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms, int max_blocks = kP2PMaxBlocks);
 
 // A receive that runs on at least this many CTAs is gated: a one-CTA kernel waits for its first

@@ -2,9 +2,9 @@
 // send/recv may run on another stream while a collective runs).
 //
 //   Message of `bytes` to/from `peer`, cut into `nchunks` chunks of at most a slot; chunk j goes
-//   through CTA j % blocks (a message of no bytes: one empty chunk, which carries the length). Both ends derive chunk and blocks from the message length
-//   (gpu::plan_p2p), so they agree; when the lengths differ, the first chunk of CTA 0 carries the
-//   mismatch to the receiver.
+//   through CTA j % blocks (a message of no bytes: one empty chunk, which carries the length).
+//   Both ends derive chunk and blocks from the message length (gpu::plan_p2p), so they agree; when
+//   the lengths differ, the first chunk of CTA 0 carries the mismatch to the receiver.
 //   send: wait for a free slot of channel me->peer, copy the chunk in, post it with the total
 //         message length beside it.
 //   recv: wait for the chunk, check the sender's total length against ours (kErrSizeMismatch),
