@@ -42,12 +42,13 @@ def test_the_table_decides_inside_the_measured_sizes_and_the_builtin_rule_outsid
     assert _C.host_form("cpu", "reduce_scatter", 2, 2, 8) == "hierarchical"
     assert _C.host_form("cpu", "all_reduce", 2, 4, 8) == "hierarchical"
     assert _C.host_form("cpu", "all_reduce", 4, 2, 8) == "hierarchical"
-    # The built-in rule on CUDA tensors: NCCL's one flat call for small all_reduce / reduce_scatter
-    # and for every all_gather.
+    # The built-in rule on CUDA tensors: NCCL's one flat call for small messages.
     cuda = lambda op, nb: _C.host_form("cuda", op, 2, 2, nb)  # noqa: E731
     assert [cuda("all_reduce", nb) for nb in (128 * KIB - 1, 128 * KIB)] == ["flat", "hierarchical"]
     assert [cuda("reduce_scatter", nb) for nb in (32 * KIB - 1, 32 * KIB)] == ["flat", "hierarchical"]
-    assert {cuda("all_gather", nb) for nb in (8, 1 << 30)} == {"flat"}
+    assert [cuda("all_gather", nb) for nb in (8, 512 * KIB - 1, 512 * KIB, 1 << 30)] == ["flat", "flat",
+                                                                                      "hierarchical",
+                                                                                      "hierarchical"]
     # A table set again replaces the old one.
     _C.set_host_form_table("cpu", "all_reduce", 2, 2, [(8, "hierarchical")], 64 * MIB)
     assert form(8) == "hierarchical" and len(_C.host_form_tables()) == 1
