@@ -91,7 +91,7 @@ def _every_op(rank, ws, layout):
             b = _input(torch.float32, rank, 1031, 4 + root).to(dtype).to(dev)
             dist.broadcast(b, src=root)
             assert torch.equal(b.float().cpu(), _input(torch.float32, root, 1031, 4 + root).to(dtype).float())
-    # all_gather in the hierarchical form: on CUDA tensors only when forced (or calibrated).
+    # all_gather in the hierarchical form at every size (auto takes it from 512 KiB of output).
     pycollectives.set_algo("hierarchical")
     for dtype in (torch.float32, torch.bfloat16, torch.uint8):
         for n in (0, 1, 1031, (1 << 20) + 3):
