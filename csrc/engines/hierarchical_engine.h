@@ -25,10 +25,11 @@
 //      crossing hosts per rank (half of what the all_reduce form would send).
 //   Bitwise ops on NCCL (which has none) run the all_reduce above and keep this rank's block.
 // all_gather (same layout): along the rail (the N blocks of this rank's local rank), then inside
-//   the host, then into rank order; on CUDA tensors only when forced or calibrated (below).
+//   the host, then into rank order.
 // Which form `auto` runs: engines/host_form_model.h (the table pycoll-bench --hosts --calibrate
 // measured for this layout, else the built-in rule: flat below 128 KiB for CUDA all_reduce, below
-// 32 KiB for CUDA reduce_scatter, and every CUDA all_gather, where NCCL's one call wins). The other
+// 32 KiB for CUDA reduce_scatter and below 512 KiB for CUDA all_gather, where NCCL's one call
+// wins). The other
 // ops, and every op of a group whose hosts have different rank counts, run flat on the
 // inter-host engine.
 #pragma once

@@ -5,7 +5,7 @@
 //    fit_host_forms); pycollectives.load_cost_model() installs the table here at import. Inside
 //    the measured sizes the table decides;
 //  - built in, elsewhere: hierarchical, except CUDA all_reduce below 128 KiB, CUDA reduce_scatter
-//    below 32 KiB and every CUDA all_gather, which run as NCCL's one flat call.
+//    below 32 KiB and CUDA all_gather below 512 KiB of output, which run as NCCL's one flat call.
 // Process-wide, plain C++. Every rank of a group must hold the same tables (a form that differs
 // between ranks would leave them waiting in different sub-groups): pycollectives/hosts.py
 // compares host_form_digest() across the ranks when a group across hosts is made.
