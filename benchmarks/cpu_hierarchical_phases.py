@@ -4,7 +4,8 @@
 
 Four ranks on this machine, ranks 0-1 as host node0 and 2-3 as node1 (``PYCOLL_HOSTID``; the
 hosts still share the cores, as in ``pycoll-bench --hosts 2``). It times, in one launch, each
-row ``--reps`` times (ms per call, mean of ``--iters`` back-to-back calls between barriers):
+row ``--reps`` times with pycoll-bench's timing (``pycollectives.bench.timing.time_calls``: ms per
+call, mean of ``--iters`` back-to-back calls, the slowest rank):
 
 - Gloo's flat 4-rank all_reduce of the message (the baseline of the issue across hosts);
 - the rail phase alone: two 2-rank Gloo all_reduces of half the message, both rails at once;
@@ -17,24 +18,14 @@ where the two do not compete for the same cores.
 """
 import argparse
 import os
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pycollectives.bench.timing import time_calls
+
 WORLD = 4
-
-
-def _timed(fn, iters):
-    for _ in range(2):
-        fn()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    dist.barrier()
-    return (time.perf_counter() - t0) / iters * 1e3
 
 
 def _rank(rank, port, mib, reps, iters):
@@ -43,6 +34,7 @@ def _rank(rank, port, mib, reps, iters):
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, init_method=f"tcp://127.0.0.1:{port}")
     # Every rank creates every group, in the same order.
+    control = dist.new_group(backend="gloo")  # barriers and the max over ranks, never timed
     rail = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]
     across = dist.new_group(list(range(WORLD)), backend="pycoll")
     host = [dist.new_group([0, 1], backend="pycoll"), dist.new_group([2, 3], backend="pycoll")][rank // 2]
@@ -56,10 +48,16 @@ def _rank(rank, port, mib, reps, iters):
             dist.reduce_scatter_tensor(half, whole, group=host), dist.all_gather_into_tensor(whole, half, group=host)),
         "pycoll all_reduce inside each host": lambda: dist.all_reduce(whole, group=host),
     }
+    def timed_ms(fn):
+        fn()  # warm-up
+        t = torch.tensor([time_calls(fn, iters, False, lambda: dist.barrier(group=control))])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control)
+        return t.item() / 1e3
+
     times = {name: [] for name in rows}
     for _ in range(reps):
         for name, fn in rows.items():  # interleaved, so a slow stretch of the machine hits every row
-            times[name].append(_timed(fn, iters))
+            times[name].append(timed_ms(fn))
     if rank == 0:
         print(f"{mib} MiB float32, 2 simulated hosts x 2 ranks, {os.cpu_count()} CPUs, ms per call:")
         for name, ts in times.items():

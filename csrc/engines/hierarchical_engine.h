@@ -29,9 +29,8 @@
 // Which form `auto` runs: engines/host_form_model.h (the table pycoll-bench --hosts --calibrate
 // measured for this layout, else the built-in rule: flat below 128 KiB for CUDA all_reduce, below
 // 32 KiB for CUDA reduce_scatter and below 512 KiB for CUDA all_gather, where NCCL's one call
-// wins). The other
-// ops, and every op of a group whose hosts have different rank counts, run flat on the
-// inter-host engine.
+// wins). The other ops, and every op of a group whose hosts have different rank counts, run flat
+// on the inter-host engine.
 #pragma once
 
 #include <optional>

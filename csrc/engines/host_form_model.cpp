@@ -87,13 +87,14 @@ std::optional<HostForm> calibrated_host_form(bool on_device, OpCode op, int num_
 
 HostForm builtin_host_form(bool on_device, OpCode op, int64_t bytes) {
   if (!on_device) return HostForm::Hierarchical;
+  int64_t min_bytes = 0;
   switch (op) {
-    case OpCode::AllReduce: return bytes < kDeviceAllReduceMinBytes ? HostForm::Flat : HostForm::Hierarchical;
-    case OpCode::ReduceScatter:
-      return bytes < kDeviceReduceScatterMinBytes ? HostForm::Flat : HostForm::Hierarchical;
-    case OpCode::AllGather: return bytes < kDeviceAllGatherMinBytes ? HostForm::Flat : HostForm::Hierarchical;
+    case OpCode::AllReduce: min_bytes = kDeviceAllReduceMinBytes; break;
+    case OpCode::ReduceScatter: min_bytes = kDeviceReduceScatterMinBytes; break;
+    case OpCode::AllGather: min_bytes = kDeviceAllGatherMinBytes; break;
     default: return HostForm::Flat;
   }
+  return bytes < min_bytes ? HostForm::Flat : HostForm::Hierarchical;
 }
 
 HostForm choose_host_form(bool on_device, OpCode op, int num_hosts, int local_size, int64_t bytes) {
