@@ -72,12 +72,27 @@ std::pair<at::Tensor, ReduceKind> inter_host_form(const at::Tensor& t, ReduceKin
 
 bool is_bitwise(ReduceKind k) { return k == ReduceKind::BAnd || k == ReduceKind::BOr || k == ReduceKind::BXor; }
 
+// Every inter-host call runs on the current stream (asyncOp = false): pycoll has already put the
+// op on the stream it runs on, and NCCL's own stream would add two cross-stream hops per call.
+// Gloo ignores the flag.
+template <class Options>
+Options on_current_stream(Options o = Options()) {
+  o.asyncOp = false;
+  return o;
+}
+
+// Such a call may return no Work: NCCL has enqueued it on the current stream and there is
+// nothing to wait for (torch's Python API checks the same).
+void finish(const c10::intrusive_ptr<c10d::Work>& work) {
+  if (work) work->wait();
+}
+
 // NCCL reduces no bitwise op: gather every member's tensor and fold them here, in member order,
 // so every rank computes the same bits.
 void gathered_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t, ReduceKind op) {
   at::Tensor mine = t.reshape({-1}).contiguous();
   at::Tensor all = at::empty({b->getSize(), mine.numel()}, mine.options());
-  b->_allgather_base(all, mine, c10d::AllgatherOptions())->wait();
+  finish(b->_allgather_base(all, mine, on_current_stream<c10d::AllgatherOptions>()));
   at::Tensor acc = all[0].clone();
   for (int64_t i = 1; i < all.size(0); ++i) {
     if (op == ReduceKind::BAnd) acc.bitwise_and_(all[i]);
@@ -96,9 +111,9 @@ void backend_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Te
     return;
   }
   std::vector<at::Tensor> ts{wire};
-  c10d::AllreduceOptions opts;
+  auto opts = on_current_stream<c10d::AllreduceOptions>();
   opts.reduceOp = to_c10d(wire_op);
-  b->allreduce(ts, opts)->wait();
+  finish(b->allreduce(ts, opts));
   if (!wire.is_same(t)) t.copy_(wire);
 }
 
@@ -110,14 +125,14 @@ void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Te
   auto [wire_in, wire_op] = inter_host_form(in, op);
   const bool direct = wire_in.scalar_type() == out.scalar_type() && out.is_contiguous();
   at::Tensor wire_out = direct ? out.reshape({-1}) : at::empty({out.numel()}, wire_in.options());
-  c10d::ReduceScatterOptions opts;
+  auto opts = on_current_stream<c10d::ReduceScatterOptions>();
   opts.reduceOp = to_c10d(wire_op);
   if (nccl) {
-    b._reduce_scatter_base(wire_out, wire_in, opts)->wait();
+    finish(b._reduce_scatter_base(wire_out, wire_in, opts));
   } else {  // Gloo has the list form only
     std::vector<at::Tensor> outs{wire_out};
     std::vector<std::vector<at::Tensor>> ins{wire_in.chunk(b.getSize())};
-    b.reduce_scatter(outs, ins, opts)->wait();
+    finish(b.reduce_scatter(outs, ins, opts));
   }
   if (!direct) out.copy_(wire_out.view(out.sizes()));
 }
@@ -355,7 +370,7 @@ Algo HierarchicalEngine::all_gather(const Collective& c, const c10::Stream& stre
   at::Tensor buf = scratch((N + L * N) * m, in.options());
   at::Tensor by_host = buf.narrow(0, 0, N * m);
   at::Tensor by_local = buf.narrow(0, N * m, L * N * m);
-  rail_->_allgather_base(by_host, in, c10d::AllgatherOptions())->wait();
+  finish(rail_->_allgather_base(by_host, in, on_current_stream<c10d::AllgatherOptions>()));
   run_local(OpCode::AllGather, by_host, by_local, ReduceKind::Sum, stream);
   scatter_rows(by_local.view({L * N, m}), bytes_of(c.output).view({size_, m}));
   return Algo::Hierarchical;
@@ -370,10 +385,10 @@ Algo HierarchicalEngine::run_flat(const Collective& c) {
       if (c.output.numel() == 0) return Algo::Flat;
       auto [wire, wire_op] = inter_host_form(c.output, c.reduce);
       std::vector<at::Tensor> ts{wire};
-      c10d::ReduceOptions opts;
+      auto opts = on_current_stream<c10d::ReduceOptions>();
       opts.rootRank = c.root;
       opts.reduceOp = to_c10d(wire_op);
-      flat->reduce(ts, opts)->wait();
+      finish(flat->reduce(ts, opts));
       if (rank_ == c.root) {
         if (!wire.is_same(c.output)) c.output.copy_(wire);
         if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
@@ -382,20 +397,20 @@ Algo HierarchicalEngine::run_flat(const Collective& c) {
     }
     case OpCode::AllGather: {
       at::Tensor out = bytes_of(c.output), in = bytes_of(c.input);
-      flat->_allgather_base(out, in, c10d::AllgatherOptions())->wait();
+      finish(flat->_allgather_base(out, in, on_current_stream<c10d::AllgatherOptions>()));
       return Algo::Flat;
     }
     case OpCode::Broadcast: {
       std::vector<at::Tensor> ts{bytes_of(c.output)};
-      c10d::BroadcastOptions opts;
+      auto opts = on_current_stream<c10d::BroadcastOptions>();
       opts.rootRank = c.root;
-      flat->broadcast(ts, opts)->wait();
+      finish(flat->broadcast(ts, opts));
       return Algo::Flat;
     }
     case OpCode::AllToAll: {
       at::Tensor out = bytes_of(c.output), in = bytes_of(c.input);
       std::vector<int64_t> recv = c.splits.recv_bytes, send = c.splits.send_bytes;
-      flat->alltoall_base(out, in, recv, send, c10d::AllToAllOptions())->wait();
+      finish(flat->alltoall_base(out, in, recv, send, on_current_stream<c10d::AllToAllOptions>()));
       return Algo::Flat;
     }
     case OpCode::Gather: {
@@ -407,9 +422,9 @@ Algo HierarchicalEngine::run_flat(const Collective& c) {
         outs.emplace_back();
         for (int r = 0; r < size_; ++r) outs[0].push_back(all.narrow(0, r * m, m));
       }
-      c10d::GatherOptions opts;
+      auto opts = on_current_stream<c10d::GatherOptions>();
       opts.rootRank = c.root;
-      flat->gather(outs, in, opts)->wait();
+      finish(flat->gather(outs, in, opts));
       return Algo::Flat;
     }
     case OpCode::Scatter: {
@@ -421,13 +436,13 @@ Algo HierarchicalEngine::run_flat(const Collective& c) {
         ins.emplace_back();
         for (int r = 0; r < size_; ++r) ins[0].push_back(all.narrow(0, r * m, m));
       }
-      c10d::ScatterOptions opts;
+      auto opts = on_current_stream<c10d::ScatterOptions>();
       opts.rootRank = c.root;
-      flat->scatter(out, ins, opts)->wait();
+      finish(flat->scatter(out, ins, opts));
       return Algo::Flat;
     }
     case OpCode::Barrier:
-      flat->barrier(c10d::BarrierOptions())->wait();
+      finish(flat->barrier(c10d::BarrierOptions()));  // torch's NCCL barrier waits on its own stream
       return Algo::Flat;
     case OpCode::AllReduce:
     case OpCode::ReduceScatter: break;
