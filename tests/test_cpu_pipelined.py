@@ -190,6 +190,40 @@ def test_pipelined_lanes_use_the_fewest_threads_offered(seed):
               rank_env=[{"PYCOLL_CPU_THREADS": "3"}, {"PYCOLL_CPU_THREADS": "4"}])
 
 
+def _lanes_by_ranks_rank(rank, ws, seed, expected_lanes):
+    quiet()
+    cases = Cases("lanes by ranks", rank, ws, seed)
+    log = os.environ["PYCOLL_TEST_LOG"]
+    n = (1 << 20) // 4 + 11  # just over 1 MiB of float32
+    checks = {
+        "all_reduce": lambda: _check_all_reduce(cases, rank, ws, torch.float32, "SUM", n),
+        "all_gather": lambda: _check_all_gather(cases, rank, ws, torch.float32, n // ws, False),
+        "broadcast": lambda: _check_broadcast(cases, rank, ws, torch.float32, n, 0),
+    }
+    for name, check in checks.items():
+        sys.stderr.flush()
+        start = os.path.getsize(log)
+        with cases.case(op=name):
+            check()
+        sys.stderr.flush()
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            # The op's own line comes first; the bitwise-identity check may log an all_gather after it.
+            first = LANES_LINE.search(f.read())
+        lanes = int(first.group(2)) if first else None
+        cases.expect(lanes == expected_lanes, f"{name}: lanes logged {lanes}, expected {expected_lanes}")
+    return cases.finish()
+
+
+@pytest.mark.pycoll_only
+@pytest.mark.parametrize("ws,expected_lanes", [(2, 8), (3, 2)])
+def test_pipelined_lane_size_depends_on_ranks(ws, expected_lanes, seed):
+    """With 8 threads offered, 1 MiB runs 8 lanes of 128 KiB over 2 ranks but 2 lanes of 512 KiB
+    over 3 (with more ranks every rank's lanes spin at once; pipelined.cpp)."""
+    run_ranks(ws, _lanes_by_ranks_rank, seed, expected_lanes, timeout=300,
+              env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_THREADS": "8"})
+
+
 def _dies_in_pipeline_rank(rank, ws):
     quiet()
     x = torch.ones((8 << 20) // 4)

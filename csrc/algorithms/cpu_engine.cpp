@@ -82,7 +82,7 @@ Pipeline CpuEngine::pipeline(Waiter& w, size_t bytes) {
   for (int r = 0; r < size_; ++r) {
     offered = std::min<int>(offered, static_cast<int>(transport_->control(r).header[seq_ & 1].lanes));
   }
-  const int lanes = pipeline_lanes(bytes, offered);
+  const int lanes = pipeline_lanes(bytes, size_, offered);
   if (lanes > 1 && (!pool_ || pool_->workers() < lanes - 1)) pool_ = std::make_unique<LanePool>(threads_ - 1);
   last_lanes_ = lanes;
   return Pipeline{*transport_, w, lane_step_.data(), lanes, pool_.get()};

@@ -37,9 +37,9 @@ struct Pipeline {
   LanePool* pool;       // runs lanes 1..; may be null when lanes == 1
 };
 
-// Lanes worth using for a message of `bytes` (each lane should move at least ~512 KiB), given the
-// threads every rank offers.
-int pipeline_lanes(size_t bytes, int threads);
+// Lanes worth using for a message of `bytes` over `ranks` ranks (each lane should move at least
+// min_lane_bytes(ranks) in pipelined.cpp), given the threads every rank offers.
+int pipeline_lanes(size_t bytes, int ranks, int threads);
 
 // in/out may be the same buffer. Slice r of the message is reduced by rank r, in rank order
 // 0..n-1, so every rank gets the same bits.
