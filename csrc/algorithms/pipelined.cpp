@@ -27,7 +27,7 @@ constexpr int kSlots = 4;
 // The least message a lane is worth, by ranks. Two ranks: 128 KiB (512 KiB before): on the 32-CPU
 // H200 host, 1-4 MiB ops took 20-40% less time (all_reduce 1 MiB: 140 -> 84 us), larger ones
 // about the same. More ranks: every rank's lanes spin at once, and with 4 ranks x 8 lanes on those
-// 32 CPUs, 64-128 KiB lanes made 1-4 MiB ops 2-10x slower than 512 KiB (docs/algorithms.md).
+// 32 CPUs, 64-128 KiB lanes made 1 MiB ops 2-12x slower than 512 KiB (docs/algorithms.md).
 size_t min_lane_bytes(int ranks) {
   return ranks <= 2 ? size_t(128) << 10 : size_t(512) << 10;
 }
