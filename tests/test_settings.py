@@ -14,7 +14,8 @@ import pycollectives.settings as ps
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 USER = {"PYCOLL_ALGO", "PYCOLL_CPU_THREADS", "PYCOLL_DEBUG", "PYCOLL_SHM_BYTES", "PYCOLL_P2P_CHANNEL_BYTES", "PYCOLL_COST_MODEL",
-        "PYCOLL_INTER_HOST_BACKEND", "PYCOLL_CHECK_ACROSS_HOSTS", "PYCOLL_COALESCE_P2P"}
+        "PYCOLL_INTER_HOST_BACKEND", "PYCOLL_CHECK_ACROSS_HOSTS", "PYCOLL_COALESCE_P2P",
+        "PYCOLL_CPU_PEER_READ"}
 
 
 def test_every_setting_is_declared_once_with_doc_and_range():

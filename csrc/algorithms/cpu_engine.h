@@ -51,6 +51,8 @@ class CpuEngine {
   uint64_t seq() const { return seq_; }
   // Lanes of the last op if it ran pipelined (algorithms/pipelined.h), else 0: for the debug log.
   int last_pipeline_lanes() const { return last_lanes_; }
+  // Whether the last op read its peers' buffers in place (algorithms/peer_read.h): for the debug log.
+  bool last_read_in_place() const { return last_read_in_place_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 
  private:
@@ -68,6 +70,14 @@ class CpuEngine {
   bool pipelines(size_t bytes) const;
   // The pipeline of the op begun last: lanes agreed from every rank's header.
   Pipeline pipeline(Waiter& w, size_t bytes);
+  // The fewest threads any rank offered the op begun last.
+  int offered_threads() const;
+  // Whether the all_gather or broadcast of `bytes` begun last (every rank's buffer in
+  // OpHeader::addr) reads its peers' buffers in place (PYCOLL_CPU_PEER_READ). The first time the
+  // rule says yes, every rank probes whether it may, and all agree (one extra barrier, once per group).
+  bool reads_in_place(CpuContext& c, OpCode op, size_t bytes);
+  // Every rank's OpHeader::addr for the op begun last.
+  std::vector<int64_t> header_addrs() const;
 
   Rendezvous rv_;
   int rank_;
@@ -85,6 +95,11 @@ class CpuEngine {
   uint64_t down_step_ = 0;
   int threads_ = 1;  // what this rank offers a pipelined op
   int last_lanes_ = 0;
+  bool last_read_in_place_ = false;
+  enum class PeerRead { Off, Auto, On };
+  static PeerRead parse_peer_read();  // PYCOLL_CPU_PEER_READ
+  PeerRead peer_read_mode_;
+  enum class PeerReadAllowed { Unknown, Yes, No } peer_read_allowed_ = PeerReadAllowed::Unknown;
   std::unique_ptr<LanePool> pool_;  // made on the first op that uses more than one lane
   std::array<uint64_t, kMaxLanes> lane_step_{};
 };

@@ -100,6 +100,8 @@ uint64_t for_each_step(Pipeline& p, int lane, const Span& span, int64_t chunk, S
   return g0 + steps;
 }
 
+}  // namespace
+
 void run_lanes(Pipeline& p, const std::function<void(int)>& lane) {
   if (p.lanes <= 1 || p.pool == nullptr) {
     lane(0);
@@ -107,8 +109,6 @@ void run_lanes(Pipeline& p, const std::function<void(int)>& lane) {
     p.pool->run(p.lanes, lane);
   }
 }
-
-}  // namespace
 
 int pipeline_lanes(size_t bytes, int ranks, int threads) {
   return static_cast<int>(

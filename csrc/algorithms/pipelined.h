@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "algorithms/context.h"
 #include "algorithms/lane_pool.h"
@@ -40,6 +41,9 @@ struct Pipeline {
 // Lanes worth using for a message of `bytes` over `ranks` ranks (each lane should move at least
 // min_lane_bytes(ranks) in pipelined.cpp), given the threads every rank offers.
 int pipeline_lanes(size_t bytes, int ranks, int threads);
+
+// Runs lane(0..p.lanes-1), lanes 1.. on p.pool; returns when all have returned.
+void run_lanes(Pipeline& p, const std::function<void(int)>& lane);
 
 // in/out may be the same buffer. Slice r of the message is reduced by rank r, in rank order
 // 0..n-1, so every rank gets the same bits.

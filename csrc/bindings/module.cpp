@@ -210,6 +210,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_set_test_thread_linger_ms",
       [](int64_t ms) { pycoll::test_hooks::set_thread_linger(std::chrono::milliseconds(ms)); }, py::arg("ms"),
       "Tests only: backend threads keep each finished task this long before dropping it (common/test_hooks.h).");
+  m.def(
+      "_set_test_deny_peer_read", [](bool deny) { pycoll::test_hooks::set_deny_peer_read(deny); }, py::arg("deny"),
+      "Tests only: this process's cross-memory attach reads fail as if the OS forbade them (common/test_hooks.h).");
   register_compression(m);
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);

@@ -7,6 +7,7 @@ namespace pycoll::test_hooks {
 
 namespace {
 std::atomic<int64_t> g_linger_ms{0};
+std::atomic<bool> g_deny_peer_read{false};
 }  // namespace
 
 std::chrono::milliseconds thread_linger() { return std::chrono::milliseconds(g_linger_ms.load()); }
@@ -17,5 +18,9 @@ void linger_if_set() {
   const auto ms = thread_linger();
   if (ms.count() > 0) std::this_thread::sleep_for(ms);
 }
+
+bool deny_peer_read() { return g_deny_peer_read.load(std::memory_order_relaxed); }
+
+void set_deny_peer_read(bool deny) { g_deny_peer_read.store(deny); }
 
 }  // namespace pycoll::test_hooks

@@ -15,4 +15,9 @@ void set_thread_linger(std::chrono::milliseconds ms);
 // Sleeps for thread_linger() when it is set.
 void linger_if_set();
 
+// Makes this process's cross-memory attach reads fail with EPERM, as where the OS forbids them
+// (algorithms/peer_read.h). false in production.
+bool deny_peer_read();
+void set_deny_peer_read(bool deny);
+
 }  // namespace pycoll::test_hooks

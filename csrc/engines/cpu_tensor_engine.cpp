@@ -19,7 +19,8 @@ Algo CpuTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   // the double binary tree, cuda/all_reduce_plan.h).
   if (c.plan_text && ran == Algo::Tree) *c.plan_text = "pipelined_binary_tree";
   if (c.plan_text && cpu_.last_pipeline_lanes() > 0) {
-    *c.plan_text = "pipelined lanes=" + std::to_string(cpu_.last_pipeline_lanes());
+    *c.plan_text = (cpu_.last_read_in_place() ? "read in place lanes=" : "pipelined lanes=") +
+                   std::to_string(cpu_.last_pipeline_lanes());
   }
   return ran;
 }

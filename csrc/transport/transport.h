@@ -37,6 +37,7 @@ struct OpHeader {
   int64_t count;
   int64_t aux;  // op-specific (e.g. largest all_to_all block)
   int64_t lanes;  // threads this rank offers a pipelined op; the op uses the fewest any rank offers
+  int64_t addr;   // where this rank's buffer is in its own process, for peers that read it in place
   int64_t split_bytes[kMaxRanks];  // all_to_all: bytes this rank sends to each peer
   int64_t recv_bytes[kMaxRanks];   // all_to_all: bytes this rank expects from each peer
 };
@@ -58,6 +59,7 @@ struct alignas(64) ControlBlock {
   Counter down_ready;     // tree broadcast: my copy of segment g is published
   Counter down_consumed;  // tree broadcast: I have read my parent's segment g
   LaneCounters lanes[kMaxLanes];
+  Counter peer_read_probe;  // seq * 4 + 1: I can read every peer in place; + 2: I cannot
   OpHeader header[2];     // by op sequence parity
   Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
   Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me

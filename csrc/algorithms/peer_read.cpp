@@ -1,0 +1,78 @@
+#include "algorithms/peer_read.h"
+
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "algorithms/context.h"
+#include "common/check.h"
+#include "common/test_hooks.h"
+
+namespace pycoll {
+
+namespace {
+
+// process_vm_readv returns fewer bytes than asked only when it stops at an error part way.
+ssize_t read_some(int64_t pid, void* local, const void* remote, size_t n) {
+  if (test_hooks::deny_peer_read()) {
+    errno = EPERM;
+    return -1;
+  }
+  iovec l{local, n};
+  iovec r{const_cast<void*>(remote), n};
+  return process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+}
+
+void read_peer(const Pipeline& p, int peer, const char* remote, char* local, size_t n) {
+  const int64_t pid = p.t.control(peer).pid;
+  while (n > 0) {
+    const ssize_t got = read_some(pid, local, remote, n);
+    if (got <= 0) {
+      const int err = errno;
+      throw GroupBroken(str("pycoll: reading rank ", peer, "'s buffer in place (process_vm_readv) failed: ",
+                            std::strerror(err), p.t.peer_alive(peer) ? "" : " (the peer's process has exited)"));
+    }
+    local += got;
+    remote += got;
+    n -= static_cast<size_t>(got);
+  }
+}
+
+}  // namespace
+
+bool can_read_peer(int64_t pid, const void* remote, size_t bytes, int* err) {
+  char probe[64];
+  const size_t n = bytes < sizeof(probe) ? bytes : sizeof(probe);
+  if (n == 0) return true;
+  const ssize_t got = read_some(pid, probe, remote, n);
+  *err = got == static_cast<ssize_t>(n) ? 0 : (got < 0 ? errno : EFAULT);
+  return *err == 0;
+}
+
+void peer_read_all_gather(Pipeline& p, const int64_t* addrs, DType t, const char* in, char* out, int64_t m) {
+  const size_t E = dtype_size(t);
+  const int n = p.t.size(), me = p.t.rank();
+  const bool in_place = in == out + me * m * E;
+  run_lanes(p, [&](int lane) {
+    const int64_t b = part_begin(m, p.lanes, lane), len = part_end(m, p.lanes, lane) - b;
+    if (len == 0) return;
+    if (!in_place) std::memcpy(out + (me * m + b) * E, in + b * E, len * E);
+    // Peers in ring order from me, so that the ranks do not all read rank 0 first.
+    for (int k = 1; k < n; ++k) {
+      const int q = (me + k) % n;
+      read_peer(p, q, reinterpret_cast<const char*>(addrs[q]) + b * E, out + (q * m + b) * E, len * E);
+    }
+  });
+}
+
+void peer_read_broadcast(Pipeline& p, const int64_t* addrs, DType t, char* buf, int64_t count, int root) {
+  if (p.t.rank() == root) return;  // the caller's closing barrier waits for every reader
+  const size_t E = dtype_size(t);
+  run_lanes(p, [&](int lane) {
+    const int64_t b = part_begin(count, p.lanes, lane), len = part_end(count, p.lanes, lane) - b;
+    if (len > 0) read_peer(p, root, reinterpret_cast<const char*>(addrs[root]) + b * E, buf + b * E, len * E);
+  });
+}
+
+}  // namespace pycoll

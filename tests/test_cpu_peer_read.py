@@ -1,0 +1,159 @@
+"""Large CPU all_gather and broadcast that read each peer's buffer in place with cross-memory
+attach (csrc/algorithms/peer_read.h, PYCOLL_CPU_PEER_READ=on), and the fall-back to staging when
+a rank may not read its peers (the test hook _C._set_test_deny_peer_read).
+
+Results are checked against plain torch, the debug log against the path that ran, across 2-4
+ranks, several lanes (PYCOLL_CPU_THREADS), odd sizes, in place, strided outputs and every root.
+"""
+import datetime
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cpu_collectives_util import Cases
+from ranks import quiet, run_ranks
+from reference import gen
+
+pytestmark = pytest.mark.pycoll_only
+
+PLAN_LINE = re.compile(r"\[pycoll \d+/\d+\] (allgather|broadcast) .*plan=(read in place|pipelined) lanes=(\d+)")
+DENIED = "cross-memory attach (process_vm_readv) is not allowed"
+
+
+def _log():
+    sys.stderr.flush()
+    with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
+        return f.read()
+
+
+def _ops_rank(rank, ws, seed, deny_on, expected_plan):
+    quiet()
+    from pycollectives import _C
+
+    if rank == deny_on:
+        _C._set_test_deny_peer_read(True)
+    cases = Cases("peer read", rank, ws, seed)
+    for dtype, nbytes in ((torch.float32, (300 << 10) + 12), (torch.bfloat16, (1 << 20) + 6), (torch.int8, 3 << 20)):
+        m = nbytes // torch.empty((), dtype=dtype).element_size() // ws
+        xs = [gen(dtype, "data", (m,), cases.seed(r)) for r in range(ws)]
+        with cases.case(op="all_gather", dtype=dtype, m=m):
+            out = torch.empty(ws * m, dtype=dtype)
+            dist.all_gather_into_tensor(out, xs[rank])
+            cases.check("all_gather", out, torch.cat(xs))
+        with cases.case(op="all_gather in place", dtype=dtype, m=m):
+            out = torch.zeros(ws * m, dtype=dtype)
+            out.narrow(0, rank * m, m).copy_(xs[rank])
+            dist.all_gather_into_tensor(out, out.narrow(0, rank * m, m))
+            cases.check("all_gather in place", out, torch.cat(xs))
+        with cases.case(op="all_gather list", dtype=dtype, m=m):
+            outs = [torch.empty(m, dtype=dtype) for _ in range(ws)]
+            dist.all_gather(outs, xs[rank])
+            for r in range(ws):
+                cases.check(f"all_gather list block {r}", outs[r], xs[r])
+        for root in range(ws):
+            with cases.case(op="broadcast", dtype=dtype, root=root):
+                x = gen(dtype, "data", (ws * m,), cases.seed(root))
+                b = x.clone() if rank == root else torch.zeros(ws * m, dtype=dtype)
+                dist.broadcast(b, src=root)
+                cases.check("broadcast", b, x)
+    with cases.case(op="broadcast strided"):
+        x = gen(torch.float32, "data", (2, 300 << 8), cases.seed(0))
+        b = (x.clone() if rank == 0 else torch.zeros_like(x)).t()  # not contiguous
+        dist.broadcast(b, src=0)
+        cases.check("broadcast strided", b, x.t())
+    log = _log()
+    plans = {m.group(2) for m in PLAN_LINE.finditer(log)}
+    cases.expect(plans == {expected_plan}, f"plans logged {plans}, expected {{{expected_plan!r}}}")
+    cases.expect(log.count(DENIED) == (1 if deny_on is not None else 0),
+                 f"{log.count(DENIED)} lines say cross-memory attach is not allowed")
+    return cases.finish()
+
+
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_peer_read_all_gather_and_broadcast(ws, seed):
+    run_ranks(ws, _ops_rank, seed, None, "read in place", timeout=300,
+              env={"PYCOLL_CPU_PEER_READ": "on", "PYCOLL_CPU_THREADS": "3", "PYCOLL_DEBUG": "INFO"})
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_peer_read_denied_on_one_rank_stages_everywhere(ws, seed):
+    """One rank may not read its peers: every rank stages, and each says so once in the debug log."""
+    run_ranks(ws, _ops_rank, seed, ws - 1, "pipelined", timeout=300,
+              env={"PYCOLL_CPU_PEER_READ": "on", "PYCOLL_DEBUG": "INFO"})
+
+
+def _auto_rank(rank, ws, seed, expected_64mib_plan):
+    quiet()
+    cases = Cases("peer read auto", rank, ws, seed)
+    plans = []
+    for mib in (16, 64):  # all_gather output
+        m = (mib << 20) // 4 // ws
+        xs = [gen(torch.float32, "data", (m,), cases.seed(r)) for r in range(ws)]
+        with cases.case(op="all_gather", mib=mib):
+            start = os.path.getsize(os.environ["PYCOLL_TEST_LOG"])
+            out = torch.empty(ws * m)
+            dist.all_gather_into_tensor(out, xs[rank])
+            cases.check("all_gather", out, torch.cat(xs))
+            sys.stderr.flush()
+            with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
+                f.seek(start)
+                first = PLAN_LINE.search(f.read())
+            plans.append(first.group(2) if first else None)
+    cases.expect(plans == ["pipelined", expected_64mib_plan], f"plans {plans}, expected 16 MiB pipelined, "
+                                                              f"64 MiB {expected_64mib_plan}")
+    return cases.finish()
+
+
+@pytest.mark.parametrize("threads,expected", [(("4", "4"), "read in place"), (("4", "2"), "pipelined")])
+def test_peer_read_auto_only_for_large_all_gathers_with_threads_to_spare(threads, expected, seed):
+    """auto reads in place for an all_gather of 64 MiB or more when every rank has 4 threads."""
+    run_ranks(2, _auto_rank, seed, expected, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
+              rank_env=[{"PYCOLL_CPU_THREADS": threads[0]}, {"PYCOLL_CPU_THREADS": threads[1]}])
+
+
+def _dies_rank(rank, ws):
+    quiet()
+    x = torch.ones((4 << 20) // 4)
+    out = torch.empty(ws * x.numel())
+    dist.all_gather_into_tensor(out, x)
+    if rank == ws - 1:
+        os._exit(17)
+    t0 = time.monotonic()
+    try:
+        for _ in range(3):
+            dist.all_gather_into_tensor(out, x)
+    except RuntimeError as e:
+        took = time.monotonic() - t0
+        assert took < 20, f"raised only after {took:.1f}s: {e}"
+        assert re.search(r"rank \d exited|timed out|process_vm_readv", str(e)), str(e)
+        return took
+    raise AssertionError("an all_gather reading a dead peer did not raise")
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_peer_dying_during_peer_read_raises(ws):
+    run_ranks(ws, _dies_rank, pg_timeout=datetime.timedelta(seconds=5), expect_exit={ws - 1: 17}, timeout=60,
+              env={"PYCOLL_CPU_PEER_READ": "on"})
+
+
+def test_peer_read_setting_rejects_unknown_values(tmp_path):
+    code = textwrap.dedent(f"""
+        import datetime, torch.distributed as dist, pycollectives
+        try:
+            dist.init_process_group("pycoll", init_method="file://{tmp_path}/store", rank=0, world_size=1,
+                                    timeout=datetime.timedelta(seconds=20))
+        except Exception as e:
+            print(type(e).__name__, e)
+        else:
+            print("no error")
+    """)
+    env = dict(os.environ, PYCOLL_CPU_PEER_READ="sometimes")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "PYCOLL_CPU_PEER_READ=sometimes" in out.stdout and "auto, on, off" in out.stdout, out.stdout + out.stderr
