@@ -190,11 +190,11 @@ def test_pipelined_lanes_use_the_fewest_threads_offered(seed):
               rank_env=[{"PYCOLL_CPU_THREADS": "3"}, {"PYCOLL_CPU_THREADS": "4"}])
 
 
-def _lanes_by_ranks_rank(rank, ws, seed, expected_lanes):
+def _lanes_by_ranks_rank(rank, ws, seed, kib, expected_lanes):
     quiet()
     cases = Cases("lanes by ranks", rank, ws, seed)
     log = os.environ["PYCOLL_TEST_LOG"]
-    n = (1 << 20) // 4 + 11  # just over 1 MiB of float32
+    n = (kib << 10) // 4 + 11  # just over `kib` KiB of float32
     checks = {
         "all_reduce": lambda: _check_all_reduce(cases, rank, ws, torch.float32, "SUM", n),
         "all_gather": lambda: _check_all_gather(cases, rank, ws, torch.float32, n // ws, False),
@@ -216,11 +216,11 @@ def _lanes_by_ranks_rank(rank, ws, seed, expected_lanes):
 
 
 @pytest.mark.pycoll_only
-@pytest.mark.parametrize("ws,expected_lanes", [(2, 8), (3, 2)])
-def test_pipelined_lane_size_depends_on_ranks(ws, expected_lanes, seed):
+@pytest.mark.parametrize("ws,kib,expected_lanes", [(2, 1024, 8), (3, 1024, 2), (2, 768, 1)])
+def test_pipelined_lane_size_depends_on_ranks(ws, kib, expected_lanes, seed):
     """With 8 threads offered, 1 MiB runs 8 lanes of 128 KiB over 2 ranks but 2 lanes of 512 KiB
-    over 3 (with more ranks every rank's lanes spin at once; pipelined.cpp)."""
-    run_ranks(ws, _lanes_by_ranks_rank, seed, expected_lanes, timeout=300,
+    over 3 (with more ranks every rank's lanes spin at once; pipelined.cpp); below 1 MiB, one."""
+    run_ranks(ws, _lanes_by_ranks_rank, seed, kib, expected_lanes, timeout=300,
               env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_THREADS": "8"})
 
 

@@ -28,6 +28,8 @@ constexpr int kSlots = 4;
 // H200 host, 1-4 MiB ops took 20-40% less time (all_reduce 1 MiB: 140 -> 84 us), larger ones
 // about the same. More ranks: every rank's lanes spin at once, and with 4 ranks x 8 lanes on those
 // 32 CPUs, 64-128 KiB lanes made 1 MiB ops 2-12x slower than 512 KiB (docs/algorithms.md).
+// Below kOneLaneBelowBytes an op keeps one lane, as with 512 KiB lanes: more was not measured there.
+constexpr size_t kOneLaneBelowBytes = 1 << 20;
 size_t min_lane_bytes(int ranks) {
   return ranks <= 2 ? size_t(128) << 10 : size_t(512) << 10;
 }
@@ -111,6 +113,7 @@ void run_lanes(Pipeline& p, const std::function<void(int)>& lane) {
 }
 
 int pipeline_lanes(size_t bytes, int ranks, int threads) {
+  if (bytes < kOneLaneBelowBytes) return 1;
   return static_cast<int>(
       std::clamp<size_t>(bytes / min_lane_bytes(ranks), 1, static_cast<size_t>(std::max(1, threads))));
 }
