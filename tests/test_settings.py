@@ -57,8 +57,12 @@ def test_values_parse_with_suffixes_and_defaults(monkeypatch):
         ps.read("PYCOLL_NOPE")
 
 
-def test_group_creation_raises_on_a_bad_cpu_engine_setting(tmp_path):
-    # The CPU engine reads its sizes when the group is made: the user sees the setting's name there.
+@pytest.mark.parametrize("name,bad,words", [
+    ("PYCOLL_P2P_CHANNEL_BYTES", "12", ["PYCOLL_P2P_CHANNEL_BYTES=12", "4096.."]),
+    ("PYCOLL_CPU_PEER_READ", "sometimes", ["PYCOLL_CPU_PEER_READ=sometimes", "auto, on, off"]),
+])
+def test_group_creation_raises_on_a_bad_cpu_engine_setting(tmp_path, name, bad, words):
+    # The CPU engine reads its settings when the group is made: the user sees the setting's name there.
     code = textwrap.dedent(f"""
         import datetime, torch.distributed as dist, pycollectives
         try:
@@ -69,9 +73,9 @@ def test_group_creation_raises_on_a_bad_cpu_engine_setting(tmp_path):
         else:
             print("no error")
     """)
-    env = dict(os.environ, PYCOLL_P2P_CHANNEL_BYTES="12")
+    env = dict(os.environ, **{name: bad})
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert "PYCOLL_P2P_CHANNEL_BYTES=12" in out.stdout and "4096.." in out.stdout, out.stdout + out.stderr
+    assert all(w in out.stdout for w in words), out.stdout + out.stderr
 
 
 def test_readme_and_docs_tables_are_generated_from_the_declarations():
