@@ -1,6 +1,5 @@
 #include "algorithms/cpu_engine.h"
 
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -137,7 +136,7 @@ bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
     int err = 0, failed = -1;
     for (int r = 0; r < size_ && failed < 0; ++r) {
       const auto* addr = reinterpret_cast<const void*>(transport_->control(r).header[seq_ & 1].addr);
-      if (r != rank_ && !can_read_peer(transport_->control(r).pid, addr, 1, &err)) failed = r;
+      if (r != rank_ && !can_read_peer(transport_->control(r).pid, addr, &err)) failed = r;
     }
     transport_->control(rank_).peer_read_probe.value.store(seq_ * 4 + (failed < 0 ? 1 : 2), std::memory_order_release);
     c.barrier();

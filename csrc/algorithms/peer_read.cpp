@@ -41,12 +41,9 @@ void read_peer(const Pipeline& p, int peer, const char* remote, char* local, siz
 
 }  // namespace
 
-bool can_read_peer(int64_t pid, const void* remote, size_t bytes, int* err) {
-  char probe[64];
-  const size_t n = bytes < sizeof(probe) ? bytes : sizeof(probe);
-  if (n == 0) return true;
-  const ssize_t got = read_some(pid, probe, remote, n);
-  *err = got == static_cast<ssize_t>(n) ? 0 : (got < 0 ? errno : EFAULT);
+bool can_read_peer(int64_t pid, const void* remote, int* err) {
+  char probe;
+  *err = read_some(pid, &probe, remote, 1) == 1 ? 0 : (errno != 0 ? errno : EFAULT);
   return *err == 0;
 }
 

@@ -21,8 +21,8 @@
 
 namespace pycoll {
 
-// Whether this process may read `bytes` at `remote` in process `pid`; on failure *err is errno.
-bool can_read_peer(int64_t pid, const void* remote, size_t bytes, int* err);
+// Whether this process may read (one byte) at `remote` in process `pid`; on failure *err is errno.
+bool can_read_peer(int64_t pid, const void* remote, int* err);
 
 // all_gather of m elements per rank: my block from `in`, every peer's read from its `in`
 // (addrs[r], the address in rank r's process). in may be my block of out.
