@@ -247,3 +247,17 @@ def _dies_in_pipeline_rank(rank, ws):
 def test_peer_dying_during_pipelined_ops_raises(ws):
     run_ranks(ws, _dies_in_pipeline_rank, pg_timeout=datetime.timedelta(seconds=5),
               expect_exit={ws - 1: 17}, timeout=60)
+
+
+@pytest.mark.pycoll_only
+@pytest.mark.parametrize("cpus,ranks,expected", [(16, 2, 7), (16, 4, 3), (32, 2, 15), (2, 2, 1), (1, 1, 1), (8, 1, 7)])
+def test_auto_threads_leave_one_cpu_free(cpus, ranks, expected, monkeypatch):
+    """Without PYCOLL_CPU_THREADS a rank takes (CPUs - 1) / ranks threads, at least 1 (lane_pool.cpp:
+    a descheduled lane stalls every rank's lanes), and the benchmark's memory floor uses as many."""
+    from pycollectives import _C
+    from pycollectives.bench import floor
+
+    assert _C.cpu_auto_threads_per_rank(cpus, ranks) == expected
+    monkeypatch.delenv("PYCOLL_CPU_THREADS", raising=False)
+    monkeypatch.setattr(floor.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert floor.threads_per_rank(ranks) == expected

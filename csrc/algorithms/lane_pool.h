@@ -45,8 +45,10 @@ class LanePool {
   std::vector<std::thread> threads_;
 };
 
-// Threads one rank may use for a pipelined op: PYCOLL_CPU_THREADS if set, else the CPUs this
-// process may run on divided by the ranks sharing the host, at least 1, at most kMaxLanes.
+// Threads one rank may use for a pipelined op: PYCOLL_CPU_THREADS if set, else
+// auto_threads_per_rank(the CPUs this process may run on, ranks_on_host), at most kMaxLanes.
 int cpu_threads_per_rank(int ranks_on_host);
+// The host's CPUs less one, divided by the ranks sharing it, at least 1.
+int auto_threads_per_rank(int cpus, int ranks_on_host);
 
 }  // namespace pycoll

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/python.h>
 
+#include "algorithms/lane_pool.h"
 #include "algorithms/select.h"
 #include "bindings/compression_bindings.h"
 #include "bindings/cuda_plan_bindings.h"
@@ -159,6 +160,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("select_algorithm", [](const std::string& op, size_t bytes, int world) {
     return std::string(pycoll::algo_name(pycoll::select_algorithm(parse_op(op), bytes, world)));
   });
+  m.def("cpu_auto_threads_per_rank", &pycoll::auto_threads_per_rank, py::arg("cpus"), py::arg("ranks_on_host"),
+        "Threads per rank the CPU engine uses when PYCOLL_CPU_THREADS is 0 (csrc/algorithms/lane_pool.h).");
   // The CUDA engine's `auto` choice (pure C++, so CPU-only builds answer it too). `bytes`: the
   // tensor for all_reduce, one rank's share for all_gather and reduce_scatter.
   m.def("cuda_two_shot_max_blocks", &pycoll::gpu::two_shot_max_blocks, py::arg("bytes"), py::arg("world"),

@@ -29,11 +29,11 @@ FLOOR_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", 
 
 def threads_per_rank(ranks_on_host):
     """What pycoll's CPU engine gives one rank: PYCOLL_CPU_THREADS, else the CPUs this process
-    may run on divided by the ranks on the host."""
+    may run on, less one, divided by the ranks on the host (csrc/algorithms/lane_pool.cpp)."""
     configured = int(os.environ.get("PYCOLL_CPU_THREADS", "0") or 0)
     if configured > 0:
         return configured
-    return max(1, len(os.sched_getaffinity(0)) // max(1, ranks_on_host))
+    return max(1, (len(os.sched_getaffinity(0)) - 1) // max(1, ranks_on_host))
 
 
 def floor_call(op, count, dtype, world, rank=0):
