@@ -44,9 +44,10 @@ int affinity_cpus() {
 
 // One CPU of the host stays free: lanes spin on each other's counters, so a lane that the OS
 // deschedules for another thread (the rank's Python thread, Gloo's, the kernel's) stalls every
-// lane of every rank. On the 16-CPU H200 host, 2 ranks (2026-11-29, three alternated launches),
-// 7 threads per rank against 8 cut the median time of 13 of the 16 ops and sizes of 1-64 MiB,
-// by up to 2.2x at 1 MiB; with 4 ranks, 3 against 4 cut 13 of 16 (benchmarks/results/...-threads-ab).
+// lane of every rank. On the 16-CPU H200 host (2026-11-29, three alternated launches each), 2 ranks
+// with 7 threads against 8 took less median time in all 16 ops and sizes of 1-64 MiB (1 MiB:
+// 2.3-2.7x less); 4 ranks with 3 against 4 in 13 of 16 (the three 64 MiB ops lost 1-4%).
+// Table in docs/algorithms.md; the runs are in commit 45641c9.
 int auto_threads_per_rank(int cpus, int ranks_on_host) {
   return std::max(1, (cpus - 1) / std::max(1, ranks_on_host));
 }
