@@ -198,7 +198,8 @@ void pipelined_all_gather(Pipeline& p, DType t, const char* in, char* out, int64
       std::memcpy(ring.sub(me, g, 0), in + at * E, len * E);
       ring.publish(&LaneCounters::staged, g + 1);
       // My own block from my input, not from the slot: the peers read the slot at the same moment,
-      // and sharing its lines with them made 1-4 MiB all_gathers 1.3-1.9x slower on the CI machine.
+      // and sharing its lines with them made 1-4 MiB all_gathers 1.2-2.9x slower on the CI-class machine
+      // and 1.0-1.6x slower on the 16-CPU host (docs/algorithms.md).
       if (!in_place) std::memcpy(out + (me * m + at) * E, in + at * E, len * E);
       for (int q = 0; q < n; ++q) {
         if (q == me) continue;
