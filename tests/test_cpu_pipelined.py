@@ -251,13 +251,29 @@ def test_peer_dying_during_pipelined_ops_raises(ws):
 
 @pytest.mark.pycoll_only
 @pytest.mark.parametrize("cpus,ranks,expected", [(16, 2, 7), (16, 4, 3), (32, 2, 15), (2, 2, 1), (1, 1, 1), (8, 1, 7)])
-def test_auto_threads_leave_one_cpu_free(cpus, ranks, expected, monkeypatch):
+def test_auto_threads_leave_one_cpu_free(cpus, ranks, expected):
     """Without PYCOLL_CPU_THREADS a rank takes (CPUs - 1) / ranks threads, at least 1 (lane_pool.cpp:
-    a descheduled lane stalls every rank's lanes), and the benchmark's memory floor uses as many."""
+    a descheduled lane stalls every rank's lanes)."""
+    from pycollectives import _C
+
+    assert _C.cpu_auto_threads_per_rank(cpus, ranks) == expected
+
+
+@pytest.mark.pycoll_only
+@pytest.mark.parametrize("configured", [None, "3", "16"])
+def test_memory_floor_uses_the_engines_threads(configured, monkeypatch):
+    """The benchmark's memory floor runs with the threads the engine gives a rank: the setting, else
+    the automatic count of this machine's CPUs (at most 16)."""
     from pycollectives import _C
     from pycollectives.bench import floor
 
-    assert _C.cpu_auto_threads_per_rank(cpus, ranks) == expected
-    monkeypatch.delenv("PYCOLL_CPU_THREADS", raising=False)
-    monkeypatch.setattr(floor.os, "sched_getaffinity", lambda pid: set(range(cpus)))
-    assert floor.threads_per_rank(ranks) == expected
+    if configured is None:
+        monkeypatch.delenv("PYCOLL_CPU_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("PYCOLL_CPU_THREADS", configured)
+    for ranks in (1, 2, 4):
+        if configured is None:
+            expected = min(16, _C.cpu_auto_threads_per_rank(len(os.sched_getaffinity(0)), ranks))
+        else:
+            expected = min(16, int(configured))
+        assert floor.threads_per_rank(ranks) == expected

@@ -160,6 +160,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("select_algorithm", [](const std::string& op, size_t bytes, int world) {
     return std::string(pycoll::algo_name(pycoll::select_algorithm(parse_op(op), bytes, world)));
   });
+  m.def("cpu_threads_per_rank", &pycoll::cpu_threads_per_rank, py::arg("ranks_on_host"),
+        "Threads per rank the CPU engine uses for large ops (csrc/algorithms/lane_pool.h).");
   m.def("cpu_auto_threads_per_rank", &pycoll::auto_threads_per_rank, py::arg("cpus"), py::arg("ranks_on_host"),
         "Threads per rank the CPU engine uses when PYCOLL_CPU_THREADS is 0 (csrc/algorithms/lane_pool.h).");
   // The CUDA engine's `auto` choice (pure C++, so CPU-only builds answer it too). `bytes`: the

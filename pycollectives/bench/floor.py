@@ -18,7 +18,6 @@ pycoll-bench prints, for each row, floor time / row time ("of floor": 1.0 means 
 the memory's speed; Gloo's fraction is printed too). The floor assumes no byte is moved twice; a
 shared-memory collective also has to cross between cores, so 0.8 of it is a good result.
 """
-import os
 
 import torch
 
@@ -28,12 +27,11 @@ FLOOR_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", 
 
 
 def threads_per_rank(ranks_on_host):
-    """What pycoll's CPU engine gives one rank: PYCOLL_CPU_THREADS, else the CPUs this process
-    may run on, less one, divided by the ranks on the host (csrc/algorithms/lane_pool.cpp)."""
-    configured = int(os.environ.get("PYCOLL_CPU_THREADS", "0") or 0)
-    if configured > 0:
-        return configured
-    return max(1, (len(os.sched_getaffinity(0)) - 1) // max(1, ranks_on_host))
+    """What pycoll's CPU engine gives one rank (csrc/algorithms/lane_pool.h: PYCOLL_CPU_THREADS,
+    else the CPUs this process may run on, less one, divided by the ranks on the host, at most 16)."""
+    from .. import _C
+
+    return _C.cpu_threads_per_rank(ranks_on_host)
 
 
 def floor_call(op, count, dtype, world, rank=0):
