@@ -28,45 +28,113 @@ struct OpBXor { template <typename A> A operator()(A a, A b) const { return a ^ 
 // streams through it once.
 constexpr int64_t kBlock = 2048;
 
+// The loops below are compiled three times (AVX-512, AVX2, baseline x86-64) and the CPU's best
+// is picked when the library loads: the extension is built without -march, so that one build
+// runs on any x86-64, and its SSE2 loops (with a copy into and out of an L1 buffer) summed two
+// 256 KiB float blocks in about 2x the time of one AVX loop on the 2-core CI machine, and 2 MiB
+// in 1.7-3x (docs/algorithms.md, "CPU reduction loops"). Each element still goes through the
+// same IEEE operations in the same order, so every clone gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PYCOLL_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PYCOLL_SIMD_CLONES
+#endif
+
+// out[i] = op(x[i], y[i]). out may be x or y itself (each element is read before it is written).
+template <typename A, typename Op>
+PYCOLL_SIMD_CLONES void combine(A* out, const A* x, const A* y, int64_t n) {
+  Op op;
+  for (int64_t i = 0; i < n; ++i) out[i] = op(x[i], y[i]);
+}
+
+// acc[i] = op(acc[i], A(p[i])), p in the element type.
+template <typename T, typename A, typename Op>
+PYCOLL_SIMD_CLONES void combine_widened(A* acc, const T* p, int64_t n) {
+  Op op;
+  for (int64_t i = 0; i < n; ++i) acc[i] = op(acc[i], static_cast<A>(p[i]));
+}
+
+template <typename A>
+PYCOLL_SIMD_CLONES void divide(A* x, A w, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] / w;
+}
+
+template <typename From, typename To>
+PYCOLL_SIMD_CLONES void convert(To* out, const From* in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<To>(in[i]);
+}
+
 template <typename T, typename Acc>
 inline void load_block(Acc* dst, const Operand& src, int64_t base, int64_t n) {
   if (std::is_same<T, Acc>::value || src.acc) {
     std::memcpy(dst, static_cast<const Acc*>(src.ptr) + base, n * sizeof(Acc));
   } else {
-    const T* p = static_cast<const T*>(src.ptr) + base;
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Acc>(p[i]);
+    convert<T, Acc>(dst, static_cast<const T*>(src.ptr) + base, n);
   }
+}
+
+bool overlaps(const void* a, const void* b, size_t bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bytes && y < x + bytes;
+}
+
+// Every operand already in the output's type (no widening): reduce straight into the output, a
+// block at a time, without the L1 buffer. The first two sources are combined in one pass, so the
+// output may be either of them; a later source the output overlaps would be overwritten before it
+// is read, so those calls take the buffered loop.
+template <typename A, typename Op>
+bool reduce_into_output(const ReduceSpec& spec, A* out, const Operand* srcs, int nsrc, int64_t count,
+                               bool avg) {
+  const size_t bytes = static_cast<size_t>(count) * sizeof(A);
+  for (int s = 0; s < nsrc; ++s) {
+    if (overlaps(out, srcs[s].ptr, bytes) && (s >= 2 || srcs[s].ptr != out)) return false;
+  }
+  for (int64_t base = 0; base < count; base += kBlock) {
+    const int64_t n = std::min(kBlock, count - base);
+    A* o = out + base;
+    const A* s0 = static_cast<const A*>(srcs[0].ptr) + base;
+    if (nsrc == 1) {
+      if (o != s0) std::memcpy(o, s0, n * sizeof(A));
+    } else {
+      combine<A, Op>(o, s0, static_cast<const A*>(srcs[1].ptr) + base, n);
+    }
+    for (int s = 2; s < nsrc; ++s) combine<A, Op>(o, o, static_cast<const A*>(srcs[s].ptr) + base, n);
+    if constexpr (std::is_floating_point<A>::value) {
+      if (avg) divide<A>(o, static_cast<A>(spec.world), n);
+    }
+  }
+  return true;
 }
 
 template <typename T, typename Acc, typename Op>
 void reduce_loop(const ReduceSpec& spec, void* out, bool out_acc, const Operand* srcs, int nsrc, int64_t count,
                  bool finalize) {
-  Op op;
-  alignas(64) Acc buf[kBlock];
   const bool avg = finalize && spec.op == ReduceKind::Avg;
+  bool all_acc = std::is_same<T, Acc>::value;  // fp16/bf16/float8: only when every operand is acc-typed
+  if (!all_acc) {
+    all_acc = out_acc;
+    for (int s = 0; s < nsrc; ++s) all_acc = all_acc && srcs[s].acc;
+  }
+  if (all_acc && reduce_into_output<Acc, Op>(spec, static_cast<Acc*>(out), srcs, nsrc, count, avg)) return;
+
+  alignas(64) Acc buf[kBlock];
   for (int64_t base = 0; base < count; base += kBlock) {
     const int64_t n = std::min(kBlock, count - base);
     load_block<T, Acc>(buf, srcs[0], base, n);
     for (int s = 1; s < nsrc; ++s) {
       if (std::is_same<T, Acc>::value || srcs[s].acc) {
-        const Acc* p = static_cast<const Acc*>(srcs[s].ptr) + base;
-        for (int64_t i = 0; i < n; ++i) buf[i] = op(buf[i], p[i]);
+        combine<Acc, Op>(buf, buf, static_cast<const Acc*>(srcs[s].ptr) + base, n);
       } else {
-        const T* p = static_cast<const T*>(srcs[s].ptr) + base;
-        for (int64_t i = 0; i < n; ++i) buf[i] = op(buf[i], static_cast<Acc>(p[i]));
+        combine_widened<T, Acc, Op>(buf, static_cast<const T*>(srcs[s].ptr) + base, n);
       }
     }
     if constexpr (std::is_floating_point<Acc>::value) {
-      if (avg) {
-        const Acc w = static_cast<Acc>(spec.world);
-        for (int64_t i = 0; i < n; ++i) buf[i] = buf[i] / w;
-      }
+      if (avg) divide<Acc>(buf, static_cast<Acc>(spec.world), n);
     }
     if (std::is_same<T, Acc>::value || out_acc) {
       std::memcpy(static_cast<Acc*>(out) + base, buf, n * sizeof(Acc));
     } else {
-      T* o = static_cast<T*>(out) + base;
-      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(buf[i]);
+      convert<Acc, T>(static_cast<T*>(out) + base, buf, n);
     }
   }
 }
@@ -159,13 +227,9 @@ void convert_elements(DType t, void* out, bool out_acc, const void* in, bool in_
   auto run = [&](auto tag) {
     using T = decltype(tag);
     if (out_acc) {
-      const T* p = static_cast<const T*>(in);
-      float* o = static_cast<float*>(out);
-      for (int64_t i = 0; i < count; ++i) o[i] = static_cast<float>(p[i]);
+      convert<T, float>(static_cast<float*>(out), static_cast<const T*>(in), count);
     } else {
-      const float* p = static_cast<const float*>(in);
-      T* o = static_cast<T*>(out);
-      for (int64_t i = 0; i < count; ++i) o[i] = static_cast<T>(p[i]);
+      convert<float, T>(static_cast<T*>(out), static_cast<const float*>(in), count);
     }
   };
   switch (t) {
