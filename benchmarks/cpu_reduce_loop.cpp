@@ -7,8 +7,9 @@
  *   avx2      one pass, out[i] = a[i] + b[i], compiled for AVX2.
  *   avx512    the same for AVX-512 (0 where the CPU has none).
  *
- * The extension now compiles its loops for AVX-512, AVX2 and the baseline and picks the CPU's best
- * when it loads (target_clones); docs/algorithms.md, "CPU engine", has the measurements.
+ * The extension now compiles its loops for x86-64-v4, x86-64-v3 and the baseline and picks the
+ * CPU's best when it loads (target_clones); docs/algorithms.md, "Reduction loops", has the
+ * measurements.
  *
  * Build and run:  g++ -O3 benchmarks/cpu_reduce_loop.cpp -o /tmp/reduce_loop && /tmp/reduce_loop
  */
