@@ -86,8 +86,7 @@ bool overlaps(const void* a, const void* b, size_t bytes) {
 // output may be either of them; a later source the output overlaps would be overwritten before it
 // is read, so those calls take the buffered loop.
 template <typename A, typename Op>
-bool reduce_into_output(const ReduceSpec& spec, A* out, const Operand* srcs, int nsrc, int64_t count,
-                               bool avg) {
+bool reduce_into_output(const ReduceSpec& spec, A* out, const Operand* srcs, int nsrc, int64_t count, bool avg) {
   const size_t bytes = static_cast<size_t>(count) * sizeof(A);
   for (int s = 0; s < nsrc; ++s) {
     if (overlaps(out, srcs[s].ptr, bytes) && (s >= 2 || srcs[s].ptr != out)) return false;
@@ -113,11 +112,9 @@ template <typename T, typename Acc, typename Op>
 void reduce_loop(const ReduceSpec& spec, void* out, bool out_acc, const Operand* srcs, int nsrc, int64_t count,
                  bool finalize) {
   const bool avg = finalize && spec.op == ReduceKind::Avg;
-  bool all_acc = std::is_same<T, Acc>::value;  // fp16/bf16/float8: only when every operand is acc-typed
-  if (!all_acc) {
-    all_acc = out_acc;
-    for (int s = 0; s < nsrc; ++s) all_acc = all_acc && srcs[s].acc;
-  }
+  // fp16/bf16/float8 skip the widening only when every operand already holds acc-typed values.
+  const bool all_acc = std::is_same<T, Acc>::value ||
+                       (out_acc && std::all_of(srcs, srcs + nsrc, [](const Operand& o) { return o.acc; }));
   if (all_acc && reduce_into_output<Acc, Op>(spec, static_cast<Acc*>(out), srcs, nsrc, count, avg)) return;
 
   alignas(64) Acc buf[kBlock];
