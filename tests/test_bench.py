@@ -190,6 +190,27 @@ def test_rounds_report_the_median(tmp_path):
         assert r["check"] == "ok" and r["error"] is None
 
 
+def test_shared_tensors_rows_are_checked_and_read_in_place(tmp_path):
+    """--shared-tensors: every backend's buffers in shared memory, results still checked; pycoll's
+    large ops read them in place (the debug log's plan), the JSON says which buffers were timed."""
+    out = tmp_path / "results"
+    proc = run_cli(["--backends", ",".join(BACKENDS), "--nproc", "2", "-b", "512K", "-e", "512K", "--ops",
+                    "all_reduce,reduce_scatter,all_gather,broadcast", "--shared-tensors", "--check", "--budget",
+                    "0.01", "--prewarm", "0", "--out", str(out), "--no-plot"], tmp_path,
+                   env_extra={"PYCOLL_DEBUG": "INFO"})
+    assert proc.returncode == 0, _describe(proc)
+    assert "buffers in shared memory" in proc.stdout, proc.stdout
+    doc = json.loads(sorted(out.glob("*.json"))[0].read_text())
+    assert doc["config"]["shared_tensors"] is True
+    rows = [r for r in doc["results"] if r["label"] != "floor"]
+    assert len(rows) == 4 * len(LABELS)
+    assert all(r["check"] == "ok" and r["error"] is None for r in rows), rows
+    if PYCOLL:
+        for op in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+            assert any(f"] {op} " in line and "plan=mapped in place" in line for line in proc.stderr.splitlines()), (
+                op, proc.stderr[-3000:])
+
+
 def test_combine_rounds():
     combine = _bench_module("runner").combine_rounds
 

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 USER = {"PYCOLL_ALGO", "PYCOLL_CPU_THREADS", "PYCOLL_DEBUG", "PYCOLL_SHM_BYTES", "PYCOLL_P2P_CHANNEL_BYTES", "PYCOLL_COST_MODEL",
         "PYCOLL_INTER_HOST_BACKEND", "PYCOLL_CHECK_ACROSS_HOSTS", "PYCOLL_COALESCE_P2P",
-        "PYCOLL_CPU_PEER_READ"}
+        "PYCOLL_CPU_PEER_READ", "PYCOLL_CPU_SHARED_TENSORS"}
 
 
 def test_every_setting_is_declared_once_with_doc_and_range():
@@ -60,6 +60,7 @@ def test_values_parse_with_suffixes_and_defaults(monkeypatch):
 @pytest.mark.parametrize("name,bad,words", [
     ("PYCOLL_P2P_CHANNEL_BYTES", "12", ["PYCOLL_P2P_CHANNEL_BYTES=12", "4096.."]),
     ("PYCOLL_CPU_PEER_READ", "sometimes", ["PYCOLL_CPU_PEER_READ=sometimes", "auto, on, off"]),
+    ("PYCOLL_CPU_SHARED_TENSORS", "auto", ["PYCOLL_CPU_SHARED_TENSORS=auto", "on, off"]),
 ])
 def test_group_creation_raises_on_a_bad_cpu_engine_setting(tmp_path, name, bad, words):
     # The CPU engine reads its settings when the group is made: the user sees the setting's name there.

@@ -1,5 +1,6 @@
 #include "algorithms/cpu_engine.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -36,6 +37,12 @@ const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cp
                             "all_gather of 64 MiB or more when every rank has at least 4 threads "
                             "(PYCOLL_CPU_THREADS). Where the OS forbids cross-memory attach, ops stage and the debug "
                             "log says so once.");
+const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
+                                 "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
+                                 "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
+                                 "map the peers' files and read them in place (on) or stage them like any tensor "
+                                 "(off). Where the OS forbids opening a peer's file, ops stage and the debug log "
+                                 "says so once.");
 // auto's rule, measured on a 32-CPU Xeon, 2 and 4 ranks (docs/algorithms.md, "CPU engine"): in
 // place, an all_gather of 64 MiB took 0.75-0.83x the staged time, but 1-16 MiB 1.05-3x, and a
 // broadcast 0.95-3x at every size: the kernel pins the peer's pages on every call, and many lanes
@@ -89,12 +96,20 @@ CpuEngine::PeerRead CpuEngine::parse_peer_read() {
   throw std::invalid_argument(str("pycoll: PYCOLL_CPU_PEER_READ=", v, " is not one of auto, on, off"));
 }
 
+bool CpuEngine::parse_shared_tensors() {
+  const std::string v = kSharedTensors.get();
+  if (v == "on") return true;
+  if (v == "off") return false;
+  throw std::invalid_argument(str("pycoll: PYCOLL_CPU_SHARED_TENSORS=", v, " is not one of on, off"));
+}
+
 CpuEngine::CpuEngine(Rendezvous rv, int rank, int size, std::chrono::milliseconds timeout)
     : rv_(std::move(rv)),
       rank_(rank),
       size_(size),
       timeout_(timeout),
       threads_(cpu_threads_per_rank(size)),
+      shared_tensors_on_(parse_shared_tensors()),
       peer_read_mode_(parse_peer_read()) {}
 
 CpuEngine::~CpuEngine() {
@@ -157,6 +172,84 @@ bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
   return peer_read_allowed_ == PeerReadAllowed::Yes;
 }
 
+std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c, OpCode op, int root,
+                                                                  const char* in, size_t in_bytes, const char* out,
+                                                                  size_t out_bytes) {
+  if (!shared_tensors_on_ || shared_open_ == SharedOpen::No) return std::nullopt;
+  const auto header_of = [&](int r) -> const OpHeader& { return transport_->control(r).header[seq_ & 1]; };
+  const bool with_out = op == OpCode::AllReduce;
+  // (rank, ref, bytes) of every buffer a peer reads; decided from the headers alone, so every
+  // rank decides the same.
+  struct Read {
+    int rank;
+    const SharedStorageRef* ref;
+    size_t bytes;
+  };
+  std::vector<Read> reads;
+  for (int r = 0; r < size_; ++r) {
+    if (op == OpCode::Broadcast && r != root) continue;
+    reads.push_back({r, &header_of(r).shared_in, in_bytes});
+    if (with_out) reads.push_back({r, &header_of(r).shared_out, out_bytes});
+  }
+  for (const Read& a : reads) {
+    if (!a.ref->valid()) return std::nullopt;
+    // Two ranks passing the same memory (one tensor shared with both) would write what the other
+    // reads: those stage, as they did before.
+    for (const Read& b : reads) {
+      if (a.rank < b.rank && a.ref->dev == b.ref->dev && a.ref->ino == b.ref->ino &&
+          a.ref->offset < b.ref->offset + static_cast<int64_t>(b.bytes) &&
+          b.ref->offset < a.ref->offset + static_cast<int64_t>(a.bytes)) {
+        return std::nullopt;
+      }
+    }
+  }
+  SharedBuffers bufs{std::vector<const char*>(size_, nullptr), std::vector<const char*>(size_, nullptr)};
+  bufs.in[rank_] = in;
+  bufs.out[rank_] = out;
+  uint64_t vote = 1;  // 1: mapped everything; 2: not allowed; 3: failed otherwise
+  int err = 0, failed_peer = -1;
+  for (const Read& a : reads) {
+    if (a.rank == rank_ || vote != 1) continue;
+    const char* p = peer_files_.map(a.rank, transport_->control(a.rank).pid, *a.ref, &err);
+    if (p == nullptr) {
+      vote = err == EACCES || err == EPERM ? 2 : 3;
+      failed_peer = a.rank;
+    }
+    (a.ref == &header_of(a.rank).shared_in ? bufs.in : bufs.out)[a.rank] = p;
+  }
+  ControlBlock& mine = transport_->control(rank_);
+  mine.shared_vote.value.store(seq_ * 4 + vote, std::memory_order_release);
+  uint64_t worst = vote;
+  int worst_rank = rank_;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    c.w.until_ge(r, transport_->control(r).shared_vote.value, seq_ * 4 + 1, "shared-memory tensors: peers mapped");
+    const uint64_t v = transport_->control(r).shared_vote.value.load(std::memory_order_acquire) - seq_ * 4;
+    if (v > worst) worst = v, worst_rank = r;
+  }
+  if (worst == 2) {
+    shared_open_ = SharedOpen::No;  // every rank saw the same votes
+    if (debug_info_enabled()) {
+      const std::string why = failed_peer >= 0 ? str("opening rank ", failed_peer, "'s file failed: ", std::strerror(err))
+                                               : str("rank ", worst_rank, " may not open its peers' files");
+      std::fprintf(stderr,
+                   "[pycoll %d/%d] peers' shared-memory tensors cannot be mapped (%s): large CPU collectives "
+                   "stage them through shared memory\n",
+                   rank_, size_, why.c_str());
+    }
+  }
+  if (worst != 1) {
+    if (worst == 3 && debug_info_enabled()) {
+      std::fprintf(stderr, "[pycoll %d/%d] op #%llu: rank %d could not map a peer's shared-memory tensor%s%s; the op "
+                   "stages\n", rank_, size_, static_cast<unsigned long long>(seq_), worst_rank,
+                   failed_peer >= 0 ? ": " : "", failed_peer >= 0 ? std::strerror(err) : "");
+    }
+    return std::nullopt;
+  }
+  shared_open_ = SharedOpen::Yes;
+  return bufs;
+}
+
 void CpuEngine::abort() { abort_.store(true); }
 
 void CpuEngine::ensure_transport() {
@@ -193,7 +286,7 @@ CpuContext CpuEngine::begin(OpHeader h, Waiter& w, const char* eager, size_t eag
   h.seq = ++seq_;
   h.lanes = threads_;
   last_lanes_ = 0;
-  last_read_in_place_ = false;
+  last_data_path_ = "pipelined";
   ControlBlock& mine = transport_->control(rank_);
   std::memcpy(&mine.header[h.seq & 1], &h, sizeof(OpHeader));
   CpuContext c{*transport_, w, barrier_epoch_, phase_, ring_step_, up_step_, down_step_};
@@ -236,7 +329,8 @@ void CpuEngine::finish(CpuContext& c) {
   c.barrier();
 }
 
-Algo CpuEngine::all_reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, Algo algo) {
+Algo CpuEngine::all_reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, Algo algo,
+                           const SharedRefs& shared) {
   const size_t E = dtype_size(t);
   const size_t bytes = static_cast<size_t>(count) * E;
   const Algo a = resolve(OpCode::AllReduce, algo, bytes);
@@ -244,13 +338,24 @@ Algo CpuEngine::all_reduce(const char* in, char* out, int64_t count, DType t, Re
   const ReduceSpec spec{t, op, size_};
   // Small one-shot ops publish their data together with the header: one barrier in all.
   const bool eager = a == Algo::OneShot && bytes <= (transport_->data_bytes() / 2 & ~size_t(63));
-  CpuContext c = begin(header(OpCode::AllReduce, t, count, op, 0, a), w, eager ? in : nullptr, eager ? bytes : 0);
+  OpHeader h = header(OpCode::AllReduce, t, count, op, 0, a);
+  h.shared_in = shared.in;
+  h.shared_out = shared.out;
+  CpuContext c = begin(h, w, eager ? in : nullptr, eager ? bytes : 0);
   switch (a) {
     case Algo::OneShot: oneshot_all_reduce(c, spec, in, out, count, eager); break;
     case Algo::TwoShot: {
       // The two-shot is pipelined at every size it is chosen for (from ~32 KiB).
+      std::optional<SharedBuffers> mapped;
+      if (pipelines(bytes)) mapped = shared_buffers(c, OpCode::AllReduce, 0, in, bytes, out, bytes);
       Pipeline p = pipeline(w, bytes);
-      pipelined_all_reduce(p, spec, in, out, count);
+      if (mapped) {
+        last_data_path_ = "mapped in place";
+        shared_all_reduce(p, c, spec, mapped->in, mapped->out, out, count);
+        finish(c);  // every output stays valid until every peer has read it
+      } else {
+        pipelined_all_reduce(p, spec, in, out, count);
+      }
       break;
     }
     case Algo::Ring: ring_all_reduce(c, spec, in, out, count); break;
@@ -278,19 +383,27 @@ Algo CpuEngine::reduce(const char* in, char* out, int64_t count, DType t, Reduce
   return a;
 }
 
-Algo CpuEngine::broadcast(char* buf, int64_t count, DType t, int root, Algo algo) {
+Algo CpuEngine::broadcast(char* buf, int64_t count, DType t, int root, Algo algo, const SharedRefs& shared) {
   const size_t bytes = static_cast<size_t>(count) * dtype_size(t);
   const Algo a = resolve(OpCode::Broadcast, algo, bytes);
   Waiter w = waiter(OpCode::Broadcast);
   OpHeader h = header(OpCode::Broadcast, t, count, ReduceKind::Sum, root, a);
   h.addr = reinterpret_cast<int64_t>(buf);
+  h.shared_in = shared.in;
   CpuContext c = begin(h, w);
+  std::optional<SharedBuffers> mapped;
+  if (a != Algo::Tree && pipelines(bytes)) mapped = shared_buffers(c, OpCode::Broadcast, root, buf, bytes, buf, bytes);
   if (a == Algo::Tree) {
     tree_broadcast(c, t, buf, count, root);
     finish(c);
+  } else if (mapped) {
+    Pipeline p = pipeline(w, bytes);
+    last_data_path_ = "mapped in place";
+    shared_broadcast(p, t, mapped->in[root], buf, count, root);
+    finish(c);  // the root's buffer stays valid until every rank has read it
   } else if (pipelines(bytes) && reads_in_place(c, OpCode::Broadcast, bytes)) {
     Pipeline p = pipeline(w, bytes);
-    last_read_in_place_ = true;
+    last_data_path_ = "read in place";
     peer_read_broadcast(p, header_addrs().data(), t, buf, count, root);
     finish(c);  // the root's buffer stays valid until every rank has read it
   } else if (pipelines(bytes)) {
@@ -302,18 +415,27 @@ Algo CpuEngine::broadcast(char* buf, int64_t count, DType t, int root, Algo algo
   return a;
 }
 
-Algo CpuEngine::all_gather(const char* in, char* out, int64_t m, DType t, Algo algo) {
+Algo CpuEngine::all_gather(const char* in, char* out, int64_t m, DType t, Algo algo, const SharedRefs& shared) {
   const size_t bytes = static_cast<size_t>(m) * dtype_size(t) * size_;
   const Algo a = resolve(OpCode::AllGather, algo, bytes);
   Waiter w = waiter(OpCode::AllGather);
   OpHeader h = header(OpCode::AllGather, t, m, ReduceKind::Sum, 0, a);
   h.addr = reinterpret_cast<int64_t>(in);
+  h.shared_in = shared.in;
   CpuContext c = begin(h, w);
+  const size_t in_bytes = static_cast<size_t>(m) * dtype_size(t);
+  std::optional<SharedBuffers> mapped;
+  if (a != Algo::Ring && pipelines(bytes)) mapped = shared_buffers(c, OpCode::AllGather, 0, in, in_bytes, out, bytes);
   if (a == Algo::Ring) {
     ring_all_gather(c, t, in, out, m);
+  } else if (mapped) {
+    Pipeline p = pipeline(w, bytes);
+    last_data_path_ = "mapped in place";
+    shared_all_gather(p, t, mapped->in, out, m);
+    finish(c);  // every rank's input stays valid until every peer has read it
   } else if (pipelines(bytes) && reads_in_place(c, OpCode::AllGather, bytes)) {
     Pipeline p = pipeline(w, bytes);
-    last_read_in_place_ = true;
+    last_data_path_ = "read in place";
     peer_read_all_gather(p, header_addrs().data(), t, in, out, m);
     finish(c);  // every rank's input stays valid until every peer has read it
   } else if (pipelines(bytes)) {
@@ -325,14 +447,26 @@ Algo CpuEngine::all_gather(const char* in, char* out, int64_t m, DType t, Algo a
   return a;
 }
 
-Algo CpuEngine::reduce_scatter(const char* in, char* out, int64_t m, DType t, ReduceKind op, Algo algo) {
+Algo CpuEngine::reduce_scatter(const char* in, char* out, int64_t m, DType t, ReduceKind op, Algo algo,
+                               const SharedRefs& shared) {
   const size_t bytes = static_cast<size_t>(m) * dtype_size(t) * size_;
   const Algo a = resolve(OpCode::ReduceScatter, algo, bytes);
   Waiter w = waiter(OpCode::ReduceScatter);
   const ReduceSpec spec{t, op, size_};
-  CpuContext c = begin(header(OpCode::ReduceScatter, t, m, op, 0, a), w);
+  OpHeader h = header(OpCode::ReduceScatter, t, m, op, 0, a);
+  h.shared_in = shared.in;
+  CpuContext c = begin(h, w);
+  std::optional<SharedBuffers> mapped;
+  if (a != Algo::Ring && pipelines(bytes)) {
+    mapped = shared_buffers(c, OpCode::ReduceScatter, 0, in, bytes, out, bytes / size_);
+  }
   if (a == Algo::Ring) {
     ring_reduce_scatter(c, spec, in, out, m);
+  } else if (mapped) {
+    Pipeline p = pipeline(w, bytes);
+    last_data_path_ = "mapped in place";
+    shared_reduce_scatter(p, spec, mapped->in, out, m);
+    finish(c);  // every rank's input stays valid until every peer has read it
   } else if (pipelines(bytes)) {
     Pipeline p = pipeline(w, bytes);
     pipelined_reduce_scatter(p, spec, in, out, m);

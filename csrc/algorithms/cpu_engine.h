@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,17 @@
 #include "algorithms/lane_pool.h"
 #include "algorithms/p2p.h"
 #include "algorithms/pipelined.h"
+#include "algorithms/shared_storage.h"
 #include "common/rendezvous.h"
 #include "common/types.h"
 
 namespace pycoll {
+
+// The shared-memory files behind an op's buffers, where they have one (engines/shared_storage_ref.h).
+struct SharedRefs {
+  SharedStorageRef in;   // broadcast: the buffer
+  SharedStorageRef out;  // all_reduce only
+};
 
 class CpuEngine {
  public:
@@ -30,11 +38,15 @@ class CpuEngine {
   ~CpuEngine();
 
   // Each returns the algorithm that ran. `algo` Auto asks the cost model.
-  Algo all_reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, Algo algo);
+  // `shared`: where the buffers live in shared-memory files; large ops read peers' in place when
+  // every buffer they read has one (algorithms/shared_storage.h).
+  Algo all_reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, Algo algo,
+                  const SharedRefs& shared = {});
   Algo reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, int root, Algo algo);
-  Algo broadcast(char* buf, int64_t count, DType t, int root, Algo algo);
-  Algo all_gather(const char* in, char* out, int64_t m, DType t, Algo algo);
-  Algo reduce_scatter(const char* in, char* out, int64_t m, DType t, ReduceKind op, Algo algo);
+  Algo broadcast(char* buf, int64_t count, DType t, int root, Algo algo, const SharedRefs& shared = {});
+  Algo all_gather(const char* in, char* out, int64_t m, DType t, Algo algo, const SharedRefs& shared = {});
+  Algo reduce_scatter(const char* in, char* out, int64_t m, DType t, ReduceKind op, Algo algo,
+                      const SharedRefs& shared = {});
   void gather(const char* in, char* out, int64_t m, DType t, int root);
   void scatter(const char* in, char* out, int64_t m, DType t, int root);
   // Byte counts and offsets per peer.
@@ -51,8 +63,10 @@ class CpuEngine {
   uint64_t seq() const { return seq_; }
   // Lanes of the last op if it ran pipelined (algorithms/pipelined.h), else 0: for the debug log.
   int last_pipeline_lanes() const { return last_lanes_; }
-  // Whether the last op read its peers' buffers in place (algorithms/peer_read.h): for the debug log.
-  bool last_read_in_place() const { return last_read_in_place_; }
+  // How the last pipelined op moved its data, for the debug log: "pipelined" (staged), "read in
+  // place" (cross-memory attach, algorithms/peer_read.h) or "mapped in place" (peers' shared-memory
+  // files, algorithms/shared_storage.h).
+  const char* last_data_path() const { return last_data_path_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 
  private:
@@ -78,6 +92,15 @@ class CpuEngine {
   bool reads_in_place(CpuContext& c, OpCode op, size_t bytes);
   // Every rank's OpHeader::addr for the op begun last.
   std::vector<int64_t> header_addrs() const;
+  // Every rank's buffers, readable here, when the op begun last reads its peers' shared-memory
+  // files in place: every buffer it reads (in: every rank's input, broadcast: the root's; out:
+  // all_reduce's outputs too) lives in one, no two ranks' overlap, and every rank mapped its
+  // peers' (one vote, one extra barrier). nullopt on every rank otherwise.
+  struct SharedBuffers {
+    std::vector<const char*> in, out;
+  };
+  std::optional<SharedBuffers> shared_buffers(CpuContext& c, OpCode op, int root, const char* in, size_t in_bytes,
+                                              const char* out, size_t out_bytes);
 
   Rendezvous rv_;
   int rank_;
@@ -95,9 +118,13 @@ class CpuEngine {
   uint64_t down_step_ = 0;
   int threads_ = 1;  // what this rank offers a pipelined op
   int last_lanes_ = 0;
-  bool last_read_in_place_ = false;
+  const char* last_data_path_ = "pipelined";
+  bool shared_tensors_on_;  // PYCOLL_CPU_SHARED_TENSORS
+  enum class SharedOpen { Unknown, Yes, No } shared_open_ = SharedOpen::Unknown;
+  PeerFileMaps peer_files_;
   enum class PeerRead { Off, Auto, On };
   static PeerRead parse_peer_read();  // PYCOLL_CPU_PEER_READ
+  static bool parse_shared_tensors();  // PYCOLL_CPU_SHARED_TENSORS
   PeerRead peer_read_mode_;
   enum class PeerReadAllowed { Unknown, Yes, No } peer_read_allowed_ = PeerReadAllowed::Unknown;
   std::unique_ptr<LanePool> pool_;  // made on the first op that uses more than one lane

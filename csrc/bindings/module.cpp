@@ -218,6 +218,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "_set_test_deny_peer_read", [](bool deny) { pycoll::test_hooks::set_deny_peer_read(deny); }, py::arg("deny"),
       "Tests only: this process's cross-memory attach reads fail as if the OS forbade them (common/test_hooks.h).");
+  m.def(
+      "_set_test_deny_shared_open", [](bool deny) { pycoll::test_hooks::set_deny_shared_open(deny); },
+      py::arg("deny"),
+      "Tests only: opening peers' shared-memory files fails as if the OS forbade it (common/test_hooks.h).");
   register_compression(m);
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);

@@ -8,6 +8,7 @@ namespace pycoll::test_hooks {
 namespace {
 std::atomic<int64_t> g_linger_ms{0};
 std::atomic<bool> g_deny_peer_read{false};
+std::atomic<bool> g_deny_shared_open{false};
 }  // namespace
 
 std::chrono::milliseconds thread_linger() { return std::chrono::milliseconds(g_linger_ms.load()); }
@@ -22,5 +23,9 @@ void linger_if_set() {
 bool deny_peer_read() { return g_deny_peer_read.load(std::memory_order_relaxed); }
 
 void set_deny_peer_read(bool deny) { g_deny_peer_read.store(deny); }
+
+bool deny_shared_open() { return g_deny_shared_open.load(std::memory_order_relaxed); }
+
+void set_deny_shared_open(bool deny) { g_deny_shared_open.store(deny); }
 
 }  // namespace pycoll::test_hooks

@@ -20,4 +20,9 @@ void linger_if_set();
 bool deny_peer_read();
 void set_deny_peer_read(bool deny);
 
+// Makes this process fail to open its peers' shared-memory files with EACCES, as where the OS
+// forbids it (algorithms/shared_storage.h). false in production.
+bool deny_shared_open();
+void set_deny_shared_open(bool deny);
+
 }  // namespace pycoll::test_hooks

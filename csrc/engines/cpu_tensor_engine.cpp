@@ -2,6 +2,7 @@
 
 #include "algorithms/cpu_engine.h"
 #include "engines/dtypes.h"
+#include "engines/shared_storage_ref.h"
 
 namespace pycoll {
 
@@ -19,8 +20,7 @@ Algo CpuTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   // the double binary tree, cuda/all_reduce_plan.h).
   if (c.plan_text && ran == Algo::Tree) *c.plan_text = "pipelined_binary_tree";
   if (c.plan_text && cpu_.last_pipeline_lanes() > 0) {
-    *c.plan_text = (cpu_.last_read_in_place() ? "read in place lanes=" : "pipelined lanes=") +
-                   std::to_string(cpu_.last_pipeline_lanes());
+    *c.plan_text = std::string(cpu_.last_data_path()) + " lanes=" + std::to_string(cpu_.last_pipeline_lanes());
   }
   return ran;
 }
@@ -33,15 +33,18 @@ Algo CpuTensorEngine::run_op(const Collective& c, const c10::Stream& /*stream*/)
   const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   switch (c.op) {
     case OpCode::AllReduce:
-      return cpu_.all_reduce(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, algo);
+      return cpu_.all_reduce(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, algo,
+                             {shared_storage_of(c.input), shared_storage_of(c.output)});
     case OpCode::Reduce:
       return cpu_.reduce(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.reduce, c.root, algo);
     case OpCode::Broadcast:
-      return cpu_.broadcast(bytes_of(c.output), count(c.output), dt, c.root, algo);
+      return cpu_.broadcast(bytes_of(c.output), count(c.output), dt, c.root, algo, {shared_storage_of(c.output), {}});
     case OpCode::AllGather:
-      return cpu_.all_gather(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, algo);
+      return cpu_.all_gather(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, algo,
+                             {shared_storage_of(c.input), {}});
     case OpCode::ReduceScatter:
-      return cpu_.reduce_scatter(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, algo);
+      return cpu_.reduce_scatter(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, algo,
+                                 {shared_storage_of(c.input), {}});
     case OpCode::Gather:
       cpu_.gather(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.root);
       return Algo::Direct;

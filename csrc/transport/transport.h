@@ -25,6 +25,18 @@ struct alignas(64) Counter {
 };
 static_assert(sizeof(Counter) == 64, "Counter must fill one cache line");
 
+// A buffer whose memory is a shared-memory file this rank keeps open (a tensor after
+// share_memory_()): a peer maps the file through /proc/<pid>/fd/<fd> and reads the buffer in place
+// (algorithms/shared_storage.h). fd < 0: the buffer is private memory.
+struct SharedStorageRef {
+  int64_t fd = -1;
+  int64_t file_bytes = 0;  // the mapping's length from the file's start
+  uint64_t dev = 0;        // st_dev and st_ino: which file, whatever fd number it has in the peer
+  uint64_t ino = 0;
+  int64_t offset = 0;  // where the buffer starts in the file
+  bool valid() const { return fd >= 0; }
+};
+
 // What each rank declares before a collective; peers compare it to catch
 // mismatched calls (different op, size, dtype, root...) before any data moves.
 struct OpHeader {
@@ -38,6 +50,8 @@ struct OpHeader {
   int64_t aux;  // op-specific (e.g. largest all_to_all block)
   int64_t lanes;  // threads this rank offers a pipelined op; the op uses the fewest any rank offers
   int64_t addr;   // where this rank's buffer is in its own process, for peers that read it in place
+  SharedStorageRef shared_in;   // the input (broadcast: the buffer), if it lives in a shared file
+  SharedStorageRef shared_out;  // all_reduce: the output, if it lives in a shared file
   int64_t split_bytes[kMaxRanks];  // all_to_all: bytes this rank sends to each peer
   int64_t recv_bytes[kMaxRanks];   // all_to_all: bytes this rank expects from each peer
 };
@@ -60,6 +74,7 @@ struct alignas(64) ControlBlock {
   Counter down_consumed;  // tree broadcast: I have read my parent's segment g
   LaneCounters lanes[kMaxLanes];
   Counter peer_read_probe;  // seq * 4 + 1: I can read every peer in place; + 2: I cannot
+  Counter shared_vote;      // seq * 4 + 1: I mapped every peer's shared buffer; + 2: not allowed; + 3: failed
   OpHeader header[2];     // by op sequence parity
   Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
   Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me

@@ -106,6 +106,10 @@ def build_parser():
                    help="in-place all_gather / reduce_scatter (input is the rank's chunk of the output / "
                         "output is the rank's chunk of the input); default out-of-place. all_reduce, "
                         "broadcast, reduce are in place by definition, all_to_all, sendrecv, send and pingpong never")
+    g.add_argument("--shared-tensors", action="store_true",
+                   help="CPU: put every row's buffers in shared memory (tensor.share_memory_()), where pycoll's "
+                        "large ops read the peers' in place (PYCOLL_CPU_SHARED_TENSORS); every backend gets the "
+                        "same buffers, the memory floor private ones")
     g = p.add_argument_group("sizes (nccl-tests flags)")
     g.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (default: 8)")
     g.add_argument("-e", "--maxbytes", type=_size_arg, default=None,
@@ -206,6 +210,8 @@ def parse_config(argv, parser=None):
         device = "cuda" if ngpu >= 2 or (launched and ngpu >= max(1, local_world)) else "cpu"
     if device == "cuda" and ngpu == 0:
         err("--device cuda: no GPU is visible")
+    if a.shared_tensors and device != "cpu":
+        err("--shared-tensors puts CPU tensors in shared memory; this run is on " + device)
     if a.graph and device != "cuda":
         err("--graph times CUDA graph replay and needs GPUs (--device cuda); this run is on CPU"
             + ("" if ngpu else ": no GPU is visible"))
@@ -294,7 +300,7 @@ def parse_config(argv, parser=None):
         device=device, nproc=world, backends=backends, algos=algos, ops=ops, sizes=sizes, dtypes=dtypes,
         reduce_op=a.reduce_op, root=a.root, warmup=a.warmup, prewarm_s=max(0.0, a.prewarm), iters=a.iters,
         budget_s=a.budget, rounds=a.rounds,
-        inplace=a.inplace, check=a.check, graph=a.graph, inject_fault=a.inject_fault, out_dir=a.out, name=a.name,
+        inplace=a.inplace, shared_tensors=a.shared_tensors, check=a.check, graph=a.graph, inject_fault=a.inject_fault, out_dir=a.out, name=a.name,
         save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out,
         timeout_s=a.timeout, progress=not a.no_progress, command=_command(argv), argv=list(argv),
         launcher="torchrun" if launched else "spawn", hosts=a.hosts)

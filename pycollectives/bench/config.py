@@ -22,6 +22,7 @@ class BenchConfig:
     rounds: int = 1                  # the whole sweep this many times; a row's time is the median
     max_iters: int = 5000
     inplace: bool = False
+    shared_tensors: bool = False     # CPU buffers in shared memory (share_memory_())
     check: bool = False
     graph: bool = False
     inject_fault: str = ""           # tests only: comma-separated ops (or "all") whose result the last rank corrupts

@@ -128,7 +128,8 @@ def format_table(rows, meta, cfg, baseline):
         f"# pycoll-bench: {meta['world_size']} ranks"
         + (f" as {cfg.hosts} simulated hosts of {meta['world_size'] // cfg.hosts}" if cfg.hosts > 1 else "")
         + f", {meta['device']} ({meta['card']}), torch {meta['torch']}, "
-        f"{','.join(cfg.dtypes)}, op {cfg.reduce_op}, {mode} where the op allows, {iters}",
+        f"{','.join(cfg.dtypes)}, op {cfg.reduce_op}, {mode} where the op allows, "
+        + ("buffers in shared memory, " if cfg.shared_tensors else "") + f"{iters}",
         "# time: mean per call, max over ranks" + (", median over the rounds" if cfg.rounds > 1 else "")
         + "; algbw = size / time; busbw = algbw * nccl-tests factor;",
         f"# {ratio_head} = busbw / busbw of {baseline} at the same size (>1: faster than {baseline})",

@@ -349,6 +349,9 @@ class RankRunner:
                     count = nbytes // elem
                     inplace = coll.is_inplace(cfg.inplace)
                     bufs = coll.setup(count, dtype, self.device, self.rank, self.world, inplace)
+                    if cfg.shared_tensors:
+                        for t in bufs.values():
+                            t.share_memory_()  # moves the storage; views of it follow
                     ref = None
                     if cfg.check:
                         ref = checker.expected(op, self.rank, self.world, count, dtype, self.device,

@@ -1,0 +1,136 @@
+#include "algorithms/shared_storage.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "common/test_hooks.h"
+
+namespace pycoll {
+
+PeerFileMaps::~PeerFileMaps() {
+  for (const Mapping& m : maps_) munmap(m.base, static_cast<size_t>(m.bytes));
+}
+
+void PeerFileMaps::evict_oldest(int peer) {
+  auto oldest = maps_.end();
+  for (auto it = maps_.begin(); it != maps_.end(); ++it) {
+    if (it->peer == peer && (oldest == maps_.end() || it->last_use < oldest->last_use)) oldest = it;
+  }
+  if (oldest == maps_.end()) return;
+  munmap(oldest->base, static_cast<size_t>(oldest->bytes));
+  maps_.erase(oldest);
+}
+
+const char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref, int* err) {
+  ++clock_;
+  int held = 0;
+  for (Mapping& m : maps_) {
+    if (m.peer != peer) continue;
+    // While mapped, the file cannot be freed, so its (dev, ino) names no other file.
+    if (m.dev == ref.dev && m.ino == ref.ino && m.bytes >= ref.file_bytes) {
+      m.last_use = clock_;
+      return static_cast<const char*>(m.base) + ref.offset;
+    }
+    ++held;
+  }
+  if (test_hooks::deny_shared_open()) {
+    *err = EACCES;
+    return nullptr;
+  }
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(ref.fd);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *err = errno;
+    return nullptr;
+  }
+  struct stat st {};
+  // The fd number could have been reused by the time we open it only if the peer had freed the
+  // tensor mid-op; the identity check makes that an error instead of a read of another file.
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != ref.dev ||
+      static_cast<uint64_t>(st.st_ino) != ref.ino || st.st_size < ref.file_bytes) {
+    *err = errno != 0 ? errno : ESTALE;
+    close(fd);
+    return nullptr;
+  }
+  void* base = mmap(nullptr, static_cast<size_t>(ref.file_bytes), PROT_READ, MAP_SHARED, fd, 0);
+  const int map_err = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    *err = map_err;
+    return nullptr;
+  }
+  if (held >= kMapsPerPeer) evict_oldest(peer);
+  maps_.push_back(Mapping{peer, ref.dev, ref.ino, ref.file_bytes, base, clock_});
+  return static_cast<const char*>(base) + ref.offset;
+}
+
+void shared_all_gather(Pipeline& p, DType t, const std::vector<const char*>& ins, char* out, int64_t m) {
+  const size_t E = dtype_size(t);
+  const int n = p.t.size(), me = p.t.rank();
+  const bool in_place = ins[me] == out + me * m * E;
+  run_lanes(p, [&](int lane) {
+    const int64_t b = part_begin(m, p.lanes, lane), len = part_end(m, p.lanes, lane) - b;
+    if (len == 0) return;
+    // Peers in ring order from me, so that the ranks do not all read rank 0 first.
+    for (int k = in_place ? 1 : 0; k < n; ++k) {
+      const int q = (me + k) % n;
+      std::memcpy(out + (q * m + b) * E, ins[q] + b * E, len * E);
+    }
+  });
+}
+
+void shared_broadcast(Pipeline& p, DType t, const char* root_buf, char* buf, int64_t count, int root) {
+  if (p.t.rank() == root) return;  // the caller's closing barrier waits for every reader
+  const size_t E = dtype_size(t);
+  run_lanes(p, [&](int lane) {
+    const int64_t b = part_begin(count, p.lanes, lane), len = part_end(count, p.lanes, lane) - b;
+    if (len > 0) std::memcpy(buf + b * E, root_buf + b * E, len * E);
+  });
+}
+
+void shared_reduce_scatter(Pipeline& p, const ReduceSpec& spec, const std::vector<const char*>& ins, char* out,
+                           int64_t m) {
+  const size_t E = dtype_size(spec.dtype);
+  const int n = p.t.size(), me = p.t.rank();
+  run_lanes(p, [&](int lane) {
+    const int64_t b = part_begin(m, p.lanes, lane), len = part_end(m, p.lanes, lane) - b;
+    if (len == 0) return;
+    std::vector<Operand> srcs(n);
+    for (int r = 0; r < n; ++r) srcs[r] = {ins[r] + (me * m + b) * E, false};
+    reduce_operands(spec, out + b * E, false, srcs.data(), n, len, true);
+  });
+}
+
+void shared_all_reduce(Pipeline& p, CpuContext& c, const ReduceSpec& spec, const std::vector<const char*>& ins,
+                       const std::vector<const char*>& outs, char* out, int64_t count) {
+  const size_t E = dtype_size(spec.dtype);
+  const int n = p.t.size(), me = p.t.rank();
+  const int64_t mine = part_begin(count, n, me), mine_len = part_end(count, n, me) - mine;
+  run_lanes(p, [&](int lane) {
+    const int64_t b = mine + part_begin(mine_len, p.lanes, lane), len = part_end(mine_len, p.lanes, lane) -
+                                                                          part_begin(mine_len, p.lanes, lane);
+    if (len == 0) return;
+    std::vector<Operand> srcs(n);
+    for (int r = 0; r < n; ++r) srcs[r] = {ins[r] + b * E, false};
+    reduce_operands(spec, out + b * E, false, srcs.data(), n, len, true);
+  });
+  // Every slice is reduced, and nobody reads an input again: each output may now take the others.
+  c.barrier();
+  run_lanes(p, [&](int lane) {
+    for (int k = 1; k < n; ++k) {
+      const int q = (me + k) % n;
+      const int64_t s = part_begin(count, n, q), s_len = part_end(count, n, q) - s;
+      const int64_t b = s + part_begin(s_len, p.lanes, lane), len = part_end(s_len, p.lanes, lane) -
+                                                                   part_begin(s_len, p.lanes, lane);
+      if (len > 0) std::memcpy(out + b * E, outs[q] + b * E, len * E);
+    }
+  });
+}
+
+}  // namespace pycoll

@@ -1,0 +1,31 @@
+#include "engines/shared_storage_ref.h"
+
+#include <ATen/MapAllocator.h>
+#include <sys/stat.h>
+
+namespace pycoll {
+
+SharedStorageRef shared_storage_of(const at::Tensor& t) {
+  SharedStorageRef ref;
+  if (!t.defined() || !t.device().is_cpu() || !t.has_storage() || !t.is_contiguous() || t.nbytes() == 0) return ref;
+  const at::DataPtr& data = t.storage().data_ptr();
+  at::MapAllocator* map = at::MapAllocator::fromDataPtr(data);
+  // KEEPFD: the file stays open for the storage's lifetime, so /proc/<pid>/fd/<fd> names it
+  // while the op runs. Without it (a named file mapped and closed) there is nothing to reopen.
+  if (map == nullptr || (map->flags() & at::ALLOCATOR_MAPPED_KEEPFD) == 0 || map->fd() < 0) return ref;
+  struct stat st {};
+  if (fstat(map->fd(), &st) != 0) return ref;
+  const char* base = static_cast<const char*>(map->data());
+  const char* begin = static_cast<const char*>(t.data_ptr());
+  const int64_t offset = begin - base;
+  const int64_t bytes = static_cast<int64_t>(t.nbytes());
+  if (offset < 0 || offset + bytes > static_cast<int64_t>(map->size()) || offset + bytes > st.st_size) return ref;
+  ref.fd = map->fd();
+  ref.file_bytes = static_cast<int64_t>(map->size());
+  ref.dev = static_cast<uint64_t>(st.st_dev);
+  ref.ino = static_cast<uint64_t>(st.st_ino);
+  ref.offset = offset;
+  return ref;
+}
+
+}  // namespace pycoll
