@@ -178,6 +178,37 @@ def test_setting_off_stages(seed):
               env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_SHARED_TENSORS": "off"})
 
 
+def _large_one_lane_rank(rank, ws, seed, expected_all_gather_16mib):
+    """With one thread per rank a 16 MiB all_gather stages (faster there, cpu_engine.cpp), an 8 MiB
+    one and a 16 MiB broadcast read in place; with more threads the 16 MiB all_gather reads in place."""
+    quiet()
+    cases = Cases("shared tensors, large", rank, ws, seed)
+    plans = Plans()
+    for mib, expected in ((8, MAPPED), (16, expected_all_gather_16mib)):
+        m = (mib << 20) // 4 // ws
+        with cases.case(op="all_gather", mib=mib):
+            xs = [gen(torch.float32, "data", (m,), cases.seed(r)) for r in range(ws)]
+            out = torch.empty(ws * m)
+            dist.all_gather_into_tensor(out, xs[rank].clone().share_memory_())
+            cases.check("all_gather", out, torch.cat(xs))
+            got = plans.since("allgather")
+            cases.expect(got == [expected], f"plans {got}, expected {expected}")
+    with cases.case(op="broadcast", mib=16):
+        x = gen(torch.float32, "data", ((16 << 20) // 4,), cases.seed(0))
+        b = (x.clone() if rank == 0 else torch.zeros_like(x)).share_memory_()
+        dist.broadcast(b, src=0)
+        cases.check("broadcast", b, x)
+        got = plans.since("broadcast")
+        cases.expect(got == [MAPPED], f"plans {got}, expected {MAPPED}")
+    return cases.finish()
+
+
+@pytest.mark.parametrize("threads,expected", [("1", "pipelined"), ("2", MAPPED)])
+def test_large_all_gather_with_one_thread_stages(threads, expected, seed):
+    run_ranks(2, _large_one_lane_rank, seed, expected, timeout=300,
+              env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_THREADS": threads})
+
+
 def _denied_rank(rank, ws, seed, deny_on):
     quiet()
     from pycollectives import _C

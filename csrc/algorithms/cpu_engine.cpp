@@ -40,9 +40,22 @@ const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cp
 const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
                                  "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
                                  "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
-                                 "map the peers' files and read them in place (on) or stage them like any tensor "
-                                 "(off). Where the OS forbids opening a peer's file, ops stage and the debug log "
-                                 "says so once.");
+                                 "map the peers' files and read them in place (on; with one thread per rank an "
+                                 "all_gather of 16 MiB or more and a broadcast of 64 MiB or more still stage, "
+                                 "which is faster there) or stage them like any tensor (off). Where the OS forbids "
+                                 "opening a peer's file, ops stage and the debug log says so once.");
+// A one-lane all_gather of 16 MiB or more, or broadcast of 64 MiB or more, stages even where it
+// could read shared tensors in place. Staged, each input is read from memory once, by its owner,
+// and reaches the peers through slots that stay in cache, with the copying spread over every
+// rank's core; read in place, every rank reads every input from memory itself. With one thread
+// per rank that costs more than the staging copy once the buffers leave the cache (2-core CI
+// machine, 2026-11-29, 2 ranks: all_gather 64 MiB 0.82-0.91 of the floor in place against
+// 1.04-1.13 staged, 16 MiB about equal; broadcast 64 MiB 1.14-1.23 against 1.49-1.57, 16 MiB
+// 1.47-1.89 against 1.06-1.27). With several lanes, in place won or tied at every size measured
+// (16-CPU Xeon). reduce_scatter and all_reduce read in place at every size: staging adds a copy.
+constexpr size_t kSharedOneLaneAllGatherMaxBytes = size_t(16) << 20;
+constexpr size_t kSharedOneLaneBroadcastMaxBytes = size_t(64) << 20;
+
 // auto's rule, measured on a 32-CPU Xeon, 2 and 4 ranks (docs/algorithms.md, "CPU engine"): in
 // place, an all_gather of 64 MiB took 0.75-0.83x the staged time, but 1-16 MiB 1.05-3x, and a
 // broadcast 0.95-3x at every size: the kernel pins the peer's pages on every call, and many lanes
@@ -170,6 +183,13 @@ bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
     }
   }
   return peer_read_allowed_ == PeerReadAllowed::Yes;
+}
+
+bool CpuEngine::worth_reading_shared(OpCode op, size_t bytes) const {
+  if (pipeline_lanes(bytes, size_, offered_threads()) > 1) return true;
+  if (op == OpCode::AllGather) return bytes < kSharedOneLaneAllGatherMaxBytes;
+  if (op == OpCode::Broadcast) return bytes < kSharedOneLaneBroadcastMaxBytes;
+  return true;
 }
 
 std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c, OpCode op, int root,
@@ -392,7 +412,9 @@ Algo CpuEngine::broadcast(char* buf, int64_t count, DType t, int root, Algo algo
   h.shared_in = shared.in;
   CpuContext c = begin(h, w);
   std::optional<SharedBuffers> mapped;
-  if (a != Algo::Tree && pipelines(bytes)) mapped = shared_buffers(c, OpCode::Broadcast, root, buf, bytes, buf, bytes);
+  if (a != Algo::Tree && pipelines(bytes) && worth_reading_shared(OpCode::Broadcast, bytes)) {
+    mapped = shared_buffers(c, OpCode::Broadcast, root, buf, bytes, buf, bytes);
+  }
   if (a == Algo::Tree) {
     tree_broadcast(c, t, buf, count, root);
     finish(c);
@@ -425,7 +447,9 @@ Algo CpuEngine::all_gather(const char* in, char* out, int64_t m, DType t, Algo a
   CpuContext c = begin(h, w);
   const size_t in_bytes = static_cast<size_t>(m) * dtype_size(t);
   std::optional<SharedBuffers> mapped;
-  if (a != Algo::Ring && pipelines(bytes)) mapped = shared_buffers(c, OpCode::AllGather, 0, in, in_bytes, out, bytes);
+  if (a != Algo::Ring && pipelines(bytes) && worth_reading_shared(OpCode::AllGather, bytes)) {
+    mapped = shared_buffers(c, OpCode::AllGather, 0, in, in_bytes, out, bytes);
+  }
   if (a == Algo::Ring) {
     ring_all_gather(c, t, in, out, m);
   } else if (mapped) {

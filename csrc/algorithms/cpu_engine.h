@@ -96,6 +96,9 @@ class CpuEngine {
   // files in place: every buffer it reads (in: every rank's input, broadcast: the root's; out:
   // all_reduce's outputs too) lives in one, no two ranks' overlap, and every rank mapped its
   // peers' (one vote, one extra barrier). nullopt on every rank otherwise.
+  // Whether the op begun last is worth reading shared tensors in place at all (cpu_engine.cpp:
+  // a one-lane all_gather or broadcast of many MiB stages); the same answer on every rank.
+  bool worth_reading_shared(OpCode op, size_t bytes) const;
   struct SharedBuffers {
     std::vector<const char*> in, out;
   };
