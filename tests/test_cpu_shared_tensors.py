@@ -131,6 +131,19 @@ def _collectives_rank(rank, ws, seed):
     _all_ops(cases, plans, rank, ws, True, expected)
     # Several MiB: slices of unequal length over several lanes.
     _all_ops(cases, plans, rank, ws, True, expected, dtypes=(torch.float32, torch.bfloat16), big=True)
+    # The same buffers again and again, as a training loop does (after the first op on a buffer
+    # the ranks know every peer holds it mapped and skip the vote), two of them in turn.
+    n = _elems(torch.float32, PIPELINE_BYTES) * 2 + 1
+    bufs = [torch.empty(n).share_memory_() for _ in range(2)]
+    for i in range(6):
+        with cases.case(op="reused all_reduce", i=i):
+            xs = [gen(torch.float32, "SUM", (n,), cases.keyed_seed(r, i)) for r in range(ws)]
+            t = bufs[i % 2]
+            t.copy_(xs[rank])
+            dist.all_reduce(t)
+            ref, bound = reduce_ref(xs, "SUM", torch.float32)
+            cases.check("reused all_reduce", t, ref, bound)
+            _check_plan(cases, plans, expected, "all_reduce")
     # Below the size from which ops read in place: unchanged.
     with cases.case(op="small all_reduce"):
         xs = [gen(torch.float32, "SUM", (1000,), cases.seed(r)) for r in range(ws)]
@@ -267,17 +280,20 @@ def test_two_ranks_passing_one_file(seed):
 
 
 def _many_buffers_rank(rank, ws, seed):
-    """A fresh shared tensor for every op: correct results, and at most PeerFileMaps::kMapsPerPeer
-    (8) of each peer's files stay mapped here."""
+    """More shared tensors than a rank keeps mapped per peer (PeerFileMaps::kMapsPerPeer, 8): ten
+    in turn, twice over, then ten fresh ones. Results stay correct (a buffer whose mapping was
+    evicted is mapped again), and at most 8 of each peer's files stay mapped here."""
     quiet()
     cases = Cases("shared tensors, many buffers", rank, ws, seed)
     pids = [None] * ws
     dist.all_gather_object(pids, os.getpid())
     m = _elems(torch.float32, PIPELINE_BYTES)
-    for i in range(20):
+    ring = [torch.empty(ws * m).share_memory_() for _ in range(10)]
+    for i in range(30):
         with cases.case(op="reduce_scatter", i=i):
             inputs = [gen(torch.float32, "SUM", (ws * m,), cases.seed(r)) for r in range(ws)]
-            mine = inputs[rank].clone().share_memory_()
+            mine = ring[i % 10] if i < 20 else torch.empty(ws * m).share_memory_()
+            mine.copy_(inputs[rank])
             got = torch.empty(m)
             dist.reduce_scatter_tensor(got, mine)
             ref, bound = reduce_ref([b[rank * m:(rank + 1) * m] for b in inputs], "SUM", torch.float32)

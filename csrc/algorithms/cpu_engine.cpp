@@ -1,5 +1,6 @@
 #include "algorithms/cpu_engine.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -226,29 +227,54 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   SharedBuffers bufs{std::vector<const char*>(size_, nullptr), std::vector<const char*>(size_, nullptr)};
   bufs.in[rank_] = in;
   bufs.out[rank_] = out;
-  uint64_t vote = 1;  // 1: mapped everything; 2: not allowed; 3: failed otherwise
+  const auto slot_of = [&](const Read& a) -> const char*& {
+    return (a.ref == &header_of(a.rank).shared_in ? bufs.in : bufs.out)[a.rank];
+  };
+  const auto agreed = [&](const Read& a) {
+    return std::any_of(agreed_files_.begin(), agreed_files_.end(), [&](const AgreedFile& f) {
+      return f.rank == a.rank && f.dev == a.ref->dev && f.ino == a.ref->ino && f.bytes == a.ref->file_bytes;
+    });
+  };
+  // Every file this op reads was mapped by every rank at an earlier vote, and no rank has evicted
+  // a mapping since (evicting takes a miss, and a miss takes a vote): all are cached everywhere.
+  if (std::all_of(reads.begin(), reads.end(), agreed)) {
+    for (const Read& a : reads) {
+      if (a.rank == rank_) continue;
+      slot_of(a) = peer_files_.cached(a.rank, *a.ref);
+      if (slot_of(a) == nullptr) {
+        throw GroupBroken(str("pycoll: op #", seq_, ": rank ", a.rank, "'s shared-memory tensor is not mapped here "
+                              "although every rank agreed it was (a bug in pycollectives)"));
+      }
+    }
+    return bufs;
+  }
+  // The vote, seq * 8 + code: 1 mapped everything; 2 mapped everything, evicting an older mapping;
+  // 3 not allowed; 4 failed otherwise. The largest code wins.
+  uint64_t vote = 1;
   int err = 0, failed_peer = -1;
   for (const Read& a : reads) {
-    if (a.rank == rank_ || vote != 1) continue;
-    const char* p = peer_files_.map(a.rank, transport_->control(a.rank).pid, *a.ref, &err);
-    if (p == nullptr) {
-      vote = err == EACCES || err == EPERM ? 2 : 3;
+    if (a.rank == rank_ || vote > 2) continue;
+    bool evicted = false;
+    slot_of(a) = peer_files_.map(a.rank, transport_->control(a.rank).pid, *a.ref, &err, &evicted);
+    if (slot_of(a) == nullptr) {
+      vote = err == EACCES || err == EPERM ? 3 : 4;
       failed_peer = a.rank;
+    } else if (evicted) {
+      vote = 2;
     }
-    (a.ref == &header_of(a.rank).shared_in ? bufs.in : bufs.out)[a.rank] = p;
   }
-  ControlBlock& mine = transport_->control(rank_);
-  mine.shared_vote.value.store(seq_ * 4 + vote, std::memory_order_release);
+  transport_->control(rank_).shared_vote.value.store(seq_ * 8 + vote, std::memory_order_release);
   uint64_t worst = vote;
   int worst_rank = rank_;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    c.w.until_ge(r, transport_->control(r).shared_vote.value, seq_ * 4 + 1, "shared-memory tensors: peers mapped");
-    const uint64_t v = transport_->control(r).shared_vote.value.load(std::memory_order_acquire) - seq_ * 4;
+    c.w.until_ge(r, transport_->control(r).shared_vote.value, seq_ * 8 + 1, "shared-memory tensors: peers mapped");
+    const uint64_t v = transport_->control(r).shared_vote.value.load(std::memory_order_acquire) - seq_ * 8;
     if (v > worst) worst = v, worst_rank = r;
   }
-  if (worst == 2) {
-    shared_open_ = SharedOpen::No;  // every rank saw the same votes
+  // Every rank saw the same votes, so every rank updates what it knows alike.
+  if (worst == 3) {
+    shared_open_ = SharedOpen::No;
     if (debug_info_enabled()) {
       const std::string why = failed_peer >= 0 ? str("opening rank ", failed_peer, "'s file failed: ", std::strerror(err))
                                                : str("rank ", worst_rank, " may not open its peers' files");
@@ -258,13 +284,18 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
                    rank_, size_, why.c_str());
     }
   }
-  if (worst != 1) {
-    if (worst == 3 && debug_info_enabled()) {
+  if (worst > 2) {
+    agreed_files_.clear();
+    if (worst == 4 && debug_info_enabled()) {
       std::fprintf(stderr, "[pycoll %d/%d] op #%llu: rank %d could not map a peer's shared-memory tensor%s%s; the op "
                    "stages\n", rank_, size_, static_cast<unsigned long long>(seq_), worst_rank,
                    failed_peer >= 0 ? ": " : "", failed_peer >= 0 ? std::strerror(err) : "");
     }
     return std::nullopt;
+  }
+  if (worst == 2) agreed_files_.clear();  // some rank let go of a file it had agreed to hold
+  for (const Read& a : reads) {
+    if (!agreed(a)) agreed_files_.push_back({a.rank, a.ref->dev, a.ref->ino, a.ref->file_bytes});
   }
   shared_open_ = SharedOpen::Yes;
   return bufs;

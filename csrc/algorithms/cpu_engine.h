@@ -95,7 +95,8 @@ class CpuEngine {
   // Every rank's buffers, readable here, when the op begun last reads its peers' shared-memory
   // files in place: every buffer it reads (in: every rank's input, broadcast: the root's; out:
   // all_reduce's outputs too) lives in one, no two ranks' overlap, and every rank mapped its
-  // peers' (one vote, one extra barrier). nullopt on every rank otherwise.
+  // peers' (one vote, one extra barrier, skipped when every rank is known to hold every file
+  // mapped already). nullopt on every rank otherwise.
   // Whether the op begun last is worth reading shared tensors in place at all (cpu_engine.cpp:
   // a one-lane all_gather or broadcast of many MiB stages); the same answer on every rank.
   bool worth_reading_shared(OpCode op, size_t bytes) const;
@@ -125,6 +126,14 @@ class CpuEngine {
   bool shared_tensors_on_;  // PYCOLL_CPU_SHARED_TENSORS
   enum class SharedOpen { Unknown, Yes, No } shared_open_ = SharedOpen::Unknown;
   PeerFileMaps peer_files_;
+  // Shared files (of any rank) that every rank holds mapped, known from the votes: an op that
+  // reads only these skips its vote. Identical on every rank.
+  struct AgreedFile {
+    int rank;
+    uint64_t dev, ino;
+    int64_t bytes;
+  };
+  std::vector<AgreedFile> agreed_files_;
   enum class PeerRead { Off, Auto, On };
   static PeerRead parse_peer_read();  // PYCOLL_CPU_PEER_READ
   static bool parse_shared_tensors();  // PYCOLL_CPU_SHARED_TENSORS

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -27,18 +28,24 @@ void PeerFileMaps::evict_oldest(int peer) {
   maps_.erase(oldest);
 }
 
-const char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref, int* err) {
+const char* PeerFileMaps::cached(int peer, const SharedStorageRef& ref) {
   ++clock_;
-  int held = 0;
   for (Mapping& m : maps_) {
-    if (m.peer != peer) continue;
     // While mapped, the file cannot be freed, so its (dev, ino) names no other file.
-    if (m.dev == ref.dev && m.ino == ref.ino && m.bytes >= ref.file_bytes) {
+    if (m.peer == peer && m.dev == ref.dev && m.ino == ref.ino && m.bytes >= ref.file_bytes) {
       m.last_use = clock_;
       return static_cast<const char*>(m.base) + ref.offset;
     }
-    ++held;
   }
+  return nullptr;
+}
+
+const char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref, int* err, bool* evicted) {
+  *evicted = false;
+  if (const char* p = cached(peer, ref)) return p;
+  const int held = static_cast<int>(std::count_if(maps_.begin(), maps_.end(), [&](const Mapping& m) {
+    return m.peer == peer;
+  }));
   if (test_hooks::deny_shared_open()) {
     *err = EACCES;
     return nullptr;
@@ -65,7 +72,10 @@ const char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref
     *err = map_err;
     return nullptr;
   }
-  if (held >= kMapsPerPeer) evict_oldest(peer);
+  if (held >= kMapsPerPeer) {
+    evict_oldest(peer);
+    *evicted = true;
+  }
   maps_.push_back(Mapping{peer, ref.dev, ref.ino, ref.file_bytes, base, clock_});
   return static_cast<const char*>(base) + ref.offset;
 }

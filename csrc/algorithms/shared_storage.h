@@ -35,7 +35,10 @@ class PeerFileMaps {
 
   // The first byte of rank `peer`'s buffer `ref` (its process is `pid`), mapped read-only into
   // this process; nullptr with *err set to errno when the file cannot be opened or mapped.
-  const char* map(int peer, int64_t pid, const SharedStorageRef& ref, int* err);
+  // *evicted: whether an older mapping of the peer's was dropped to make room.
+  const char* map(int peer, int64_t pid, const SharedStorageRef& ref, int* err, bool* evicted);
+  // The same if it is mapped already, else nullptr; never opens or evicts.
+  const char* cached(int peer, const SharedStorageRef& ref);
   size_t cached() const { return maps_.size(); }
 
   static constexpr int kMapsPerPeer = 8;

@@ -74,7 +74,8 @@ struct alignas(64) ControlBlock {
   Counter down_consumed;  // tree broadcast: I have read my parent's segment g
   LaneCounters lanes[kMaxLanes];
   Counter peer_read_probe;  // seq * 4 + 1: I can read every peer in place; + 2: I cannot
-  Counter shared_vote;      // seq * 4 + 1: I mapped every peer's shared buffer; + 2: not allowed; + 3: failed
+  Counter shared_vote;      // seq * 8 + 1: I mapped every peer's shared buffer (+ 2: evicting one); + 3: not
+                            // allowed; + 4: failed
   OpHeader header[2];     // by op sequence parity
   Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
   Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me
