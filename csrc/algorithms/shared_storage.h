@@ -13,7 +13,8 @@
 // A peer's file is opened through /proc/<pid>/fd/<fd> (the owner keeps it open while the tensor
 // lives), checked to be the same file (st_dev, st_ino) and mapped read-only. Mappings are cached
 // per peer and file, up to kMapsPerPeer, least recently used out: a training loop reuses its
-// buffers, so after the first op nothing is opened or mapped. A cached mapping keeps its file's
+// buffers, so after the first op nothing is opened or mapped (and the engine skips the ranks'
+// vote on whether everyone could map: CpuEngine::shared_buffers). A cached mapping keeps its file's
 // memory alive after the owner frees the tensor, until it is evicted or the group is destroyed.
 #pragma once
 
