@@ -133,6 +133,8 @@ def _collectives_rank(rank, ws, seed):
     _all_ops(cases, plans, rank, ws, True, expected, dtypes=(torch.float32, torch.bfloat16), big=True)
     # The same buffers again and again, as a training loop does (after the first op on a buffer
     # the ranks know every peer holds it mapped and skip the vote), two of them in turn.
+    from pycollectives import _C
+
     n = _elems(torch.float32, PIPELINE_BYTES) * 2 + 1
     bufs = [torch.empty(n).share_memory_() for _ in range(2)]
     for i in range(6):
@@ -140,10 +142,19 @@ def _collectives_rank(rank, ws, seed):
             xs = [gen(torch.float32, "SUM", (n,), cases.keyed_seed(r, i)) for r in range(ws)]
             t = bufs[i % 2]
             t.copy_(xs[rank])
+            votes = _C._test_shared_votes()
             dist.all_reduce(t)
             ref, bound = reduce_ref(xs, "SUM", torch.float32)
             cases.check("reused all_reduce", t, ref, bound)
             _check_plan(cases, plans, expected, "all_reduce")
+            voted = _C._test_shared_votes() - votes
+            # Each buffer's first op votes. The cache is full from the ops above, so mapping the
+            # second buffer evicts an old file, which makes every rank forget what it knew was
+            # mapped: the first buffer votes once more (i == 2); from then on nobody votes.
+            if i < 3:
+                cases.expect(voted <= (1 if ws > 1 else 0), f"{voted} votes, expected at most 1")
+            else:
+                cases.expect(voted == 0, f"{voted} votes, expected none")
     # Below the size from which ops read in place: unchanged.
     with cases.case(op="small all_reduce"):
         xs = [gen(torch.float32, "SUM", (1000,), cases.seed(r)) for r in range(ws)]
@@ -189,6 +200,12 @@ def test_one_private_rank_stages_everywhere(ws, seed):
 def test_setting_off_stages(seed):
     run_ranks(2, _mixed_rank, seed, {0, 1}, "pipelined", False, timeout=300,
               env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_SHARED_TENSORS": "off"})
+
+
+def test_setting_off_on_one_rank_stages_everywhere(seed):
+    """A rank whose setting says off stages, and so do its peers (no rank waits for its vote)."""
+    run_ranks(3, _mixed_rank, seed, {0, 1, 2}, "pipelined", False, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
+              rank_env=[{}, {"PYCOLL_CPU_SHARED_TENSORS": "off"}, {}])
 
 
 def _large_one_lane_rank(rank, ws, seed, expected_all_gather_16mib):
@@ -287,6 +304,7 @@ def _many_buffers_rank(rank, ws, seed):
     cases = Cases("shared tensors, many buffers", rank, ws, seed)
     pids = [None] * ws
     dist.all_gather_object(pids, os.getpid())
+    plans = Plans()
     m = _elems(torch.float32, PIPELINE_BYTES)
     ring = [torch.empty(ws * m).share_memory_() for _ in range(10)]
     for i in range(30):
@@ -298,6 +316,7 @@ def _many_buffers_rank(rank, ws, seed):
             dist.reduce_scatter_tensor(got, mine)
             ref, bound = reduce_ref([b[rank * m:(rank + 1) * m] for b in inputs], "SUM", torch.float32)
             cases.check("reduce_scatter", got, ref, bound)
+            _check_plan(cases, plans, MAPPED, "reduce_scatter")
             del mine
     with open("/proc/self/maps") as f:
         maps = f.read()
@@ -310,14 +329,16 @@ def _many_buffers_rank(rank, ws, seed):
 
 @pytest.mark.parametrize("ws", [2, 3])
 def test_peer_mappings_are_bounded(ws, seed):
-    run_ranks(ws, _many_buffers_rank, seed, timeout=300)
+    run_ranks(ws, _many_buffers_rank, seed, timeout=300, env={"PYCOLL_DEBUG": "INFO"})
 
 
 def _dies_rank(rank, ws):
     quiet()
+    plans = Plans()
     x = torch.ones(ws << 18).share_memory_()  # 1 MiB per rank's block
     out = torch.empty(1 << 18)
     dist.reduce_scatter_tensor(out, x)
+    assert plans.since("reduce_scatter") == [MAPPED]
     if rank == ws - 1:
         os._exit(17)
     t0 = time.monotonic()
@@ -333,5 +354,8 @@ def _dies_rank(rank, ws):
 
 
 @pytest.mark.parametrize("ws", [2, 3])
-def test_peer_dying_during_shared_op_raises(ws):
-    run_ranks(ws, _dies_rank, pg_timeout=datetime.timedelta(seconds=5), expect_exit={ws - 1: 17}, timeout=60)
+def test_peer_dying_between_shared_ops_raises(ws):
+    """A peer whose buffers this rank has mapped exits: the next op raises within the timeout (the
+    mappings keep its memory valid, so nothing faults)."""
+    run_ranks(ws, _dies_rank, pg_timeout=datetime.timedelta(seconds=5), expect_exit={ws - 1: 17}, timeout=60,
+              env={"PYCOLL_DEBUG": "INFO"})

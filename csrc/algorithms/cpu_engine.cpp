@@ -15,6 +15,7 @@
 #include "common/check.h"
 #include "common/env.h"
 #include "common/setting.h"
+#include "common/test_hooks.h"
 #include "transport/shm/shm_transport.h"
 
 namespace pycoll {
@@ -196,8 +197,12 @@ bool CpuEngine::worth_reading_shared(OpCode op, size_t bytes) const {
 std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c, OpCode op, int root,
                                                                   const char* in, size_t in_bytes, const char* out,
                                                                   size_t out_bytes) {
-  if (!shared_tensors_on_ || shared_open_ == SharedOpen::No) return std::nullopt;
   const auto header_of = [&](int r) -> const OpHeader& { return transport_->control(r).header[seq_ & 1]; };
+  // Every rank must be willing, or a rank whose setting differs would skip the vote the others wait in.
+  if (shared_open_ == SharedOpen::No) return std::nullopt;
+  for (int r = 0; r < size_; ++r) {
+    if (header_of(r).reads_shared != 1) return std::nullopt;
+  }
   const bool with_out = op == OpCode::AllReduce;
   // (rank, ref, bytes) of every buffer a peer reads; decided from the headers alone, so every
   // rank decides the same.
@@ -252,17 +257,19 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   // 3 not allowed; 4 failed otherwise. The largest code wins.
   uint64_t vote = 1;
   int err = 0, failed_peer = -1;
+  peer_files_.begin_op();
   for (const Read& a : reads) {
     if (a.rank == rank_ || vote > 2) continue;
     bool evicted = false;
     slot_of(a) = peer_files_.map(a.rank, transport_->control(a.rank).pid, *a.ref, &err, &evicted);
     if (slot_of(a) == nullptr) {
-      vote = err == EACCES || err == EPERM ? 3 : 4;
+      vote = PeerFileMaps::lasting(err) ? 3 : 4;
       failed_peer = a.rank;
     } else if (evicted) {
       vote = 2;
     }
   }
+  test_hooks::count_shared_vote();
   transport_->control(rank_).shared_vote.value.store(seq_ * 8 + vote, std::memory_order_release);
   uint64_t worst = vote;
   int worst_rank = rank_;
@@ -276,8 +283,8 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   if (worst == 3) {
     shared_open_ = SharedOpen::No;
     if (debug_info_enabled()) {
-      const std::string why = failed_peer >= 0 ? str("opening rank ", failed_peer, "'s file failed: ", std::strerror(err))
-                                               : str("rank ", worst_rank, " may not open its peers' files");
+      const std::string why = vote == 3 ? str("opening rank ", failed_peer, "'s file failed: ", std::strerror(err))
+                                        : str("rank ", worst_rank, " may not open its peers' files");
       std::fprintf(stderr,
                    "[pycoll %d/%d] peers' shared-memory tensors cannot be mapped (%s): large CPU collectives "
                    "stage them through shared memory\n",
@@ -287,9 +294,10 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   if (worst > 2) {
     agreed_files_.clear();
     if (worst == 4 && debug_info_enabled()) {
+      const bool mine = worst_rank == rank_;
       std::fprintf(stderr, "[pycoll %d/%d] op #%llu: rank %d could not map a peer's shared-memory tensor%s%s; the op "
                    "stages\n", rank_, size_, static_cast<unsigned long long>(seq_), worst_rank,
-                   failed_peer >= 0 ? ": " : "", failed_peer >= 0 ? std::strerror(err) : "");
+                   mine ? ": " : "", mine ? std::strerror(err) : "");
     }
     return std::nullopt;
   }
@@ -336,6 +344,7 @@ Waiter CpuEngine::waiter(OpCode op) {
 CpuContext CpuEngine::begin(OpHeader h, Waiter& w, const char* eager, size_t eager_bytes) {
   h.seq = ++seq_;
   h.lanes = threads_;
+  h.reads_shared = shared_tensors_on_ ? 1 : 0;
   last_lanes_ = 0;
   last_data_path_ = "pipelined";
   ControlBlock& mine = transport_->control(rank_);

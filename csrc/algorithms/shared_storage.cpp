@@ -18,14 +18,27 @@ PeerFileMaps::~PeerFileMaps() {
   for (const Mapping& m : maps_) munmap(m.base, static_cast<size_t>(m.bytes));
 }
 
-void PeerFileMaps::evict_oldest(int peer) {
-  auto oldest = maps_.end();
-  for (auto it = maps_.begin(); it != maps_.end(); ++it) {
-    if (it->peer == peer && (oldest == maps_.end() || it->last_use < oldest->last_use)) oldest = it;
+bool PeerFileMaps::lasting(int err) {
+  return err == EACCES || err == EPERM || err == ENOENT || err == ESRCH || err == ESTALE;
+}
+
+bool PeerFileMaps::make_room(int peer, int64_t adding) {
+  bool evicted = false;
+  for (;;) {
+    int files = 0;
+    int64_t bytes = adding;
+    auto oldest = maps_.end();
+    for (auto it = maps_.begin(); it != maps_.end(); ++it) {
+      if (it->peer != peer) continue;
+      ++files;
+      bytes += it->bytes;
+      if (it->last_use < op_start_ && (oldest == maps_.end() || it->last_use < oldest->last_use)) oldest = it;
+    }
+    if ((files < kMapsPerPeer && bytes <= kBytesPerPeer) || oldest == maps_.end()) return evicted;
+    munmap(oldest->base, static_cast<size_t>(oldest->bytes));
+    maps_.erase(oldest);
+    evicted = true;
   }
-  if (oldest == maps_.end()) return;
-  munmap(oldest->base, static_cast<size_t>(oldest->bytes));
-  maps_.erase(oldest);
 }
 
 const char* PeerFileMaps::cached(int peer, const SharedStorageRef& ref) {
@@ -43,9 +56,6 @@ const char* PeerFileMaps::cached(int peer, const SharedStorageRef& ref) {
 const char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref, int* err, bool* evicted) {
   *evicted = false;
   if (const char* p = cached(peer, ref)) return p;
-  const int held = static_cast<int>(std::count_if(maps_.begin(), maps_.end(), [&](const Mapping& m) {
-    return m.peer == peer;
-  }));
   if (test_hooks::deny_shared_open()) {
     *err = EACCES;
     return nullptr;
@@ -57,11 +67,16 @@ const char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref
     return nullptr;
   }
   struct stat st {};
-  // The fd number could have been reused by the time we open it only if the peer had freed the
-  // tensor mid-op; the identity check makes that an error instead of a read of another file.
-  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != ref.dev ||
-      static_cast<uint64_t>(st.st_ino) != ref.ino || st.st_size < ref.file_bytes) {
-    *err = errno != 0 ? errno : ESTALE;
+  // Another file under that name means /proc shows another process than the peer (ranks in
+  // different PID namespaces): never read it.
+  if (fstat(fd, &st) != 0) {
+    *err = errno;
+    close(fd);
+    return nullptr;
+  }
+  if (static_cast<uint64_t>(st.st_dev) != ref.dev || static_cast<uint64_t>(st.st_ino) != ref.ino ||
+      st.st_size < ref.file_bytes) {
+    *err = ESTALE;
     close(fd);
     return nullptr;
   }
@@ -72,10 +87,7 @@ const char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref
     *err = map_err;
     return nullptr;
   }
-  if (held >= kMapsPerPeer) {
-    evict_oldest(peer);
-    *evicted = true;
-  }
+  *evicted = make_room(peer, ref.file_bytes);
   maps_.push_back(Mapping{peer, ref.dev, ref.ino, ref.file_bytes, base, clock_});
   return static_cast<const char*>(base) + ref.offset;
 }

@@ -12,10 +12,12 @@
 //
 // A peer's file is opened through /proc/<pid>/fd/<fd> (the owner keeps it open while the tensor
 // lives), checked to be the same file (st_dev, st_ino) and mapped read-only. Mappings are cached
-// per peer and file, up to kMapsPerPeer, least recently used out: a training loop reuses its
-// buffers, so after the first op nothing is opened or mapped (and the engine skips the ranks'
-// vote on whether everyone could map: CpuEngine::shared_buffers). A cached mapping keeps its file's
-// memory alive after the owner frees the tensor, until it is evicted or the group is destroyed.
+// per peer and file, up to kMapsPerPeer files and kBytesPerPeer bytes per peer (what the current
+// op uses always stays), least recently used out: a training loop reuses its buffers, so after
+// the first op nothing is opened or mapped (and the engine skips the ranks' vote on whether
+// everyone could map: CpuEngine::shared_buffers). A cached mapping keeps its file's memory alive
+// after the owner frees the tensor (a DataLoader batch, say), until it is evicted or the group is
+// destroyed: the caps bound that.
 #pragma once
 
 #include <cstdint>
@@ -40,9 +42,15 @@ class PeerFileMaps {
   const char* map(int peer, int64_t pid, const SharedStorageRef& ref, int* err, bool* evicted);
   // The same if it is mapped already, else nullptr; never opens or evicts.
   const char* cached(int peer, const SharedStorageRef& ref);
-  size_t cached() const { return maps_.size(); }
+  // Starts an op: what map() returns from here on is not evicted until the next begin_op().
+  void begin_op() { op_start_ = clock_ + 1; }
+  // Whether map()'s error will not go away by trying again: not allowed (EACCES, EPERM), or the
+  // peer's process or file is not what this process sees under that name (another PID namespace:
+  // ENOENT, ESRCH, ESTALE).
+  static bool lasting(int err);
 
   static constexpr int kMapsPerPeer = 8;
+  static constexpr int64_t kBytesPerPeer = int64_t(1) << 30;
 
  private:
   struct Mapping {
@@ -52,9 +60,13 @@ class PeerFileMaps {
     void* base;
     uint64_t last_use;
   };
-  void evict_oldest(int peer);
+  // Drops the peer's least recently used mappings not used by the current op until it holds
+  // fewer than kMapsPerPeer files and, with `adding` more bytes, at most kBytesPerPeer; true if
+  // any went.
+  bool make_room(int peer, int64_t adding);
   std::vector<Mapping> maps_;
   uint64_t clock_ = 0;
+  uint64_t op_start_ = 1;
 };
 
 // ins[r] / outs[r]: rank r's buffer, readable in this process (my own are my pointers).

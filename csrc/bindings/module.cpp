@@ -222,6 +222,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_set_test_deny_shared_open", [](bool deny) { pycoll::test_hooks::set_deny_shared_open(deny); },
       py::arg("deny"),
       "Tests only: opening peers' shared-memory files fails as if the OS forbade it (common/test_hooks.h).");
+  m.def("_test_shared_votes", &pycoll::test_hooks::shared_votes,
+        "Tests only: how many times this process voted on mapping peers' shared files (common/test_hooks.h).");
   register_compression(m);
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);

@@ -9,6 +9,7 @@ namespace {
 std::atomic<int64_t> g_linger_ms{0};
 std::atomic<bool> g_deny_peer_read{false};
 std::atomic<bool> g_deny_shared_open{false};
+std::atomic<int64_t> g_shared_votes{0};
 }  // namespace
 
 std::chrono::milliseconds thread_linger() { return std::chrono::milliseconds(g_linger_ms.load()); }
@@ -27,5 +28,9 @@ void set_deny_peer_read(bool deny) { g_deny_peer_read.store(deny); }
 bool deny_shared_open() { return g_deny_shared_open.load(std::memory_order_relaxed); }
 
 void set_deny_shared_open(bool deny) { g_deny_shared_open.store(deny); }
+
+void count_shared_vote() { g_shared_votes.fetch_add(1, std::memory_order_relaxed); }
+
+int64_t shared_votes() { return g_shared_votes.load(std::memory_order_relaxed); }
 
 }  // namespace pycoll::test_hooks

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 
 namespace pycoll::test_hooks {
 
@@ -24,5 +25,10 @@ void set_deny_peer_read(bool deny);
 // forbids it (algorithms/shared_storage.h). false in production.
 bool deny_shared_open();
 void set_deny_shared_open(bool deny);
+
+// How many times this process's CPU engines voted on mapping peers' shared files (a vote is
+// skipped when every rank is known to hold them mapped): tests read it.
+void count_shared_vote();
+int64_t shared_votes();
 
 }  // namespace pycoll::test_hooks

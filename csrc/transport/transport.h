@@ -50,6 +50,7 @@ struct OpHeader {
   int64_t aux;  // op-specific (e.g. largest all_to_all block)
   int64_t lanes;  // threads this rank offers a pipelined op; the op uses the fewest any rank offers
   int64_t addr;   // where this rank's buffer is in its own process, for peers that read it in place
+  int64_t reads_shared;         // 1: this rank may read peers' shared files (PYCOLL_CPU_SHARED_TENSORS on)
   SharedStorageRef shared_in;   // the input (broadcast: the buffer), if it lives in a shared file
   SharedStorageRef shared_out;  // all_reduce: the output, if it lives in a shared file
   int64_t split_bytes[kMaxRanks];  // all_to_all: bytes this rank sends to each peer
