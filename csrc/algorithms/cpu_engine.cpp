@@ -137,14 +137,14 @@ bool CpuEngine::pipelines(size_t bytes) const { return size_ > 1 && bytes >= kPi
 
 std::vector<int64_t> CpuEngine::header_addrs() const {
   std::vector<int64_t> addrs(size_);
-  for (int r = 0; r < size_; ++r) addrs[r] = transport_->control(r).header[seq_ & 1].addr;
+  for (int r = 0; r < size_; ++r) addrs[r] = header_of(r).addr;
   return addrs;
 }
 
 int CpuEngine::offered_threads() const {
   int offered = threads_;
   for (int r = 0; r < size_; ++r) {
-    offered = std::min<int>(offered, static_cast<int>(transport_->control(r).header[seq_ & 1].lanes));
+    offered = std::min<int>(offered, static_cast<int>(header_of(r).lanes));
   }
   return offered;
 }
@@ -165,19 +165,14 @@ bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
   if (peer_read_allowed_ == PeerReadAllowed::Unknown) {
     int err = 0, failed = -1;
     for (int r = 0; r < size_ && failed < 0; ++r) {
-      const auto* addr = reinterpret_cast<const void*>(transport_->control(r).header[seq_ & 1].addr);
+      const auto* addr = reinterpret_cast<const void*>(header_of(r).addr);
       if (r != rank_ && !can_read_peer(transport_->control(r).pid, addr, &err)) failed = r;
     }
-    transport_->control(rank_).peer_read_probe.value.store(seq_ * 4 + (failed < 0 ? 1 : 2), std::memory_order_release);
-    c.barrier();
-    int denied_on = -1;
-    for (int r = 0; r < size_; ++r) {
-      if (transport_->control(r).peer_read_probe.value.load(std::memory_order_acquire) != seq_ * 4 + 1) denied_on = r;
-    }
-    peer_read_allowed_ = denied_on < 0 ? PeerReadAllowed::Yes : PeerReadAllowed::No;
-    if (denied_on >= 0 && debug_info_enabled()) {
+    const Vote v = vote(c, &ControlBlock::peer_read_probe, failed < 0 ? 1 : 2);  // 2: may not read
+    peer_read_allowed_ = v.worst == 1 ? PeerReadAllowed::Yes : PeerReadAllowed::No;
+    if (v.worst != 1 && debug_info_enabled()) {
       const std::string why = failed >= 0 ? str("reading rank ", failed, " failed: ", std::strerror(err))
-                                          : str("rank ", denied_on, " may not read its peers");
+                                          : str("rank ", v.worst_rank, " may not read its peers");
       std::fprintf(stderr,
                    "[pycoll %d/%d] cross-memory attach (process_vm_readv) is not allowed (%s): large CPU "
                    "all_gather and broadcast stage through shared memory\n",
@@ -185,6 +180,20 @@ bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
     }
   }
   return peer_read_allowed_ == PeerReadAllowed::Yes;
+}
+
+CpuEngine::Vote CpuEngine::vote(CpuContext& c, Counter ControlBlock::*slot, uint64_t code) {
+  // seq * 8 + code: counters only grow, so an older op's vote never reads as this one's.
+  (transport_->control(rank_).*slot).value.store(seq_ * 8 + code, std::memory_order_release);
+  Vote v{code, rank_};
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const std::atomic<uint64_t>& theirs = (transport_->control(r).*slot).value;
+    c.w.until_ge(r, theirs, seq_ * 8 + 1, "peers' votes");
+    const uint64_t code_r = theirs.load(std::memory_order_acquire) - seq_ * 8;
+    if (code_r > v.worst) v = {code_r, r};
+  }
+  return v;
 }
 
 bool CpuEngine::worth_reading_shared(OpCode op, size_t bytes) const {
@@ -197,7 +206,6 @@ bool CpuEngine::worth_reading_shared(OpCode op, size_t bytes) const {
 std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c, OpCode op, int root,
                                                                   const char* in, size_t in_bytes, const char* out,
                                                                   size_t out_bytes) {
-  const auto header_of = [&](int r) -> const OpHeader& { return transport_->control(r).header[seq_ & 1]; };
   // Every rank must be willing, or a rank whose setting differs would skip the vote the others wait in.
   if (shared_open_ == SharedOpen::No) return std::nullopt;
   for (int r = 0; r < size_; ++r) {
@@ -253,37 +261,31 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
     }
     return bufs;
   }
-  // The vote, seq * 8 + code: 1 mapped everything; 2 mapped everything, evicting an older mapping;
-  // 3 not allowed; 4 failed otherwise. The largest code wins.
-  uint64_t vote = 1;
+  // My vote: 1 mapped everything; 2 mapped everything, evicting an older mapping; 3 not allowed;
+  // 4 failed otherwise.
+  uint64_t mine = 1;
   int err = 0, failed_peer = -1;
   peer_files_.begin_op();
   for (const Read& a : reads) {
-    if (a.rank == rank_ || vote > 2) continue;
+    if (a.rank == rank_ || mine > 2) continue;
     bool evicted = false;
     slot_of(a) = peer_files_.map(a.rank, transport_->control(a.rank).pid, *a.ref, &err, &evicted);
     if (slot_of(a) == nullptr) {
-      vote = PeerFileMaps::lasting(err) ? 3 : 4;
+      mine = PeerFileMaps::lasting(err) ? 3 : 4;
       failed_peer = a.rank;
     } else if (evicted) {
-      vote = 2;
+      mine = 2;
     }
   }
   test_hooks::count_shared_vote();
-  transport_->control(rank_).shared_vote.value.store(seq_ * 8 + vote, std::memory_order_release);
-  uint64_t worst = vote;
-  int worst_rank = rank_;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    c.w.until_ge(r, transport_->control(r).shared_vote.value, seq_ * 8 + 1, "shared-memory tensors: peers mapped");
-    const uint64_t v = transport_->control(r).shared_vote.value.load(std::memory_order_acquire) - seq_ * 8;
-    if (v > worst) worst = v, worst_rank = r;
-  }
+  const Vote v = vote(c, &ControlBlock::shared_vote, mine);
+  const uint64_t worst = v.worst;
+  const int worst_rank = v.worst_rank;
   // Every rank saw the same votes, so every rank updates what it knows alike.
   if (worst == 3) {
     shared_open_ = SharedOpen::No;
     if (debug_info_enabled()) {
-      const std::string why = vote == 3 ? str("opening rank ", failed_peer, "'s file failed: ", std::strerror(err))
+      const std::string why = mine == 3 ? str("opening rank ", failed_peer, "'s file failed: ", std::strerror(err))
                                         : str("rank ", worst_rank, " may not open its peers' files");
       std::fprintf(stderr,
                    "[pycoll %d/%d] peers' shared-memory tensors cannot be mapped (%s): large CPU collectives "
@@ -566,7 +568,7 @@ void CpuEngine::all_to_all(const char* in, char* out, const std::vector<int64_t>
   h.aux = my_max;
   CpuContext c = begin(h, w);
   int64_t max_block = 0;
-  for (int r = 0; r < size_; ++r) max_block = std::max(max_block, transport_->control(r).header[seq_ & 1].aux);
+  for (int r = 0; r < size_; ++r) max_block = std::max(max_block, header_of(r).aux);
   direct_all_to_all(c, in, out, send_bytes, send_off, recv_bytes, recv_off, max_block);
 }
 

@@ -90,8 +90,17 @@ class CpuEngine {
   // OpHeader::addr) reads its peers' buffers in place (PYCOLL_CPU_PEER_READ). The first time the
   // rule says yes, every rank probes whether it may, and all agree (one extra barrier, once per group).
   bool reads_in_place(CpuContext& c, OpCode op, size_t bytes);
+  // Rank r's header of the op begun last.
+  const OpHeader& header_of(int r) const { return transport_->control(r).header[seq_ & 1]; }
   // Every rank's OpHeader::addr for the op begun last.
   std::vector<int64_t> header_addrs() const;
+  // Every rank publishes `code` (1 or more) in its counter `slot` for the op begun last and waits
+  // for every peer's: the largest code and a rank that gave it, the same on every rank.
+  struct Vote {
+    uint64_t worst;
+    int worst_rank;
+  };
+  Vote vote(CpuContext& c, Counter ControlBlock::*slot, uint64_t code);
   // Every rank's buffers, readable here, when the op begun last reads its peers' shared-memory
   // files in place: every buffer it reads (in: every rank's input, broadcast: the root's; out:
   // all_reduce's outputs too) lives in one, no two ranks' overlap, and every rank mapped its

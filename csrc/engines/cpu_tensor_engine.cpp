@@ -33,8 +33,11 @@ Algo CpuTensorEngine::run_op(const Collective& c, const c10::Stream& /*stream*/)
   const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   switch (c.op) {
     case OpCode::AllReduce:
+    {
+      const SharedStorageRef in = shared_storage_of(c.input);  // in place (the usual call): one lookup
       return cpu_.all_reduce(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, algo,
-                             {shared_storage_of(c.input), shared_storage_of(c.output)});
+                             {in, c.output.is_same(c.input) ? in : shared_storage_of(c.output)});
+    }
     case OpCode::Reduce:
       return cpu_.reduce(bytes_of(c.input), bytes_of(c.output), count(c.input), dt, c.reduce, c.root, algo);
     case OpCode::Broadcast:

@@ -74,9 +74,9 @@ struct alignas(64) ControlBlock {
   Counter down_ready;     // tree broadcast: my copy of segment g is published
   Counter down_consumed;  // tree broadcast: I have read my parent's segment g
   LaneCounters lanes[kMaxLanes];
-  Counter peer_read_probe;  // seq * 4 + 1: I can read every peer in place; + 2: I cannot
-  Counter shared_vote;      // seq * 8 + 1: I mapped every peer's shared buffer (+ 2: evicting one); + 3: not
-                            // allowed; + 4: failed
+  // Votes (CpuEngine::vote), seq * 8 + code.
+  Counter peer_read_probe;  // 1: I can read every peer in place; 2: I cannot
+  Counter shared_vote;      // 1: I mapped every peer's shared buffer (2: evicting one); 3: not allowed; 4: failed
   OpHeader header[2];     // by op sequence parity
   Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
   Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me
