@@ -75,11 +75,15 @@ bool SerialExecutor::submit(std::function<void()> task, bool inline_ok) {
   t_running_inline = true;
   task();
   t_running_inline = false;
+  bool engine_has_work;
   {
     std::lock_guard<std::mutex> g(s.mu);
     s.busy = false;
+    engine_has_work = !s.queue.empty() || s.stop;
   }
-  s.cv.notify_all();
+  // Only the engine thread waits on cv, and only for a queued task or stop: waking it after every
+  // inline op cost a futex wake and a context switch per small collective.
+  if (engine_has_work) s.cv.notify_all();
   return true;
 }
 
