@@ -107,6 +107,35 @@ def test_mismatch_raises_on_every_rank(world_size, kind):
     run_ranks(world_size, _mismatch_rank, kind, timeout=90)
 
 
+def _future_after_completion_rank(rank, ws):
+    """An async op whose Future nobody asked for settles on the engine thread (one wake-up for
+    wait()); a Future asked for afterwards must still carry the op's result or its error."""
+    import threading
+
+    quiet()
+    t = torch.full((1031,), float(rank + 1))
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    fut = w.get_future()
+    assert fut.done()
+    assert torch.equal(fut.value()[0], torch.full((1031,), float(ws * (ws + 1) // 2)))
+    ran_on = []
+    fut.then(lambda f: ran_on.append(threading.current_thread() is threading.main_thread())).wait()
+    assert ran_on == [True]  # attached to a done Future: runs on the caller's thread
+    bad = dist.all_reduce(torch.ones(1000 + rank), async_op=True)  # counts differ across ranks
+    first = raises(bad.wait, RuntimeError, within=20)
+    later = raises(lambda: bad.get_future().wait(), RuntimeError, within=5)
+    mentions(first, r"all_?reduce")
+    mentions(later, r"all_?reduce")
+    check_sum_works(ws)
+
+
+@pytest.mark.pycoll_only  # Gloo does not check mismatched counts
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_future_asked_for_after_completion(world_size):
+    run_ranks(world_size, _future_after_completion_rank, timeout=90)
+
+
 def _mismatched_collective_rank(rank, ws):
     quiet()
     check_sum_works(ws)

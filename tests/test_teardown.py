@@ -156,8 +156,10 @@ def _thread_count():
 def _pool_grows_then_shrinks_rank(rank, ws, n_blocked):
     import threading
 
-    warm = dist.all_reduce(torch.ones(4), async_op=True)  # starts the completion pool's base threads
-    warm.wait()
+    if rank != 0:
+        time.sleep(0.3)  # rank 0 asks for its Future before the op can complete
+    # A Future asked for before its op completes is completed on the pool: that starts the base threads.
+    dist.all_reduce(torch.ones(4), async_op=True).get_future().wait()
     time.sleep(0.5)
     base = _thread_count()
     if rank != 0:

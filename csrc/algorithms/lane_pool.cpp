@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/brief_spin.h"
 #include "common/owned_thread.h"
 #include "common/setting.h"
 #include "transport/transport.h"
@@ -21,16 +22,9 @@ const IntSetting kCpuThreads("PYCOLL_CPU_THREADS", 0, 0, kMaxLanes, "cpu engine"
 // How long a worker (or the caller) spins for the next op (or the workers) before it sleeps.
 constexpr auto kSpin = std::chrono::microseconds(100);
 
-// Spins until pred() or kSpin has passed; true if pred() held.
 template <typename Pred>
 bool spin_for(Pred pred) {
-  const auto until = std::chrono::steady_clock::now() + kSpin;
-  do {
-    for (int i = 0; i < 64; ++i) {
-      if (pred()) return true;
-    }
-  } while (std::chrono::steady_clock::now() < until);
-  return pred();
+  return spin_briefly(pred, kSpin);
 }
 
 int affinity_cpus() {
@@ -51,6 +45,8 @@ int affinity_cpus() {
 int auto_threads_per_rank(int cpus, int ranks_on_host) {
   return std::max(1, (cpus - 1) / std::max(1, ranks_on_host));
 }
+
+bool cpu_to_spare_per_rank(int ranks_on_host) { return affinity_cpus() >= 2 * std::max(1, ranks_on_host); }
 
 int cpu_threads_per_rank(int ranks_on_host) {
   const int64_t configured = kCpuThreads.get();

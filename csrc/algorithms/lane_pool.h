@@ -50,5 +50,8 @@ class LanePool {
 int cpu_threads_per_rank(int ranks_on_host);
 // The host's CPUs less one, divided by the ranks sharing it, at least 1.
 int auto_threads_per_rank(int cpus, int ranks_on_host);
+// Whether each rank has a CPU beyond the one its op runs on (a caller may poll for completion
+// there instead of sleeping, common/brief_spin.h).
+bool cpu_to_spare_per_rank(int ranks_on_host);
 
 }  // namespace pycoll

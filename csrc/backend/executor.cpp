@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "common/brief_spin.h"
 #include "common/owned_thread.h"
 #include "common/test_hooks.h"
 
@@ -27,7 +28,8 @@ bool wait_for_background_work(std::chrono::milliseconds bound) {
 
 bool SerialExecutor::running_inline() { return t_running_inline; }
 
-SerialExecutor::SerialExecutor() : state_(std::make_shared<State>()) {
+SerialExecutor::SerialExecutor(std::chrono::microseconds idle_poll) : state_(std::make_shared<State>()) {
+  state_->idle_poll = idle_poll;
   thread_ = std::thread([s = state_] { loop(s); });
 }
 
@@ -51,6 +53,7 @@ void SerialExecutor::stop() {
         if (s.queue.empty()) break;
         task = std::move(s.queue.front());
         s.queue.pop_front();
+        s.queued.store(s.queue.size(), std::memory_order_relaxed);
       }
       task();
       task = nullptr;
@@ -67,6 +70,7 @@ bool SerialExecutor::submit(std::function<void()> task, bool inline_ok) {
     if (!(inline_ok && !s.busy && s.queue.empty())) {
       g_background.fetch_add(1);
       s.queue.push_back(std::move(task));
+      s.queued.store(s.queue.size(), std::memory_order_release);
       s.cv.notify_one();
       return false;
     }
@@ -91,12 +95,15 @@ void SerialExecutor::loop(const std::shared_ptr<State>& state) {
   State& s = *state;
   for (;;) {
     std::function<void()> task;
+    // A task queued while this thread polls needs no wake-up (notify_one finds no sleeper).
+    spin_briefly([&] { return s.queued.load(std::memory_order_acquire) > 0; }, s.idle_poll);
     {
       std::unique_lock<std::mutex> lk(s.mu);
       s.cv.wait(lk, [&] { return (s.stop && s.queue.empty()) || (!s.busy && !s.queue.empty()); });
       if (s.queue.empty()) return;
       task = std::move(s.queue.front());
       s.queue.pop_front();
+      s.queued.store(s.queue.size(), std::memory_order_relaxed);
       s.busy = true;
     }
     task();

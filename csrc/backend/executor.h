@@ -10,6 +10,7 @@
 // with the thread, which the destructor then detaches (common/owned_thread.h).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -23,7 +24,8 @@ namespace pycoll {
 
 class SerialExecutor {
  public:
-  SerialExecutor();
+  // `idle_poll`: how long the engine thread polls for the next task before it sleeps (0: never).
+  explicit SerialExecutor(std::chrono::microseconds idle_poll = std::chrono::microseconds(0));
   ~SerialExecutor();
   SerialExecutor(const SerialExecutor&) = delete;
   SerialExecutor& operator=(const SerialExecutor&) = delete;
@@ -40,8 +42,10 @@ class SerialExecutor {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<std::function<void()>> queue;
+    std::atomic<size_t> queued{0};  // queue.size(), readable without mu (what the idle poll reads)
     bool busy = false;
     bool stop = false;
+    std::chrono::microseconds idle_poll{0};
   };
   // Touches only `s` (never the executor): the executor may be destroyed while a task's last
   // references are being dropped on this thread.

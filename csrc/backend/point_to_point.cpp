@@ -95,8 +95,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
                                 }
                               }
                               if (src >= 0) work->set_source_rank(src);
-                              work->mark_done(err);
-                              CompletionPool::instance().post([work] { work->settle_future(); });
+                              work->finish(err);
                             });
   return work;
 }
@@ -150,6 +149,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
   if (!t.is_cpu()) stream = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
   auto work = c10::make_intrusive<PycollWork>(rank_, is_send ? c10d::OpType::SEND : c10d::OpType::RECV, op,
                                               ++issued_, std::vector<at::Tensor>{t}, std::vector<c10::Device>{});
+  work->poll_before_sleep = poll_before_sleep_;
   const int64_t bytes = static_cast<int64_t>(buf.nbytes());
   char* data = static_cast<char*>(buf.data_ptr());
   if (is_send) {
@@ -158,8 +158,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
     auto held = std::make_shared<HeldRequest>(work, buf, t);
     cpu_->p2p().post_send(peer, tag, data, bytes, [held](std::exception_ptr err) {
       const auto& work = held->work;
-      work->mark_done(err);
-      CompletionPool::instance().post([work] { work->settle_future(); });
+      work->finish(err);
     });
   } else {
     auto held = std::make_shared<HeldRequest>(work, buf, t);
@@ -176,8 +175,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
           err = std::current_exception();
         }
       }
-      work->mark_done(err);
-      CompletionPool::instance().post([work] { work->settle_future(); });
+      work->finish(err);
     });
   }
   return work;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "algorithms/lane_pool.h"
 #include "backend/gil_release.h"
 #include "backend/op_call_helpers.h"
 #include "backend/op_stats.h"
@@ -90,7 +91,9 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
     staged_ = std::make_unique<StagedEngine>(*cpu_tensors_);
     cuda_ = make_cuda_queue(store_, group_name_, rank, size, timeout);
   }
-  executor_ = std::make_unique<SerialExecutor>();
+  // 50 us: about what a small op takes once its thread runs; a longer op sleeps as before.
+  if (cpu_to_spare_per_rank(hosts_ ? hosts_->local_size() : size)) poll_before_sleep_ = std::chrono::microseconds(50);
+  executor_ = std::make_unique<SerialExecutor>(poll_before_sleep_);
 }
 
 ProcessGroupPycoll::~ProcessGroupPycoll() {
@@ -259,6 +262,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpTy
     }
   }
   auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
+  work->poll_before_sleep = poll_before_sleep_;
   auto task = [this, work, op, body = std::move(body)]() {
     std::exception_ptr err;
     try {
@@ -281,11 +285,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpTy
     } catch (...) {
       err = std::current_exception();
     }
-    work->mark_done(err);
     if (SerialExecutor::running_inline()) {
+      work->mark_done(err);
       work->settle_future();  // no callback can be attached yet: complete it here, no thread hand-off
     } else {
-      CompletionPool::instance().post([work] { work->settle_future(); });
+      work->finish(err);
     }
   };
   executor_->submit(std::move(task), !async_op);

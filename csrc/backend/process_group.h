@@ -187,6 +187,9 @@ class ProcessGroupPycoll : public c10d::Backend {
   std::mutex device_hierarchical_mu_;
   std::unique_ptr<Engine> device_hierarchical_;  // across hosts: CUDA tensors on cuda_'s engine + NCCL
   std::unique_ptr<SerialExecutor> executor_;
+  // How long a waiter polls before it sleeps: nonzero only where every rank on the host has a CPU
+  // to spare for it (common/brief_spin.h).
+  std::chrono::microseconds poll_before_sleep_{0};
   std::atomic<uint64_t> issued_{0};
   uint64_t monitored_barriers_ = 0;  // called in the same order on every rank (backend/monitored_barrier.cpp)
   SelfP2P self_p2p_{rank_};

@@ -2,7 +2,6 @@
 
 #include <stdexcept>
 
-#include "backend/executor.h"
 #include "common/check.h"
 
 namespace pycoll {
@@ -25,8 +24,7 @@ void SelfP2P::complete(const Pending& send, const Pending& recv) {
     err = std::current_exception();
   }
   for (const auto& w : {send.work, recv.work}) {
-    w->mark_done(err);
-    CompletionPool::instance().post([w] { w->settle_future(); });
+    w->finish(err);
   }
 }
 

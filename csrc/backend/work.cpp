@@ -2,6 +2,8 @@
 
 #include <ATen/core/jit_type.h>
 
+#include "backend/executor.h"
+#include "common/brief_spin.h"
 #include "common/check.h"
 
 namespace pycoll {
@@ -43,7 +45,7 @@ PycollWork::PycollWork(int rank, c10d::OpType type, std::string op_name, uint64_
       seq_(seq),
       outputs_(std::move(outputs)),
       devices_(std::move(devices)) {
-  if (!lazy_future) future_ = make_future();
+  if (!lazy_future && !devices_.empty()) future_ = make_future();
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> PycollWork::make_future() const {
@@ -79,6 +81,7 @@ int PycollWork::sourceRank() const {
 }
 
 bool PycollWork::wait(std::chrono::milliseconds timeout) {
+  spin_briefly([&] { return done_.load(std::memory_order_acquire); }, poll_before_sleep);
   {
     std::unique_lock<std::mutex> lk(mutex_);
     if (timeout == kNoTimeout) {
@@ -123,8 +126,35 @@ void PycollWork::mark_done(std::exception_ptr err) {
     exception_ = err;
     end_profiling.swap(recordFunctionEndCallback_);  // set only while torch.profiler records
   }
+  done_.store(true, std::memory_order_release);
   cv_.notify_all();
   if (end_profiling) end_profiling();
+}
+
+void PycollWork::finish(std::exception_ptr err) {
+  std::function<void()> end_profiling;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    completed_ = true;
+    exception_ = err;
+    end_profiling.swap(recordFunctionEndCallback_);
+  }
+  bool settled_here;
+  {
+    // After the outcome is recorded: a getFuture() from now on completes its Future with it.
+    std::lock_guard<std::mutex> g(future_mu_);
+    settled_here = !future_;
+    if (settled_here) settled_ = true;
+  }
+  // Settled before the waiter wakes, so wait() does not sleep a second time for the Future.
+  if (settled_here) settled_cv_.notify_all();
+  done_.store(true, std::memory_order_release);
+  cv_.notify_all();
+  if (end_profiling) end_profiling();
+  if (!settled_here) {
+    auto self = c10::intrusive_ptr<PycollWork>::reclaim_copy(this);
+    CompletionPool::instance().post([self] { self->settle_future(); });
+  }
 }
 
 void PycollWork::settle_future() {

@@ -27,9 +27,10 @@ namespace pycoll {
 
 class PycollWork : public c10d::Work {
  public:
-  // With `lazy_future`, the Future is made only when getFuture() asks for it
-  // (most callers never do), completed on the caller's current stream; only
-  // for ops that ran on that stream (the CUDA path of a synchronous op).
+  // The Future is made only when getFuture() asks for it (most callers never do): always for a
+  // Work without devices, and with `lazy_future` for one with devices, where it is then completed
+  // on the caller's current stream; only for ops that ran on that stream (the CUDA path of a
+  // synchronous op).
   PycollWork(int rank, c10d::OpType type, std::string op_name, uint64_t seq, std::vector<at::Tensor> outputs,
              std::vector<c10::Device> devices, bool lazy_future = false);
 
@@ -49,12 +50,18 @@ class PycollWork : public c10d::Work {
   void mark_done(std::exception_ptr err);
   // Completion side: completes the Future (runs its callbacks).
   void settle_future();
+  // Both, from a thread that must not run user callbacks (an engine or channel thread): when no
+  // Future exists yet nothing can run, so the Work settles here and wait() returns after one
+  // wake-up; otherwise the completion pool settles it.
+  void finish(std::exception_ptr err);
 
   // Optional step run by wait() before returning (CUDA: make the caller's
   // stream wait on the op's end event).
   std::function<void()> on_wait;
   // Optional completion probe (CUDA: the end event has fired).
   std::function<bool()> query;
+  // How long wait() polls before it sleeps (0: not at all); set where the waiter has a CPU to spare.
+  std::chrono::microseconds poll_before_sleep{0};
 
  private:
   std::string op_name_;
@@ -62,6 +69,7 @@ class PycollWork : public c10d::Work {
   std::atomic<int> source_rank_{-1};
   std::vector<at::Tensor> outputs_;
   std::vector<c10::Device> devices_;
+  std::atomic<bool> done_{false};  // completed_, readable without mutex_ (what wait() polls)
   std::mutex future_mu_;
   std::condition_variable settled_cv_;
   bool settled_ = false;  // settle_future() ran (what a lazy Future must show when made)
