@@ -211,6 +211,44 @@ def test_shared_tensors_rows_are_checked_and_read_in_place(tmp_path):
                 op, proc.stderr[-3000:])
 
 
+def test_async_op_rows_are_checked(tmp_path):
+    """--async-op: every collective issued with async_op=True and waited on, results still checked."""
+    out = tmp_path / "results"
+    proc = run_cli(["--backends", ",".join(BACKENDS), "--nproc", "2", "-b", "4K", "-e", "512K", "-f", "128",
+                    "--ops", "all_reduce,reduce,broadcast,all_gather,reduce_scatter,all_to_all", "--async-op",
+                    "--check", "--budget", "0.01", "--prewarm", "0", "--out", str(out), "--no-plot"], tmp_path)
+    assert proc.returncode == 0, _describe(proc)
+    assert "issued with async_op=True" in proc.stdout, proc.stdout
+    doc = json.loads(sorted(out.glob("*.json"))[0].read_text())
+    assert doc["config"]["async_op"] is True
+    rows = [r for r in doc["results"] if r["label"] != "floor"]
+    assert len(rows) == 6 * 2 * len(LABELS)
+    assert all(r["check"] == "ok" and r["error"] is None for r in rows), rows
+
+
+def test_async_op_call_waits_on_the_work(monkeypatch):
+    ops = _bench_module("ops")
+    seen = []
+
+    class Work:
+        def wait(self):
+            seen.append("wait")
+
+    def fake_all_reduce(x, op=None, group=None, async_op=False):
+        seen.append(("issue", async_op))
+        return Work() if async_op else None
+
+    import torch
+
+    monkeypatch.setattr(ops.dist, "all_reduce", fake_all_reduce)
+    coll = ops.AllReduce()
+    bufs = {"input": torch.ones(4)}
+    coll.bind(bufs, None, ops.REDUCE_OP["sum"], 0, 0, 1)()
+    coll.async_op = True
+    coll.bind(bufs, None, ops.REDUCE_OP["sum"], 0, 0, 1)()
+    assert seen == [("issue", False), ("issue", True), "wait"]
+
+
 def test_combine_rounds():
     combine = _bench_module("runner").combine_rounds
 

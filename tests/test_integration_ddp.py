@@ -211,7 +211,13 @@ def _check(variant, device, res, ref):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
 def test_ddp(variant, device, seed):
-    res, ref = compare_backends(_ddp_rank, variant, seed, device=device)
+    kw = {}
+    if variant == "hook_powersgd" and device == "cpu":
+        # torch's PowerSGD hook calls torch.cuda.synchronize(bucket's device) whenever CUDA is
+        # available, which raises for CPU buckets on a GPU machine, with every backend: the CPU
+        # run hides the GPUs (torch 2.11, powerSGD_hook.py, decompress).
+        kw["env"] = {"CUDA_VISIBLE_DEVICES": ""}
+    res, ref = compare_backends(_ddp_rank, variant, seed, device=device, **kw)
     _check(variant, device, res, ref)
 
     if variant == "no_sync":

@@ -110,6 +110,10 @@ def build_parser():
                    help="CPU: put every row's buffers in shared memory (tensor.share_memory_()), where pycoll's "
                         "large ops read the peers' in place (PYCOLL_CPU_SHARED_TENSORS); every backend gets the "
                         "same buffers, the memory floor private ones")
+    g.add_argument("--async-op", action="store_true",
+                   help="issue each collective with async_op=True and wait on its Work (as DDP and overlapping "
+                        "code do) instead of a blocking call; sendrecv is always issued that way, send and "
+                        "pingpong are blocking calls either way")
     g = p.add_argument_group("sizes (nccl-tests flags)")
     g.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (default: 8)")
     g.add_argument("-e", "--maxbytes", type=_size_arg, default=None,
@@ -300,7 +304,7 @@ def parse_config(argv, parser=None):
         device=device, nproc=world, backends=backends, algos=algos, ops=ops, sizes=sizes, dtypes=dtypes,
         reduce_op=a.reduce_op, root=a.root, warmup=a.warmup, prewarm_s=max(0.0, a.prewarm), iters=a.iters,
         budget_s=a.budget, rounds=a.rounds,
-        inplace=a.inplace, shared_tensors=a.shared_tensors, check=a.check, graph=a.graph, inject_fault=a.inject_fault, out_dir=a.out, name=a.name,
+        inplace=a.inplace, shared_tensors=a.shared_tensors, async_op=a.async_op, check=a.check, graph=a.graph, inject_fault=a.inject_fault, out_dir=a.out, name=a.name,
         save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out,
         timeout_s=a.timeout, progress=not a.no_progress, command=_command(argv), argv=list(argv),
         launcher="torchrun" if launched else "spawn", hosts=a.hosts)

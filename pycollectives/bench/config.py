@@ -23,6 +23,7 @@ class BenchConfig:
     max_iters: int = 5000
     inplace: bool = False
     shared_tensors: bool = False     # CPU buffers in shared memory (share_memory_())
+    async_op: bool = False           # collectives issued with async_op=True, then waited on
     check: bool = False
     graph: bool = False
     inject_fault: str = ""           # tests only: comma-separated ops (or "all") whose result the last rank corrupts

@@ -36,6 +36,13 @@ class Collective:
     split = False            # the buffer is cut into ``world`` chunks: size must divide
     inplace = "both"         # "both", "always" (in place by definition), "never"
     min_world = 1
+    async_op = False         # --async-op: issue with async_op=True, then wait on the Work
+
+    def call(self, fn, *args, **kwargs):
+        """A zero-argument callable that issues ``fn(*args, **kwargs)`` once and waits for it."""
+        if self.async_op:
+            return lambda: fn(*args, async_op=True, **kwargs).wait()
+        return lambda: fn(*args, **kwargs)
 
     @staticmethod
     def busbw_factor(world):
@@ -84,7 +91,7 @@ class AllReduce(Collective):
 
     def bind(self, bufs, group, op, root, rank, world):
         x = bufs["input"]
-        return lambda: dist.all_reduce(x, op=op, group=group)
+        return self.call(dist.all_reduce, x, op=op, group=group)
 
 
 class Reduce(AllReduce):
@@ -97,7 +104,7 @@ class Reduce(AllReduce):
     def bind(self, bufs, group, op, root, rank, world):
         x = bufs["input"]
         dst = dist.get_global_rank(group, root)
-        return lambda: dist.reduce(x, dst, op=op, group=group)
+        return self.call(dist.reduce, x, dst, op=op, group=group)
 
 
 class Broadcast(Collective):
@@ -111,7 +118,7 @@ class Broadcast(Collective):
     def bind(self, bufs, group, op, root, rank, world):
         x = bufs["input"]
         src = dist.get_global_rank(group, root)
-        return lambda: dist.broadcast(x, src, group=group)
+        return self.call(dist.broadcast, x, src, group=group)
 
 
 class AllGather(Collective):
@@ -135,7 +142,7 @@ class AllGather(Collective):
 
     def bind(self, bufs, group, op, root, rank, world):
         out, inp = bufs["output"], bufs["input"]
-        return lambda: _all_gather(out, inp, group=group)
+        return self.call(_all_gather, out, inp, group=group)
 
 
 class ReduceScatter(Collective):
@@ -155,7 +162,7 @@ class ReduceScatter(Collective):
 
     def bind(self, bufs, group, op, root, rank, world):
         out, inp = bufs["output"], bufs["input"]
-        return lambda: _reduce_scatter(out, inp, op=op, group=group)
+        return self.call(_reduce_scatter, out, inp, op=op, group=group)
 
 
 class AllToAll(SeparateBuffers):
@@ -169,7 +176,7 @@ class AllToAll(SeparateBuffers):
 
     def bind(self, bufs, group, op, root, rank, world):
         out, inp = bufs["output"], bufs["input"]
-        return lambda: dist.all_to_all_single(out, inp, group=group)
+        return self.call(dist.all_to_all_single, out, inp, group=group)
 
 
 class SendRecv(SeparateBuffers):

@@ -129,7 +129,8 @@ def format_table(rows, meta, cfg, baseline):
         + (f" as {cfg.hosts} simulated hosts of {meta['world_size'] // cfg.hosts}" if cfg.hosts > 1 else "")
         + f", {meta['device']} ({meta['card']}), torch {meta['torch']}, "
         f"{','.join(cfg.dtypes)}, op {cfg.reduce_op}, {mode} where the op allows, "
-        + ("buffers in shared memory, " if cfg.shared_tensors else "") + f"{iters}",
+        + ("buffers in shared memory, " if cfg.shared_tensors else "")
+        + ("issued with async_op=True and waited on, " if cfg.async_op else "") + f"{iters}",
         "# time: mean per call, max over ranks" + (", median over the rounds" if cfg.rounds > 1 else "")
         + "; algbw = size / time; busbw = algbw * nccl-tests factor;",
         f"# {ratio_head} = busbw / busbw of {baseline} at the same size (>1: faster than {baseline})",

@@ -223,6 +223,7 @@ class RankRunner:
                    warmup=None, iters=None, time_us=None, algbw_gbps=None, busbw_gbps=None,
                    check=None, check_error=None, error=None)
         rows = [row]
+        coll.async_op = cfg.async_op
         fn = coll.bind(bufs, v.group, REDUCE_OP[cfg.reduce_op], cfg.root, self.rank, self.world)
 
         # 1. first call, on the known inputs when checking
