@@ -68,6 +68,9 @@ class CpuEngine {
   // files, algorithms/shared_storage.h).
   const char* last_data_path() const { return last_data_path_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  // Whether an op of `bytes` runs on its calling thread alone, with no lane threads: a waiter may
+  // then poll on another CPU without stalling a lane (backend/work.h, poll_before_sleep).
+  bool runs_on_one_thread(size_t bytes) const { return !pipelines(bytes) || threads_ == 1; }
 
  private:
   void ensure_transport();

@@ -114,9 +114,8 @@ void SerialExecutor::loop(const std::shared_ptr<State>& state) {
     g_background.fetch_sub(1);
     {
       std::lock_guard<std::mutex> g(s.mu);
-      s.busy = false;
+      s.busy = false;  // no notify: only this thread waits on cv
     }
-    s.cv.notify_all();
   }
 }
 

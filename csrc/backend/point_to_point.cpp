@@ -81,6 +81,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
   at::Tensor buf = in_place ? t : at::empty(t.sizes(), t.options());
   auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::RECVANYSOURCE, op, ++issued_,
                                               std::vector<at::Tensor>{t}, std::vector<c10::Device>{});
+  work->poll_before_sleep = poll_before_sleep_;
   auto held = std::make_shared<HeldRequest>(work, buf, t);
   cpu_->p2p().post_recv_any(tag, static_cast<char*>(buf.data_ptr()), static_cast<int64_t>(buf.nbytes()),
                             [held](int src, std::exception_ptr err) {
@@ -95,7 +96,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
                                 }
                               }
                               if (src >= 0) work->set_source_rank(src);
-                              work->finish(err);
+                              work->mark_done_and_settle(err);
                             });
   return work;
 }
@@ -158,7 +159,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
     auto held = std::make_shared<HeldRequest>(work, buf, t);
     cpu_->p2p().post_send(peer, tag, data, bytes, [held](std::exception_ptr err) {
       const auto& work = held->work;
-      work->finish(err);
+      work->mark_done_and_settle(err);
     });
   } else {
     auto held = std::make_shared<HeldRequest>(work, buf, t);
@@ -175,7 +176,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
           err = std::current_exception();
         }
       }
-      work->finish(err);
+      work->mark_done_and_settle(err);
     });
   }
   return work;

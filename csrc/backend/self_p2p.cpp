@@ -24,7 +24,7 @@ void SelfP2P::complete(const Pending& send, const Pending& recv) {
     err = std::current_exception();
   }
   for (const auto& w : {send.work, recv.work}) {
-    w->finish(err);
+    w->mark_done_and_settle(err);
   }
 }
 

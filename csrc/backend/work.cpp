@@ -2,6 +2,8 @@
 
 #include <ATen/core/jit_type.h>
 
+#include <algorithm>
+
 #include "backend/executor.h"
 #include "common/brief_spin.h"
 #include "common/check.h"
@@ -81,7 +83,9 @@ int PycollWork::sourceRank() const {
 }
 
 bool PycollWork::wait(std::chrono::milliseconds timeout) {
-  spin_briefly([&] { return done_.load(std::memory_order_acquire); }, poll_before_sleep);
+  spin_briefly([&] { return done_.load(std::memory_order_acquire); },
+               timeout == kNoTimeout ? poll_before_sleep
+                                     : std::min(poll_before_sleep, std::chrono::microseconds(timeout)));
   {
     std::unique_lock<std::mutex> lk(mutex_);
     if (timeout == kNoTimeout) {
@@ -131,7 +135,7 @@ void PycollWork::mark_done(std::exception_ptr err) {
   if (end_profiling) end_profiling();
 }
 
-void PycollWork::finish(std::exception_ptr err) {
+void PycollWork::mark_done_and_settle(std::exception_ptr err) {
   std::function<void()> end_profiling;
   {
     std::lock_guard<std::mutex> g(mutex_);
@@ -152,7 +156,7 @@ void PycollWork::finish(std::exception_ptr err) {
   cv_.notify_all();
   if (end_profiling) end_profiling();
   if (!settled_here) {
-    auto self = c10::intrusive_ptr<PycollWork>::reclaim_copy(this);
+    auto self = c10::intrusive_ptr<PycollWork>::unsafe_reclaim_from_nonowning(this);  // callers hold a reference
     CompletionPool::instance().post([self] { self->settle_future(); });
   }
 }

@@ -7,7 +7,7 @@
 // blocks the engine that must run that collective. wait() returns once the
 // Future is marked completed too (Gloo and NCCL promise get_future().done()
 // after wait()), without waiting for the callbacks. The Future is made only
-// when asked for: a Work without one has no callbacks, so finish() settles it
+// when asked for: a Work without one has no callbacks, so mark_done_and_settle() settles it
 // on the engine thread and its waiter wakes once (docs/performance.md,
 // "Per-call cost on CPU").
 #pragma once
@@ -45,7 +45,7 @@ class PycollWork : public c10d::Work {
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
-  // A receive from any source: the peer it came from (set before mark_done).
+  // A receive from any source: the peer it came from (set before the Work is marked done).
   int sourceRank() const override;
   void set_source_rank(int rank) { source_rank_.store(rank); }
 
@@ -56,7 +56,7 @@ class PycollWork : public c10d::Work {
   // Both, from a thread that must not run user callbacks (an engine or channel thread): when no
   // Future exists yet nothing can run, so the Work settles here and wait() returns after one
   // wake-up; otherwise the completion pool settles it.
-  void finish(std::exception_ptr err);
+  void mark_done_and_settle(std::exception_ptr err);
 
   // Optional step run by wait() before returning (CUDA: make the caller's
   // stream wait on the op's end event).

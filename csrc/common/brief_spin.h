@@ -26,6 +26,8 @@ bool spin_briefly(Ready&& ready, std::chrono::microseconds budget) {
       if (ready()) return true;
 #if defined(__x86_64__) || defined(__i386__)
       _mm_pause();
+#elif defined(__aarch64__)
+      asm volatile("yield");
 #endif
     }
   } while (std::chrono::steady_clock::now() < until);
