@@ -91,7 +91,7 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
     staged_ = std::make_unique<StagedEngine>(*cpu_tensors_);
     cuda_ = make_cuda_queue(store_, group_name_, rank, size, timeout);
   }
-  // 50 us: about what a small op takes once its thread runs; a longer op sleeps as before.
+  // docs/decisions/0018-cpu-ops-poll-before-sleep.md
   if (cpu_to_spare_per_rank(hosts_ ? hosts_->local_size() : size)) poll_before_sleep_ = std::chrono::microseconds(50);
   executor_ = std::make_unique<SerialExecutor>(poll_before_sleep_);
 }
