@@ -264,9 +264,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpTy
   auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
   // The waiter polls only while the op runs on the engine thread alone: a pipelined op's lanes
   // take the rank's other CPUs, and a poller among them would stall one.
-  size_t bytes = 0;
-  for (const auto& t : outputs) bytes += t.defined() ? t.nbytes() : 0;
-  if (cpu_->runs_on_one_thread(bytes)) work->poll_before_sleep = poll_before_sleep_;
+  if (poll_before_sleep_.count() > 0) {
+    size_t bytes = 0;
+    for (const auto& t : outputs) bytes += t.defined() ? t.nbytes() : 0;
+    if (cpu_->runs_on_one_thread(bytes)) work->poll_before_sleep = poll_before_sleep_;
+  }
   auto task = [this, work, op, body = std::move(body)]() {
     std::exception_ptr err;
     try {

@@ -122,27 +122,28 @@ c10::intrusive_ptr<c10::ivalue::Future> PycollWork::getFuture() {
   return future_;
 }
 
-void PycollWork::mark_done(std::exception_ptr err) {
+std::function<void()> PycollWork::record_outcome(std::exception_ptr err) {
   std::function<void()> end_profiling;
-  {
-    std::lock_guard<std::mutex> g(mutex_);
-    completed_ = true;
-    exception_ = err;
-    end_profiling.swap(recordFunctionEndCallback_);  // set only while torch.profiler records
-  }
+  std::lock_guard<std::mutex> g(mutex_);
+  completed_ = true;
+  exception_ = err;
+  end_profiling.swap(recordFunctionEndCallback_);  // set only while torch.profiler records
+  return end_profiling;
+}
+
+void PycollWork::wake_waiters() {
   done_.store(true, std::memory_order_release);
   cv_.notify_all();
+}
+
+void PycollWork::mark_done(std::exception_ptr err) {
+  auto end_profiling = record_outcome(err);
+  wake_waiters();
   if (end_profiling) end_profiling();
 }
 
 void PycollWork::mark_done_and_settle(std::exception_ptr err) {
-  std::function<void()> end_profiling;
-  {
-    std::lock_guard<std::mutex> g(mutex_);
-    completed_ = true;
-    exception_ = err;
-    end_profiling.swap(recordFunctionEndCallback_);
-  }
+  auto end_profiling = record_outcome(err);
   bool settled_here;
   {
     // After the outcome is recorded: a getFuture() from now on completes its Future with it.
@@ -152,8 +153,7 @@ void PycollWork::mark_done_and_settle(std::exception_ptr err) {
   }
   // Settled before the waiter wakes, so wait() does not sleep a second time for the Future.
   if (settled_here) settled_cv_.notify_all();
-  done_.store(true, std::memory_order_release);
-  cv_.notify_all();
+  wake_waiters();
   if (end_profiling) end_profiling();
   if (!settled_here) {
     auto self = c10::intrusive_ptr<PycollWork>::unsafe_reclaim_from_nonowning(this);  // callers hold a reference

@@ -80,6 +80,11 @@ class PycollWork : public c10d::Work {
 
   c10::intrusive_ptr<c10::ivalue::Future> make_future() const;
   void complete(const c10::intrusive_ptr<c10::ivalue::Future>& f);
+  // Records the outcome (what wait() and a later getFuture() report); returns the profiler's end
+  // callback, to run once waiters are notified.
+  std::function<void()> record_outcome(std::exception_ptr err);
+  // Wakes wait(): done_ for its poll, cv_ for its sleep.
+  void wake_waiters();
   // Blocks until settle_future() has marked the Future completed (not until its callbacks ran).
   void wait_future_marked();
 };
