@@ -16,13 +16,14 @@ from .bucketing import GradientBucketer
 from .compression import compressed_all_reduce
 from .config import get_algo, load_cost_model, set_algo
 from .hosts import make_backend
+from .memory import shared_cpu_memory, shared_cpu_memory_stats, use_shared_cpu_memory
 from .split_options import backend_options
 from .hooks import PowerSGDState, SignSGDState, powerSGD_hook, powersgd_hook, signsgd_hook
 
 __all__ = [
     "get_algo", "set_algo", "stats", "reset_stats", "cuda_built", "load_cost_model", "BACKEND_NAME",
     "signsgd_hook", "SignSGDState", "powersgd_hook", "powerSGD_hook", "PowerSGDState", "compressed_all_reduce",
-    "GradientBucketer",
+    "GradientBucketer", "use_shared_cpu_memory", "shared_cpu_memory", "shared_cpu_memory_stats",
 ]
 
 BACKEND_NAME = "pycoll"
@@ -62,6 +63,7 @@ def cuda_built() -> bool:
 
 
 _register()
+_C.apply_cpu_allocator_setting()  # PYCOLL_CPU_ALLOCATOR=shared (pycollectives/memory.py)
 # torch 2.11's split_group (DeviceMesh) deep-copies parent_backend.options: a copyable one.
 _C.ProcessGroupPycoll.options = property(backend_options)
 # Before finalization: background threads still holding tensors must let go while they can take

@@ -8,6 +8,7 @@
 
 #include "algorithms/lane_pool.h"
 #include "algorithms/select.h"
+#include "bindings/allocator_bindings.h"
 #include "bindings/compression_bindings.h"
 #include "bindings/cuda_plan_bindings.h"
 #include "bindings/host_form_bindings.h"
@@ -228,4 +229,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);
   pycoll::register_host_forms(m);
+  pycoll::register_shared_cpu_allocator(m);
 }

@@ -3,7 +3,8 @@
 //
 // torch's share_memory_() (the default "file_descriptor" sharing strategy on Linux) moves a
 // storage into an unlinked shared-memory file and keeps it open; its storage's DataPtr is then an
-// at::MapAllocator with that fd. Any other storage (plain malloc'd memory, the "file_system"
+// at::MapAllocator with that fd. The shared CPU allocator's blocks (engines/shared_cpu_allocator.h)
+// are such files too. Any other storage (plain malloc'd memory, the "file_system"
 // strategy's libshm allocator, a CUDA tensor) gets an invalid reference and is staged as before.
 #pragma once
 

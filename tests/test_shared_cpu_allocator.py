@@ -1,0 +1,262 @@
+"""The shared CPU allocator (pycollectives.use_shared_cpu_memory, PYCOLL_CPU_ALLOCATOR=shared;
+csrc/engines/shared_cpu_allocator.h): large CPU tensors live in memfd files from the moment they
+are made, so large collectives read them in place with no share_memory_() call.
+
+Checked: which tensors it places (threshold, views, contiguous copies), reuse and its cap, the
+file budget and what happens past it, fork(), nothing left in /dev/shm, the environment switch
+and its errors; and, across 1-4 ranks, every op that may read in place against plain torch with
+the debug log showing the in-place path, and a DDP step whose buckets it made.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import pycollectives
+from pycollectives import _C
+from cpu_collectives_util import Cases
+from ranks import quiet, run_ranks
+from test_cpu_shared_tensors import MAPPED, Plans, _all_ops
+
+MIN = 256 << 10  # the default threshold (PYCOLL_SHARED_CPU_MIN_BYTES)
+
+
+@pytest.fixture
+def allocator():
+    """The allocator on in this process for one test, with an empty cache, then off."""
+    _C.release_cached_shared_blocks()  # blocks freed after an earlier test ended
+    pycollectives.use_shared_cpu_memory()
+    try:
+        yield
+    finally:
+        pycollectives.use_shared_cpu_memory(False)
+        _C.release_cached_shared_blocks()
+
+
+def _run_script(body, env=None, rlimit_files=None):
+    """Runs `body` in a fresh interpreter (allocator state and fork() stay out of this process)."""
+    prelude = "import os, sys, torch, pycollectives\nfrom pycollectives import _C\n"
+    if rlimit_files:
+        prelude = f"import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, ({rlimit_files}, " \
+                  f"resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n" + prelude
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(body)], env=full_env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_places_large_tensors_only_while_on(allocator):
+    big, small = torch.empty(MIN // 4), torch.empty(MIN // 4 - 1)
+    assert _C._is_peer_mappable(big)
+    assert not _C._is_peer_mappable(small)
+    assert _C._is_peer_mappable(big[5:])  # a view of a block is in the same file
+    assert not _C._is_peer_mappable(torch.empty(0))
+    # A contiguous copy of a strided tensor is a new allocation: placed too.
+    strided = torch.empty(2, MIN // 4).t()
+    assert _C._is_peer_mappable(strided.contiguous())
+    stats = pycollectives.shared_cpu_memory_stats()
+    assert stats["installed"] and stats["min_bytes"] == MIN
+    pycollectives.use_shared_cpu_memory(False)
+    assert not _C._is_peer_mappable(torch.empty(MIN // 4))
+    assert _C._is_peer_mappable(big)  # made while on: stays shared, and usable
+    big.fill_(3)
+    assert big.sum().item() == 3 * big.numel()
+
+
+def test_threshold_and_bad_values(allocator):
+    pycollectives.use_shared_cpu_memory(min_bytes=1 << 20)
+    assert not _C._is_peer_mappable(torch.empty(MIN // 4))
+    assert _C._is_peer_mappable(torch.empty(1 << 18))
+    with pytest.raises(ValueError, match="min_bytes must be positive"):
+        pycollectives.use_shared_cpu_memory(min_bytes=0)
+
+
+def test_context_manager_restores_what_was_on():
+    assert not pycollectives.shared_cpu_memory_stats()["installed"]
+    try:
+        with pycollectives.shared_cpu_memory():
+            inside = torch.empty(MIN)
+            with pycollectives.shared_cpu_memory(min_bytes=4 << 20):
+                assert not _C._is_peer_mappable(torch.empty(MIN))
+            assert _C._is_peer_mappable(torch.empty(MIN))  # the outer threshold is back
+        assert not pycollectives.shared_cpu_memory_stats()["installed"]
+        assert _C._is_peer_mappable(inside)
+        assert not _C._is_peer_mappable(torch.empty(MIN))
+    finally:
+        pycollectives.use_shared_cpu_memory(False)
+        _C.release_cached_shared_blocks()
+
+
+def test_freed_blocks_are_reused(allocator):
+    before = pycollectives.shared_cpu_memory_stats()
+    a = torch.ones(MIN)
+    ptr = a.data_ptr()
+    del a
+    after_free = pycollectives.shared_cpu_memory_stats()
+    assert after_free["cached_blocks"] == before["cached_blocks"] + 1
+    b = torch.zeros(MIN)  # the same size: the same block (and file) again
+    assert b.data_ptr() == ptr
+    assert b.sum().item() == 0
+    stats = pycollectives.shared_cpu_memory_stats()
+    assert stats["reused"] == before["reused"] + 1
+    assert stats["live_bytes"] == before["live_bytes"] + MIN * 4
+    c = torch.zeros(MIN + 1024)  # another size: a new file
+    assert c.data_ptr() != ptr
+    assert pycollectives.shared_cpu_memory_stats()["made"] == stats["made"] + 1
+
+
+def test_cache_is_capped():
+    r = _run_script("""
+        pycollectives.use_shared_cpu_memory()
+        ts = [torch.empty(1 << 20) for _ in range(5)]   # 4 MiB each
+        del ts
+        s = _C.shared_cpu_allocator_stats()
+        assert s["cached_bytes"] <= 10 << 20 and s["cached_blocks"] == 2, s
+        assert s["live_blocks"] == 0, s
+        print("ok")
+    """, env={"PYCOLL_SHARED_CPU_CACHE_BYTES": "10M"})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_past_the_file_budget_tensors_are_private():
+    """RLIMIT_NOFILE 64: the allocator may hold 16 files; the rest go to torch's allocator, and
+    every tensor works."""
+    r = _run_script("""
+        pycollectives.use_shared_cpu_memory()
+        s = _C.shared_cpu_allocator_stats()
+        assert s["file_budget"] == 16, s
+        ts = [torch.full((1 << 16,), float(i)) for i in range(20)]
+        placed = [_C._is_peer_mappable(t) for t in ts]
+        assert placed == [True] * 16 + [False] * 4, placed
+        assert [t.sum().item() for t in ts] == [float(i << 16) for i in range(20)]
+        s = _C.shared_cpu_allocator_stats()
+        assert s["made"] == 16 and s["fallbacks"] == 4, s
+        del ts
+        # Freed blocks are cached, and a new size may take a cached block's place.
+        t = torch.ones(1 << 17)
+        assert _C._is_peer_mappable(t), _C.shared_cpu_allocator_stats()
+        print("ok")
+    """, rlimit_files=64)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_fork_keeps_parent_and_child_blocks_apart():
+    """Blocks live at fork() are shared with the child (as share_memory_() tensors are); the child
+    starts with no cached blocks and never caches an inherited one; the parent's cache is its own."""
+    r = _run_script("""
+        torch.set_num_threads(1)  # no OpenMP pool in the parent: libgomp hangs a forked child that uses it
+        pycollectives.use_shared_cpu_memory()
+        live = torch.zeros(1 << 16)
+        freed = torch.ones(1 << 16); del freed
+        assert _C.shared_cpu_allocator_stats()["cached_blocks"] == 1
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                s = _C.shared_cpu_allocator_stats()
+                assert s["cached_blocks"] == 0, s
+                mine = torch.full((1 << 16,), 7.0)  # a new file, not the parent's cached block
+                assert _C.shared_cpu_allocator_stats()["made"] == s["made"] + 1
+                live.fill_(5)
+                del live, mine
+                s = _C.shared_cpu_allocator_stats()
+                assert s["cached_blocks"] == 1, s   # its own block; the inherited one was dropped
+            except BaseException as e:
+                print("child:", repr(e), file=sys.stderr)
+                code = 1
+            os._exit(code)
+        again = torch.full((1 << 16,), 2.0)   # the parent's cached block
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _C.shared_cpu_allocator_stats()["reused"] == 1
+        assert again.eq(2).all(), "the child wrote into the parent's cached block"
+        assert live.eq(5).all(), "a block live at fork() is shared with the child"
+        print("ok")
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_nothing_left_in_dev_shm_when_killed():
+    before = set(os.listdir("/dev/shm"))
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time, torch, pycollectives
+        pycollectives.use_shared_cpu_memory()
+        ts = [torch.ones(1 << 20) for _ in range(4)]
+        print("ready", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        fds = os.listdir(f"/proc/{p.pid}/fd")
+        targets = [os.readlink(f"/proc/{p.pid}/fd/{fd}") for fd in fds]
+        assert sum("memfd:pycoll-tensor" in t for t in targets) == 4, targets
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert set(os.listdir("/dev/shm")) - before == set()
+
+
+def test_environment_switch():
+    r = _run_script("""
+        assert _C.shared_cpu_allocator_installed()
+        assert _C._is_peer_mappable(torch.empty(1 << 20))
+        assert not _C._is_peer_mappable(torch.empty(1 << 17))   # below the 1 MiB asked for
+        print("ok")
+    """, env={"PYCOLL_CPU_ALLOCATOR": "shared", "PYCOLL_SHARED_CPU_MIN_BYTES": "1M"})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    r = _run_script("pass", env={"PYCOLL_CPU_ALLOCATOR": "sharde"})
+    assert r.returncode != 0 and "PYCOLL_CPU_ALLOCATOR" in r.stderr and "sharde" in r.stderr, r.stderr
+
+
+def _collectives_rank(rank, ws, seed):
+    quiet()
+    # 64 KiB: the smallest tensors _all_ops passes (a 4-rank all_gather's 75 KiB inputs) are placed.
+    pycollectives.use_shared_cpu_memory(min_bytes=64 << 10)
+    cases = Cases("shared CPU allocator", rank, ws, seed)
+    expected = MAPPED if ws > 1 else None
+    # share=False: no share_memory_() call; the allocator alone puts every tensor in shared memory.
+    _all_ops(cases, Plans(), rank, ws, False, expected, dtypes=(torch.float32, torch.bfloat16, torch.int32),
+             premul_expected=expected)
+    return cases.finish()
+
+
+@pytest.mark.parametrize("ws", [1, 2, 3, 4])
+def test_collectives_read_allocated_tensors_in_place(ws, seed):
+    run_ranks(ws, _collectives_rank, seed, timeout=600, env={"PYCOLL_CPU_THREADS": "2", "PYCOLL_DEBUG": "INFO"})
+
+
+def _ddp_rank(rank, ws, seed):
+    quiet()
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)]
+    ref_model = torch.nn.Sequential(*layers)
+    batch = torch.randn(ws * 8, 512, generator=torch.Generator().manual_seed(seed + 1))
+    ref_model(batch).square().mean().backward()  # the full batch on one process: the reference
+    expected = [p.grad.clone() for p in ref_model.parameters()]
+    model = torch.nn.Sequential(*layers)
+    for p in model.parameters():
+        p.grad = None
+    plans = Plans()
+    # On for the whole run, not only around DDP(): DDP makes its buckets again, in the order the
+    # gradients came, during the second step.
+    pycollectives.use_shared_cpu_memory()
+    ddp = DDP(model, bucket_cap_mb=1)
+    for _ in range(3):
+        for p in ddp.parameters():
+            p.grad = None
+        ddp(batch[rank * 8:(rank + 1) * 8]).square().mean().backward()
+    for got, want in zip(ddp.parameters(), expected):
+        torch.testing.assert_close(got.grad, want, rtol=1e-4, atol=1e-6)
+    got = plans.since("allreduce")  # the bucket all_reduces (1 MiB and more)
+    assert len(got) >= 3 and all(p == MAPPED for p in got), got  # at least one per step
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_ddp_buckets_are_read_in_place(ws, seed):
+    run_ranks(ws, _ddp_rank, seed, timeout=300, env={"PYCOLL_DEBUG": "INFO"})
