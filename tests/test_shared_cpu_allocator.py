@@ -104,9 +104,13 @@ def test_freed_blocks_are_reused(allocator):
     stats = pycollectives.shared_cpu_memory_stats()
     assert stats["reused"] == before["reused"] + 1
     assert stats["live_bytes"] == before["live_bytes"] + MIN * 4
-    c = torch.zeros(MIN + 1024)  # another size: a new file
+    c = torch.zeros(MIN + 1024)  # another size class (1 MiB + 128 KiB): a new file
     assert c.data_ptr() != ptr
     assert pycollectives.shared_cpu_memory_stats()["made"] == stats["made"] + 1
+    del b
+    d = torch.zeros(MIN - 1000)  # 4,000 bytes less: the same class (1 MiB), the same block
+    assert d.data_ptr() == ptr
+    assert pycollectives.shared_cpu_memory_stats()["reused"] == stats["reused"] + 1
 
 
 def test_cache_is_capped():
