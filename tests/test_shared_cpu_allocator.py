@@ -264,3 +264,19 @@ def _ddp_rank(rank, ws, seed):
 @pytest.mark.parametrize("ws", [2, 3])
 def test_ddp_buckets_are_read_in_place(ws, seed):
     run_ranks(ws, _ddp_rank, seed, timeout=300, env={"PYCOLL_DEBUG": "INFO"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_copies_and_pinned_memory(allocator):
+    """CPU tensors the allocator made copy to and from a GPU; pinned memory is CUDA's, not a file."""
+    x = torch.arange(1 << 20, dtype=torch.float32)
+    assert _C._is_peer_mappable(x)
+    y = x.cuda()
+    back = y.cpu()  # a new CPU tensor: the allocator's
+    assert _C._is_peer_mappable(back)
+    torch.testing.assert_close(back, x)
+    pinned = x.pin_memory()
+    assert pinned.is_pinned() and not _C._is_peer_mappable(pinned)
+    y.copy_(pinned, non_blocking=True)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y.cpu(), x)
