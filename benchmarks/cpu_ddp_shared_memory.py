@@ -1,8 +1,10 @@
-"""A CPU DDP training step three ways, in the same processes, rounds alternated:
-  pycoll          DDP over pycoll, torch's CPU allocator (buckets staged through shared memory)
-  pycoll+shared   the same with pycollectives.use_shared_cpu_memory() on for its steps (buckets
-                  and gradients are shared-memory files; peers read them in place)
-  gloo            DDP over Gloo
+"""A CPU DDP training step four ways, in the same processes, rounds alternated:
+  pycoll                 DDP over pycoll, torch's CPU allocator (buckets staged through shared memory)
+  pycoll+shared          the same with pycollectives.use_shared_cpu_memory() on for its steps
+                         (buckets and gradients are shared-memory files; peers read them in place)
+  pycoll+shared,staged   the allocator on, but over a group with PYCOLL_CPU_SHARED_TENSORS=off: what
+                         the allocator's cache alone changes (the ops stage as with torch's allocator)
+  gloo                   DDP over Gloo
 Per-step milliseconds: for each round, the max over ranks of `--steps` steps' mean; the median
 and range over rounds. Each variant has its own model (same initial weights) and its own DDP.
 
@@ -56,11 +58,15 @@ def main():
     dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
+    os.environ["PYCOLL_CPU_SHARED_TENSORS"] = "off"  # read when the group is made
+    staged = dist.new_group(backend="pycoll")
+    del os.environ["PYCOLL_CPU_SHARED_TENSORS"]
     ctrl = dist.new_group(backend="gloo")
     x = torch.randn(a.batch, a.width)
 
     variants = {}
-    for name, group, shared in (("pycoll", None, False), ("pycoll+shared", None, True), ("gloo", gloo, False)):
+    for name, group, shared in (("pycoll", None, False), ("pycoll+shared", None, True),
+                                ("pycoll+shared,staged", staged, True), ("gloo", gloo, False)):
         pycollectives.use_shared_cpu_memory(shared)
         variants[name] = (DDP(make_model(a.width, a.depth), process_group=group), shared)
     pycollectives.use_shared_cpu_memory(False)
@@ -97,7 +103,7 @@ def main():
         base = statistics.median(times["pycoll"])
         for name, ts in times.items():
             med = statistics.median(ts)
-            print(f"{name:>14}: {med:8.2f} ms per step (range {min(ts):.2f}-{max(ts):.2f}), "
+            print(f"{name:>20}: {med:8.2f} ms per step (range {min(ts):.2f}-{max(ts):.2f}), "
                   f"{med / base:.2f}x pycoll's time")
         if a.json:
             with open(a.json, "w") as f:
