@@ -280,3 +280,44 @@ def test_gpu_copies_and_pinned_memory(allocator):
     y.copy_(pinned, non_blocking=True)
     torch.cuda.synchronize()
     torch.testing.assert_close(y.cpu(), x)
+
+
+def _fsdp_rank(rank, ws, seed):
+    """FSDP2 (fully_shard) on CPU with the allocator on: its all_gather and reduce_scatter buffers
+    are made per step, by the allocator, so both read in place; the parameters after three SGD
+    steps equal one process's training on the whole batch."""
+    quiet()
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    ref = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+    model = copy.deepcopy(ref)
+    pycollectives.use_shared_cpu_memory()
+    mesh = init_device_mesh("cpu", (ws,))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model[2], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    gather_plans, scatter_plans = Plans(), Plans()  # each reads the log once
+    for step in range(3):
+        batch = torch.randn(ws * 8, 512, generator=torch.Generator().manual_seed(seed + step))
+        opt.zero_grad()
+        model(batch[rank * 8:(rank + 1) * 8]).square().mean().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ref(batch).square().mean().backward()
+        ref_opt.step()
+    for (name, got), want in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(got.full_tensor(), want.detach(), rtol=1e-4, atol=1e-5, msg=name)
+    gathers, scatters = gather_plans.since("allgather"), scatter_plans.since("reduce_scatter")
+    assert gathers and all(p == MAPPED for p in gathers), gathers
+    assert scatters and all(p == MAPPED for p in scatters), scatters
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_fsdp2_reads_its_buffers_in_place(ws, seed):
+    run_ranks(ws, _fsdp_rank, seed, timeout=300, env={"PYCOLL_DEBUG": "INFO"})
