@@ -15,8 +15,10 @@ buckets, FSDP's flat parameters, an optimizer's state)::
         buckets = [torch.empty(n) for n in sizes]
 
 Each such tensor is its own memfd file: nothing is left in /dev/shm whatever way the process
-ends, and /dev/shm's size limit does not apply. Tensors made before a ``fork()`` (a DataLoader
-worker started with "fork") are shared with the child, as ``share_memory_()`` tensors are.
+ends, and /dev/shm's size limit does not apply. After a ``fork()`` (a DataLoader worker started
+with "fork") the child's copies of these tensors are private, copy-on-write, as after any fork:
+what the child writes stays its own, though pages it has not written still show what the parent
+writes later. The parent never reuses a block that was live at a fork.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ def use_shared_cpu_memory(enabled: bool = True, min_bytes: int | None = None) ->
     """Turns the shared CPU allocator on (for CPU tensors of at least ``min_bytes``; default
     PYCOLL_SHARED_CPU_MIN_BYTES, 256 KiB) or, with ``enabled=False``, off. Tensors already made
     keep their memory either way."""
-    if min_bytes is not None and min_bytes <= 0:
-        raise ValueError(f"use_shared_cpu_memory: min_bytes must be positive (got {min_bytes})")
+    if min_bytes is not None and min_bytes < 4096:
+        raise ValueError(f"use_shared_cpu_memory: min_bytes must be at least 4096 (one page), got {min_bytes}")
     if enabled:
         _C.install_shared_cpu_allocator(min_bytes or 0)
     else:
@@ -41,11 +43,12 @@ def use_shared_cpu_memory(enabled: bool = True, min_bytes: int | None = None) ->
 
 @contextlib.contextmanager
 def shared_cpu_memory(min_bytes: int | None = None):
-    """The shared CPU allocator for the tensors made inside the block; what was on before is on
-    again after it (the allocator's threshold too)."""
+    """The shared CPU allocator for the tensors made inside the block (by any thread: torch has one
+    CPU allocator per process); what was on before is on again after it, with its threshold, which
+    a nested block without ``min_bytes`` keeps."""
     was_on = _C.shared_cpu_allocator_installed()
     before = _C.shared_cpu_allocator_stats()["min_bytes"]
-    use_shared_cpu_memory(True, min_bytes)
+    use_shared_cpu_memory(True, min_bytes if min_bytes is not None or not was_on else before)
     try:
         yield
     finally:

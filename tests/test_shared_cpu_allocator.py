@@ -8,7 +8,6 @@ and its errors; and, across 1-4 ranks, every op that may read in place against p
 the debug log showing the in-place path, and a DDP step whose buckets it made.
 """
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -71,17 +70,45 @@ def test_threshold_and_bad_values(allocator):
     pycollectives.use_shared_cpu_memory(min_bytes=1 << 20)
     assert not _C._is_peer_mappable(torch.empty(MIN // 4))
     assert _C._is_peer_mappable(torch.empty(1 << 18))
-    with pytest.raises(ValueError, match="min_bytes must be positive"):
-        pycollectives.use_shared_cpu_memory(min_bytes=0)
+    for bad in (0, 1, 4095):
+        with pytest.raises(ValueError, match="min_bytes must be at least 4096"):
+            pycollectives.use_shared_cpu_memory(min_bytes=bad)
+    with pytest.raises(ValueError, match="min_bytes must be at least 4096"):
+        _C.install_shared_cpu_allocator(100)  # the native check, for callers below the Python API
+
+
+def test_cache_is_emptied_when_turned_off(allocator):
+    a = torch.ones(MIN)
+    pycollectives.use_shared_cpu_memory(False)
+    del a  # freed while off: not kept
+    stats = pycollectives.shared_cpu_memory_stats()
+    assert stats["cached_blocks"] == 0 and stats["live_blocks"] == 0, stats
+    pycollectives.use_shared_cpu_memory()
+    b = torch.ones(MIN)
+    del b
+    assert pycollectives.shared_cpu_memory_stats()["cached_blocks"] == 1
+    pycollectives.use_shared_cpu_memory(False)  # turning off drops the cache
+    assert pycollectives.shared_cpu_memory_stats()["cached_blocks"] == 0
+
+
+def test_lazy_clone_of_a_block(allocator):
+    """torch's lazy (copy-on-write) clone needs a simple DataPtr (context == data)."""
+    x = torch.arange(MIN, dtype=torch.float32)
+    y = torch._lazy_clone(x)
+    y.add_(1)
+    assert torch.equal(x, torch.arange(MIN, dtype=torch.float32))
+    assert torch.equal(y, torch.arange(MIN, dtype=torch.float32) + 1)
 
 
 def test_context_manager_restores_what_was_on():
-    assert not pycollectives.shared_cpu_memory_stats()["installed"]
+    pycollectives.use_shared_cpu_memory(False)  # whatever PYCOLL_CPU_ALLOCATOR said
     try:
         with pycollectives.shared_cpu_memory():
             inside = torch.empty(MIN)
             with pycollectives.shared_cpu_memory(min_bytes=4 << 20):
                 assert not _C._is_peer_mappable(torch.empty(MIN))
+                with pycollectives.shared_cpu_memory():  # no min_bytes: keeps 4 MiB
+                    assert pycollectives.shared_cpu_memory_stats()["min_bytes"] == 4 << 20
             assert _C._is_peer_mappable(torch.empty(MIN))  # the outer threshold is back
         assert not pycollectives.shared_cpu_memory_stats()["installed"]
         assert _C._is_peer_mappable(inside)
@@ -148,60 +175,66 @@ def test_past_the_file_budget_tensors_are_private():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
-def test_fork_keeps_parent_and_child_blocks_apart():
-    """Blocks live at fork() are shared with the child (as share_memory_() tensors are); the child
-    starts with no cached blocks and never caches an inherited one; the parent's cache is its own."""
+def test_fork_gives_the_child_private_copies():
+    """After fork() the child's copies of live blocks are private (its writes stay its own) and no
+    longer peer-mappable; it starts with no cached blocks and never caches an inherited one. The
+    parent never reuses a block that was live at the fork: the child still maps its file."""
     r = _run_script("""
         torch.set_num_threads(1)  # no OpenMP pool in the parent: libgomp hangs a forked child that uses it
         pycollectives.use_shared_cpu_memory()
         live = torch.zeros(1 << 16)
+        kept = torch.full((1 << 16,), 1.0)
         freed = torch.ones(1 << 16); del freed
         assert _C.shared_cpu_allocator_stats()["cached_blocks"] == 1
+        go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
                 s = _C.shared_cpu_allocator_stats()
                 assert s["cached_blocks"] == 0, s
+                assert not _C._is_peer_mappable(live)
                 mine = torch.full((1 << 16,), 7.0)  # a new file, not the parent's cached block
+                assert _C._is_peer_mappable(mine)
                 assert _C.shared_cpu_allocator_stats()["made"] == s["made"] + 1
                 live.fill_(5)
+                assert live.eq(5).all()
                 del live, mine
                 s = _C.shared_cpu_allocator_stats()
                 assert s["cached_blocks"] == 1, s   # its own block; the inherited one was dropped
+                os.read(go_r, 1)                    # the parent has freed `kept` and allocated again
+                assert kept.eq(1).all(), "the parent reused a block the child still maps"
             except BaseException as e:
                 print("child:", repr(e), file=sys.stderr)
                 code = 1
             os._exit(code)
-        again = torch.full((1 << 16,), 2.0)   # the parent's cached block
+        del kept                                  # live at the fork: not cached, its file not reused
+        assert _C.shared_cpu_allocator_stats()["cached_blocks"] == 1
+        again = torch.full((1 << 16,), 9.0)       # takes the block cached before the fork
+        other = torch.full((1 << 16,), 9.0)       # a new file
+        os.write(go_w, b"x")
         _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert _C.shared_cpu_allocator_stats()["reused"] == 1
-        assert again.eq(2).all(), "the child wrote into the parent's cached block"
-        assert live.eq(5).all(), "a block live at fork() is shared with the child"
+        assert os.waitstatus_to_exitcode(status) == 0, "the child failed"
+        s = _C.shared_cpu_allocator_stats()
+        assert s["reused"] == 1 and s["cached_blocks"] == 0, s
+        assert live.eq(0).all(), "the child's write reached the parent"
+        assert _C._is_peer_mappable(live)
         print("ok")
     """)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 
-def test_nothing_left_in_dev_shm_when_killed():
-    before = set(os.listdir("/dev/shm"))
-    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-        import sys, time, torch, pycollectives
+def test_blocks_are_memfd_files():
+    """Each block is an unnamed memfd file (nothing in /dev/shm to leak, whatever way the process
+    ends), one descriptor per block."""
+    r = _run_script("""
         pycollectives.use_shared_cpu_memory()
         ts = [torch.ones(1 << 20) for _ in range(4)]
-        print("ready", flush=True)
-        time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        fds = os.listdir(f"/proc/{p.pid}/fd")
-        targets = [os.readlink(f"/proc/{p.pid}/fd/{fd}") for fd in fds]
-        assert sum("memfd:pycoll-tensor" in t for t in targets) == 4, targets
-    finally:
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-    assert set(os.listdir("/dev/shm")) - before == set()
+        targets = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                   if os.path.exists(f"/proc/self/fd/{fd}")]
+        print(sum("memfd:pycoll-tensor" in t for t in targets))
+    """)
+    assert r.returncode == 0 and r.stdout.split() == ["4"], r.stdout + r.stderr
 
 
 def test_environment_switch():

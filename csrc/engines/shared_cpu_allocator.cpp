@@ -15,6 +15,8 @@
 #include <deque>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/env.h"
@@ -43,11 +45,21 @@ const IntSetting kSharedCacheBytes("PYCOLL_SHARED_CPU_CACHE_BYTES", 256 << 20, 0
                                    nullptr, /*bytes=*/true);
 
 // Files the allocator may hold open at once: a quarter of the process's descriptor limit, so that
-// sockets and files the program opens itself never run out because of tensors.
+// sockets and files the program opens itself never run out because of tensors, and a quarter of
+// the kernel's mappings per process (vm.max_map_count; each block is one mapping), so that
+// malloc, thread stacks and CUDA still get theirs.
 int64_t file_budget() {
+  int64_t budget = 65536;
   rlimit rl{};
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 4096;
-  return std::min<int64_t>(static_cast<int64_t>(rl.rlim_cur) / 4, 65536);
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    budget = std::min<int64_t>(budget, static_cast<int64_t>(rl.rlim_cur) / 4);
+  }
+  if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    long long maps = 0;
+    if (std::fscanf(f, "%lld", &maps) == 1 && maps > 0) budget = std::min<int64_t>(budget, maps / 4);
+    std::fclose(f);
+  }
+  return budget;
 }
 
 // Block sizes come in classes an eighth of a power of two apart (whole pages), so that tensors of
@@ -64,23 +76,26 @@ int64_t size_class(size_t n) {
 }
 
 struct Block {
-  SharedBlockFile file;
-  pid_t owner;  // the process that made it: only it may reuse the block
+  SharedBlockFile file;  // file.fd < 0: no longer peer-mappable (made private in a forked child)
+  uint64_t fork_gen;     // forks seen when it was handed out: a block live across a fork is never reused
 };
 
-void free_block(void* ctx);
+void free_block(void* ptr);
 
+// The DataPtr's context is its data pointer (torch's "simple" DataPtr, which raw_allocate,
+// raw_deleter and lazy clones need); a registry finds the block from it.
 class SharedCpuAllocator final : public at::Allocator {
  public:
   at::DataPtr allocate(size_t n) override {
     if (n > 0 && enabled() && static_cast<int64_t>(n) >= min_bytes()) {
       if (Block* b = take(size_class(n))) {
-        return {const_cast<char*>(b->file.base), b, &free_block, at::Device(at::kCPU)};
+        void* p = const_cast<char*>(b->file.base);
+        return {p, p, &free_block, at::Device(at::kCPU)};
       }
     }
-    return previous_->allocate(n);
+    return previous()->allocate(n);
   }
-  at::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  at::DeleterFnPtr raw_deleter() const override { return &free_block; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
@@ -101,22 +116,37 @@ class SharedCpuAllocator final : public at::Allocator {
     enabled_ = true;
   }
   void uninstall() {
-    std::lock_guard<std::mutex> g(mu_);
+    std::unique_lock<std::mutex> g(mu_);
     if (!enabled_) return;
     enabled_ = false;
     // Only if it is still ours: one installed on top of it since stays.
     if (c10::GetCPUAllocator() == this) c10::SetCPUAllocator(previous_, /*priority=*/0);
+    std::vector<Block*> out = trim(0);  // nothing takes from the cache while off
+    g.unlock();
+    for (Block* old : out) destroy(old);
   }
   bool enabled() const { return enabled_; }
   int64_t min_bytes() const { return min_bytes_; }
+  at::Allocator* previous() const { return previous_; }
 
-  void release(Block* b) {
+  // A pointer this allocator handed out, or any other CPU pointer freed through raw_deleter().
+  void release(void* ptr) {
     std::unique_lock<std::mutex> g(mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) {
+      g.unlock();
+      // A small allocation the previous allocator made (raw_allocate goes through allocate()).
+      if (at::DeleterFnPtr d = previous()->raw_deleter()) d(ptr);
+      return;
+    }
+    Block* b = it->second;
+    live_.erase(it);
     stats_.live_blocks -= 1;
     stats_.live_bytes -= b->file.bytes;
-    // A block inherited through fork() is the parent's memory too: drop it, never reuse it.
+    // A block that was live at a fork() may still be mapped by the child (privately, over the same
+    // file): reusing it would show the child another tensor's bytes. Not cached while off either.
     const int64_t cap = cache_cap_;
-    if (b->owner != getpid() || b->file.bytes > cap) {
+    if (b->fork_gen != fork_gen_ || b->file.fd < 0 || b->file.bytes > cap || !enabled_) {
       g.unlock();
       destroy(b);
       return;
@@ -127,6 +157,14 @@ class SharedCpuAllocator final : public at::Allocator {
     std::vector<Block*> out = trim(cap);
     g.unlock();
     for (Block* old : out) destroy(old);
+  }
+
+  bool file_of(const void* ptr, SharedBlockFile* out) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end() || it->second->file.fd < 0) return false;
+    *out = it->second->file;
+    return true;
   }
 
   void drop_cache() {
@@ -144,15 +182,28 @@ class SharedCpuAllocator final : public at::Allocator {
     return s;
   }
 
-  // fork(): the child must not inherit a locked mutex, nor hand out the parent's cached blocks
-  // (the parent may reuse them); it forgets them without touching the parent's files.
-  void before_fork() { mu_.lock(); }
+  // fork(): the child must not inherit a locked mutex. It forgets the parent's cached blocks
+  // (the parent may reuse them) and makes every live block a private copy-on-write mapping of its
+  // file: as with any fork, what the child writes stays its own. (Pages it has not written still
+  // show what the parent writes later, as a MAP_PRIVATE mapping of a file does.) The parent never
+  // reuses a block that was live at the fork (fork_gen).
+  void before_fork() {
+    mu_.lock();
+    fork_gen_ += 1;
+  }
   void after_fork_parent() { mu_.unlock(); }
   void after_fork_child() {
-    mu_.unlock();
     for (Block* b : cached_) destroy(b);
     cached_.clear();
     stats_.cached_blocks = stats_.cached_bytes = 0;
+    for (auto& [ptr, b] : live_) {
+      if (b->file.fd < 0) continue;
+      mmap(const_cast<void*>(ptr), static_cast<size_t>(b->file.bytes), PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_FIXED, b->file.fd, 0);
+      close(b->file.fd);
+      b->file.fd = -1;
+    }
+    mu_.unlock();
   }
 
  private:
@@ -166,11 +217,12 @@ class SharedCpuAllocator final : public at::Allocator {
       stats_.cached_blocks -= 1;
       stats_.cached_bytes -= bytes;
       stats_.reused += 1;
-      count_live(b);
+      hand_out(b);
       return b;
     }
     if (stats_.live_blocks + stats_.cached_blocks >= budget_ && !make_room()) {
-      return fall_back(g, "the allocator holds its budget of open files (a quarter of RLIMIT_NOFILE)", 0);
+      return fall_back(g, "the allocator holds its budget of open files (a quarter of RLIMIT_NOFILE and of "
+                          "vm.max_map_count)", 0);
     }
     stats_.live_blocks += 1;  // reserves the file's place while the lock is dropped
     g.unlock();
@@ -180,11 +232,13 @@ class SharedCpuAllocator final : public at::Allocator {
     stats_.live_blocks -= 1;
     if (b == nullptr) return fall_back(g, "the kernel refused a shared-memory file", err);
     stats_.made += 1;
-    count_live(b);
+    hand_out(b);
     return b;
   }
 
-  void count_live(Block* b) {
+  void hand_out(Block* b) {
+    b->fork_gen = fork_gen_;
+    live_.emplace(b->file.base, b);
     stats_.live_blocks += 1;
     stats_.live_bytes += b->file.bytes;
   }
@@ -234,12 +288,12 @@ class SharedCpuAllocator final : public at::Allocator {
     f.bytes = bytes;
     f.dev = static_cast<uint64_t>(st.st_dev);
     f.ino = static_cast<uint64_t>(st.st_ino);
-    return new Block{f, getpid()};
+    return new Block{f, 0};
   }
 
   static void destroy(Block* b) {
     munmap(const_cast<char*>(b->file.base), static_cast<size_t>(b->file.bytes));
-    close(b->file.fd);
+    if (b->file.fd >= 0) close(b->file.fd);
     delete b;
   }
 
@@ -258,13 +312,15 @@ class SharedCpuAllocator final : public at::Allocator {
   }
 
   std::mutex mu_;
-  at::Allocator* previous_ = nullptr;
+  std::atomic<at::Allocator*> previous_{nullptr};
   std::atomic<bool> enabled_{false};
   std::atomic<int64_t> min_bytes_{0};
   int64_t budget_ = 0;
   int64_t cache_cap_ = 0;
+  uint64_t fork_gen_ = 0;
   bool warned_ = false;
-  std::deque<Block*> cached_;  // oldest freed first
+  std::unordered_map<const void*, Block*> live_;  // by data pointer
+  std::deque<Block*> cached_;                      // oldest freed first
   SharedCpuAllocatorStats stats_;
 };
 
@@ -279,17 +335,20 @@ SharedCpuAllocator& allocator() {
   return *a;
 }
 
-void free_block(void* ctx) { allocator().release(static_cast<Block*>(ctx)); }
+void free_block(void* ptr) { allocator().release(ptr); }
 
 }  // namespace
 
 bool shared_block_file(const at::DataPtr& data, SharedBlockFile* out) {
   if (data.get_deleter() != &free_block) return false;
-  *out = static_cast<const Block*>(data.get_context())->file;
-  return true;
+  return allocator().file_of(data.get_context(), out);
 }
 
 void install_shared_cpu_allocator(int64_t min_bytes) {
+  if (min_bytes != 0 && min_bytes < 4096) {
+    throw std::invalid_argument("use_shared_cpu_memory: min_bytes must be at least 4096 (one page), got " +
+                                std::to_string(min_bytes));
+  }
   allocator().install(min_bytes > 0 ? min_bytes : kSharedMinBytes.get());
 }
 
