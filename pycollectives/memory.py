@@ -14,7 +14,9 @@ buckets, FSDP's flat parameters, an optimizer's state)::
     with pycollectives.shared_cpu_memory():      # or only for what is made inside
         buckets = [torch.empty(n) for n in sizes]
 
-Each such tensor is its own memfd file: nothing is left in /dev/shm whatever way the process
+Turning it on raises the process's soft open-files limit to the hard one (at most 65,536): each
+such tensor holds a descriptor, and the allocator uses at most a quarter of the limit, leaving
+the rest to the program. Each such tensor is its own memfd file: nothing is left in /dev/shm whatever way the process
 ends, and /dev/shm's size limit does not apply. After a ``fork()`` (a DataLoader worker started
 with "fork") the child's copies of these tensors are private, copy-on-write, as after any fork:
 what the child writes stays its own, though pages it has not written still show what the parent

@@ -38,11 +38,11 @@ def allocator():
 
 
 def _run_script(body, env=None, rlimit_files=None):
-    """Runs `body` in a fresh interpreter (allocator state and fork() stay out of this process)."""
+    """Runs `body` in a fresh interpreter (allocator state and fork() stay out of this process);
+    rlimit_files: (soft, hard) RLIMIT_NOFILE for it."""
     prelude = "import os, sys, torch, pycollectives\nfrom pycollectives import _C\n"
     if rlimit_files:
-        prelude = f"import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, ({rlimit_files}, " \
-                  f"resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n" + prelude
+        prelude = f"import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, {tuple(rlimit_files)})\n" + prelude
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(body)], env=full_env,
                           capture_output=True, text=True, timeout=60)
@@ -154,8 +154,8 @@ def test_cache_is_capped():
 
 
 def test_past_the_file_budget_tensors_are_private():
-    """RLIMIT_NOFILE 64: the allocator may hold 16 files; the rest go to torch's allocator, and
-    every tensor works."""
+    """RLIMIT_NOFILE 64 (soft and hard): the allocator may hold 16 files; the rest go to torch's
+    allocator, and every tensor works."""
     r = _run_script("""
         pycollectives.use_shared_cpu_memory()
         s = _C.shared_cpu_allocator_stats()
@@ -171,8 +171,23 @@ def test_past_the_file_budget_tensors_are_private():
         t = torch.ones(1 << 17)
         assert _C._is_peer_mappable(t), _C.shared_cpu_allocator_stats()
         print("ok")
-    """, rlimit_files=64)
+    """, rlimit_files=(64, 64))
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_soft_descriptor_limit_is_raised_to_the_hard_one():
+    import resource
+
+    hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)  # a process may lower its hard limit
+    r = _run_script(f"""
+        import resource
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (64, {hard})
+        pycollectives.use_shared_cpu_memory()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == ({hard}, {hard})
+        assert _C.shared_cpu_allocator_stats()["file_budget"] == {hard // 4}
+        print("ok")
+    """, rlimit_files=(64, hard))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 
 def test_fork_gives_the_child_private_copies():

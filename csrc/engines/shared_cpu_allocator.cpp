@@ -44,6 +44,19 @@ const IntSetting kSharedCacheBytes("PYCOLL_SHARED_CPU_CACHE_BYTES", 256 << 20, 0
                                    "(a training step allocates the same sizes again).",
                                    nullptr, /*bytes=*/true);
 
+// A model's parameters, gradients and optimizer state can be hundreds of tensors above the
+// threshold, all made before DDP makes its buckets: under a soft limit of 1,024 descriptors the
+// budget below (256 files) would be spent before the buffers that are communicated. So, as many
+// servers do at start-up, the soft limit is raised to the hard one (at most 65,536).
+void raise_descriptor_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  const rlim_t want = rl.rlim_max == RLIM_INFINITY ? rlim_t(65536) : std::min<rlim_t>(rl.rlim_max, 65536);
+  if (want <= rl.rlim_cur) return;
+  rl.rlim_cur = want;
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
+
 // Files the allocator may hold open at once: a quarter of the process's descriptor limit, so that
 // sockets and files the program opens itself never run out because of tensors, and a quarter of
 // the kernel's mappings per process (vm.max_map_count; each block is one mapping), so that
@@ -105,6 +118,7 @@ class SharedCpuAllocator final : public at::Allocator {
     at::Allocator* current = c10::GetCPUAllocator();
     if (current != this) previous_ = current;
     min_bytes_ = min_bytes;
+    raise_descriptor_limit();
     budget_ = file_budget();
     cache_cap_ = kSharedCacheBytes.get();  // read here: a deleter must not throw on a bad value
     c10::SetCPUAllocator(this, /*priority=*/0);
