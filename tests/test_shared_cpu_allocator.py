@@ -369,3 +369,67 @@ def _fsdp_rank(rank, ws, seed):
 @pytest.mark.parametrize("ws", [2, 3])
 def test_fsdp2_reads_its_buffers_in_place(ws, seed):
     run_ranks(ws, _fsdp_rank, seed, timeout=300, env={"PYCOLL_DEBUG": "INFO"})
+
+
+class _Samples(torch.utils.data.Dataset):
+    """Samples a forked DataLoader worker builds; the worker also writes into a tensor it inherited
+    from the rank (a block live at the fork), which must not change the rank's copy."""
+
+    def __init__(self, inherited, n, seed):
+        self.inherited, self.n, self.seed = inherited, n, seed
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.inherited.fill_(-1.0)
+        g = torch.Generator().manual_seed(self.seed * 1000 + i)
+        return torch.randn(256, 512, generator=g)  # 512 KiB: the worker's allocator places it
+
+
+def _dataloader_rank(rank, ws, seed):
+    """DDP with the allocator on and a DataLoader whose workers are forked from the rank: every
+    step's gradients equal one process's on the whole batch, the bucket all_reduces read in place,
+    and the workers' writes into an inherited block stay theirs."""
+    quiet()
+    import copy
+    import multiprocessing
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # The harness starts ranks as daemonic processes, which multiprocessing forbids to start
+    # children; a rank launched by torchrun is not one.
+    multiprocessing.current_process()._config["daemon"] = False
+    pycollectives.use_shared_cpu_memory()
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+    ref = copy.deepcopy(model)  # its own parameters and gradients
+    ddp = DDP(model, bucket_cap_mb=1)
+    inherited = torch.zeros(1 << 17)  # 512 KiB, live when the workers fork
+    assert _C._is_peer_mappable(inherited)
+    data = _Samples(inherited, 4 * ws, seed)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.Subset(data, range(rank, 4 * ws, ws)), batch_size=2, num_workers=2,
+        multiprocessing_context="fork")
+    plans = Plans()
+    steps = 0
+    for i, batch in enumerate(loader):
+        x = batch.reshape(-1, 512)
+        full = torch.cat([data[j] for j in range(4 * ws) if (j // ws) // 2 == i]).reshape(-1, 512)
+        inherited.zero_()  # data[j] above ran in this process and wrote -1
+        for p in ddp.parameters():
+            p.grad = None
+        ddp(x).square().mean().backward()
+        ref.zero_grad()
+        ref(full).square().mean().backward()
+        for got, want in zip(ddp.parameters(), ref.parameters()):
+            torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6)
+        assert inherited.eq(0).all(), "a forked worker's write reached the rank"
+        steps += 1
+    assert steps == 2, steps
+    got = plans.since("allreduce")
+    assert got and all(p == MAPPED for p in got), got
+
+
+def test_ddp_with_forked_dataloader_workers(seed):
+    run_ranks(2, _dataloader_rank, seed, timeout=300, env={"PYCOLL_DEBUG": "INFO"})
