@@ -252,9 +252,11 @@ def test_powersgd_reconstructs_rank_r_exactly(r, seed):
 # at most LOSS_TOLERANCE times that of the uncompressed run (same data, same
 # initial weights, SGD with momentum). Measured over seeds 1..11: signSGD
 # 1.10-1.38x, PowerSGD (r=2) 1.09-1.26x; all runs cut the initial loss by
-# about 8x.
+# about 8x. Over 45 more session seeds (2026-11-29, after seed 179091095 gave
+# signSGD 1.64x and failed a CI run at 1.6): signSGD 1.07-1.67x (3 above 1.45),
+# PowerSGD 1.07-1.23x. signSGD's bound is 2.0 for that tail.
 STEPS = 60
-LOSS_TOLERANCE = {"signsgd": 1.6, "powersgd": 1.5}
+LOSS_TOLERANCE = {"signsgd": 2.0, "powersgd": 1.5}
 
 
 def test_ddp_trains_with_each_hook(seed):
