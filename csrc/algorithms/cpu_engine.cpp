@@ -204,32 +204,37 @@ bool CpuEngine::worth_reading_shared(OpCode op, size_t bytes) const {
 }
 
 std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c, OpCode op, int root,
-                                                                  const char* in, size_t in_bytes, const char* out,
+                                                                  const char* in, size_t in_bytes, char* out,
                                                                   size_t out_bytes) {
   // Every rank must be willing, or a rank whose setting differs would skip the vote the others wait in.
   if (shared_open_ == SharedOpen::No) return std::nullopt;
   for (int r = 0; r < size_; ++r) {
     if (header_of(r).reads_shared != 1) return std::nullopt;
   }
-  const bool with_out = op == OpCode::AllReduce;
-  // (rank, ref, bytes) of every buffer a peer reads; decided from the headers alone, so every
-  // rank decides the same.
-  struct Read {
-    int rank;
-    const SharedStorageRef* ref;
-    size_t bytes;
-  };
-  std::vector<Read> reads;
+  // Every buffer a peer reads or writes, and who maps it; decided from the headers alone, so every
+  // rank decides the same. Broadcast: every rank reads the root's buffer, and the root writes the
+  // others' where all are shared (shared_broadcast), else the others read all of it. all_reduce:
+  // every rank reads every input and writes every output.
+  bool root_writes = op == OpCode::Broadcast;
+  for (int r = 0; r < size_ && root_writes; ++r) root_writes = header_of(r).shared_in.valid();
+  std::vector<PeerBuffer> uses;
   for (int r = 0; r < size_; ++r) {
-    if (op == OpCode::Broadcast && r != root) continue;
-    reads.push_back({r, &header_of(r).shared_in, in_bytes});
-    if (with_out) reads.push_back({r, &header_of(r).shared_out, out_bytes});
+    if (op == OpCode::Broadcast) {
+      if (r == root) {
+        uses.push_back({r, &header_of(r).shared_in, in_bytes, -1, false});
+      } else if (root_writes) {
+        uses.push_back({r, &header_of(r).shared_in, in_bytes, root, true});
+      }
+    } else {
+      uses.push_back({r, &header_of(r).shared_in, in_bytes, -1, false});
+      if (op == OpCode::AllReduce) uses.push_back({r, &header_of(r).shared_out, out_bytes, -1, true});
+    }
   }
-  for (const Read& a : reads) {
+  for (const PeerBuffer& a : uses) {
     if (!a.ref->valid()) return std::nullopt;
     // Two ranks passing the same memory (one tensor shared with both) would write what the other
     // reads: those stage, as they did before.
-    for (const Read& b : reads) {
+    for (const PeerBuffer& b : uses) {
       if (a.rank < b.rank && a.ref->dev == b.ref->dev && a.ref->ino == b.ref->ino &&
           a.ref->offset < b.ref->offset + static_cast<int64_t>(b.bytes) &&
           b.ref->offset < a.ref->offset + static_cast<int64_t>(a.bytes)) {
@@ -237,27 +242,35 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
       }
     }
   }
-  SharedBuffers bufs{std::vector<const char*>(size_, nullptr), std::vector<const char*>(size_, nullptr)};
+  SharedBuffers bufs{std::vector<const char*>(size_, nullptr), std::vector<char*>(size_, nullptr), root_writes};
   bufs.in[rank_] = in;
   bufs.out[rank_] = out;
-  const auto slot_of = [&](const Read& a) -> const char*& {
-    return (a.ref == &header_of(a.rank).shared_in ? bufs.in : bufs.out)[a.rank];
+  const auto mine_to_map = [&](const PeerBuffer& a) { return a.rank != rank_ && (a.mapper < 0 || a.mapper == rank_); };
+  const auto store = [&](const PeerBuffer& a, char* p) {
+    if (a.write) {
+      bufs.out[a.rank] = p;
+    } else {
+      bufs.in[a.rank] = p;
+    }
   };
-  const auto agreed = [&](const Read& a) {
+  const auto agreed = [&](const PeerBuffer& a) {
     return std::any_of(agreed_files_.begin(), agreed_files_.end(), [&](const AgreedFile& f) {
-      return f.rank == a.rank && f.dev == a.ref->dev && f.ino == a.ref->ino && f.bytes == a.ref->file_bytes;
+      return f.rank == a.rank && f.dev == a.ref->dev && f.ino == a.ref->ino && f.bytes == a.ref->file_bytes &&
+             (f.mapper < 0 || f.mapper == a.mapper) && (f.writable || !a.write);
     });
   };
-  // Every file this op reads was mapped by every rank at an earlier vote, and no rank has evicted
-  // a mapping since (evicting takes a miss, and a miss takes a vote): all are cached everywhere.
-  if (std::all_of(reads.begin(), reads.end(), agreed)) {
-    for (const Read& a : reads) {
-      if (a.rank == rank_) continue;
-      slot_of(a) = peer_files_.cached(a.rank, *a.ref);
-      if (slot_of(a) == nullptr) {
+  // Every file this op uses was mapped by every rank that maps it at an earlier vote, and no rank
+  // has evicted a mapping since (evicting takes a miss, and a miss takes a vote): all are cached
+  // where they are needed.
+  if (std::all_of(uses.begin(), uses.end(), agreed)) {
+    for (const PeerBuffer& a : uses) {
+      if (!mine_to_map(a)) continue;
+      char* p = peer_files_.cached(a.rank, *a.ref, a.write);
+      if (p == nullptr) {
         throw GroupBroken(str("pycoll: op #", seq_, ": rank ", a.rank, "'s shared-memory tensor is not mapped here "
                               "although every rank agreed it was (a bug in pycollectives)"));
       }
+      store(a, p);
     }
     return bufs;
   }
@@ -266,11 +279,12 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   uint64_t mine = 1;
   int err = 0, failed_peer = -1;
   peer_files_.begin_op();
-  for (const Read& a : reads) {
-    if (a.rank == rank_ || mine > 2) continue;
+  for (const PeerBuffer& a : uses) {
+    if (!mine_to_map(a) || mine > 2) continue;
     bool evicted = false;
-    slot_of(a) = peer_files_.map(a.rank, transport_->control(a.rank).pid, *a.ref, &err, &evicted);
-    if (slot_of(a) == nullptr) {
+    char* p = peer_files_.map(a.rank, transport_->control(a.rank).pid, *a.ref, a.write, &err, &evicted);
+    store(a, p);
+    if (p == nullptr) {
       mine = PeerFileMaps::lasting(err) ? 3 : 4;
       failed_peer = a.rank;
     } else if (evicted) {
@@ -304,8 +318,8 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
     return std::nullopt;
   }
   if (worst == 2) agreed_files_.clear();  // some rank let go of a file it had agreed to hold
-  for (const Read& a : reads) {
-    if (!agreed(a)) agreed_files_.push_back({a.rank, a.ref->dev, a.ref->ino, a.ref->file_bytes});
+  for (const PeerBuffer& a : uses) {
+    if (!agreed(a)) agreed_files_.push_back({a.rank, a.ref->dev, a.ref->ino, a.ref->file_bytes, a.mapper, a.write});
   }
   shared_open_ = SharedOpen::Yes;
   return bufs;
@@ -413,7 +427,7 @@ Algo CpuEngine::all_reduce(const char* in, char* out, int64_t count, DType t, Re
       Pipeline p = pipeline(w, bytes);
       if (mapped) {
         last_data_path_ = "mapped in place";
-        shared_all_reduce(p, c, spec, mapped->in, mapped->out, out, count);
+        shared_all_reduce(p, spec, mapped->in, mapped->out, count);
         finish(c);  // every output stays valid until every peer has read it
       } else {
         pipelined_all_reduce(p, spec, in, out, count);
@@ -463,8 +477,8 @@ Algo CpuEngine::broadcast(char* buf, int64_t count, DType t, int root, Algo algo
   } else if (mapped) {
     Pipeline p = pipeline(w, bytes);
     last_data_path_ = "mapped in place";
-    shared_broadcast(p, t, mapped->in[root], buf, count, root);
-    finish(c);  // the root's buffer stays valid until every rank has read it
+    shared_broadcast(p, t, mapped->in[root], mapped->out, mapped->root_writes, count, root);
+    finish(c);  // the root's buffer stays valid until every rank has read it, and its writes land
   } else if (pipelines(bytes) && reads_in_place(c, OpCode::Broadcast, bytes)) {
     Pipeline p = pipeline(w, bytes);
     last_data_path_ = "read in place";

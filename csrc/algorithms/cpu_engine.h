@@ -104,19 +104,30 @@ class CpuEngine {
     int worst_rank;
   };
   Vote vote(CpuContext& c, Counter ControlBlock::*slot, uint64_t code);
-  // Every rank's buffers, readable here, when the op begun last reads its peers' shared-memory
-  // files in place: every buffer it reads (in: every rank's input, broadcast: the root's; out:
-  // all_reduce's outputs too) lives in one, no two ranks' overlap, and every rank mapped its
-  // peers' (one vote, one extra barrier, skipped when every rank is known to hold every file
-  // mapped already). nullopt on every rank otherwise.
   // Whether the op begun last is worth reading shared tensors in place at all (cpu_engine.cpp:
   // a one-lane all_gather or broadcast of many MiB stages); the same answer on every rank.
   bool worth_reading_shared(OpCode op, size_t bytes) const;
   struct SharedBuffers {
-    std::vector<const char*> in, out;
+    std::vector<const char*> in;  // every rank's input (broadcast: the root's buffer), where this rank reads it
+    std::vector<char*> out;       // every rank's output (broadcast: buffer), writable, where this rank writes it
+    bool root_writes;             // broadcast: the root writes part of every buffer (all are shared)
   };
+  // One buffer of rank `rank` that an op reads or writes in place; `mapper`: the one rank that
+  // maps it, or -1 for every rank (but its owner).
+  struct PeerBuffer {
+    int rank;
+    const SharedStorageRef* ref;
+    size_t bytes;
+    int mapper;
+    bool write;
+  };
+  // Every rank's buffers, mapped here, when the op begun last works on its peers' shared-memory
+  // files in place: every buffer it reads or writes (every rank's input, broadcast: every rank's
+  // buffer; all_reduce: the outputs too) lives in one, no two ranks' overlap, and every rank mapped
+  // what it uses of its peers' (one vote, one extra barrier, skipped when every rank is known to
+  // hold those mapped already). nullopt on every rank otherwise.
   std::optional<SharedBuffers> shared_buffers(CpuContext& c, OpCode op, int root, const char* in, size_t in_bytes,
-                                              const char* out, size_t out_bytes);
+                                              char* out, size_t out_bytes);
 
   Rendezvous rv_;
   int rank_;
@@ -144,6 +155,8 @@ class CpuEngine {
     int rank;
     uint64_t dev, ino;
     int64_t bytes;
+    int mapper;     // PeerBuffer::mapper
+    bool writable;  // mapped for writing
   };
   std::vector<AgreedFile> agreed_files_;
   enum class PeerRead { Off, Auto, On };

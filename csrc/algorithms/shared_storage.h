@@ -11,7 +11,8 @@
 // cannot exceed 0.6 of it in cache (docs/performance.md).
 //
 // A peer's file is opened through /proc/<pid>/fd/<fd> (the owner keeps it open while the tensor
-// lives), checked to be the same file (st_dev, st_ino) and mapped read-only. Mappings are cached
+// lives), checked to be the same file (st_dev, st_ino) and mapped read-only, or writable where an
+// op writes into the peer's output (broadcast's root, all_reduce: below). Mappings are cached
 // per peer and file, up to kMapsPerPeer files and kBytesPerPeer bytes per peer (what the current
 // op uses always stays), least recently used out: a training loop reuses its buffers, so after
 // the first op nothing is opened or mapped (and the engine skips the ranks' vote on whether
@@ -36,12 +37,13 @@ class PeerFileMaps {
   PeerFileMaps(const PeerFileMaps&) = delete;
   PeerFileMaps& operator=(const PeerFileMaps&) = delete;
 
-  // The first byte of rank `peer`'s buffer `ref` (its process is `pid`), mapped read-only into
-  // this process; nullptr with *err set to errno when the file cannot be opened or mapped.
+  // The first byte of rank `peer`'s buffer `ref` (its process is `pid`), mapped into this process,
+  // writable only if `writable` (then opened read-write: a file the owner made read-only fails
+  // with EACCES); nullptr with *err set to errno when the file cannot be opened or mapped.
   // *evicted: whether an older mapping of the peer's was dropped to make room.
-  const char* map(int peer, int64_t pid, const SharedStorageRef& ref, int* err, bool* evicted);
-  // The same if it is mapped already, else nullptr; never opens or evicts.
-  const char* cached(int peer, const SharedStorageRef& ref);
+  char* map(int peer, int64_t pid, const SharedStorageRef& ref, bool writable, int* err, bool* evicted);
+  // The same if it is mapped already (writable, if asked), else nullptr; never opens or evicts.
+  char* cached(int peer, const SharedStorageRef& ref, bool writable);
   // Starts an op: what map() returns from here on is not evicted until the next begin_op().
   void begin_op() { op_start_ = clock_ + 1; }
   // Whether map()'s error will not go away by trying again: not allowed (EACCES, EPERM), or the
@@ -57,6 +59,7 @@ class PeerFileMaps {
     int peer;
     uint64_t dev, ino;
     int64_t bytes;
+    bool writable;
     void* base;
     uint64_t last_use;
   };
@@ -73,15 +76,23 @@ class PeerFileMaps {
 
 // all_gather of m elements of t per rank into out (n * m); ins[me] may be my block of out.
 void shared_all_gather(Pipeline& p, DType t, const std::vector<const char*>& ins, char* out, int64_t m);
-// broadcast: every rank but the root copies the root's buffer into buf.
-void shared_broadcast(Pipeline& p, DType t, const char* root_buf, char* buf, int64_t count, int root);
+// broadcast: with root_writes, the message in n parts; the root writes part q into rank q's buffer
+// (bufs[q], writable; the root needs every rank's, the others only their own) while every other
+// rank copies the other parts from root_buf: each rank moves (n-1)/n of the message. A pull by
+// the readers alone leaves the root idle while each reader moves all of it (2-core CI machine,
+// 2 ranks, 1-4 MiB: twice the time); that is what runs without root_writes (some rank's buffer is
+// private).
+void shared_broadcast(Pipeline& p, DType t, const char* root_buf, const std::vector<char*>& bufs, bool root_writes,
+                      int64_t count, int root);
 // reduce_scatter: out (m) = every rank's block `me` of its input, reduced in rank order.
 void shared_reduce_scatter(Pipeline& p, const ReduceSpec& spec, const std::vector<const char*>& ins, char* out,
                            int64_t m);
-// all_reduce: rank r reduces slice r from every input into its output (rank order, so every rank
-// gets the same bits), a barrier, then each rank copies the other slices from their reducers'
-// outputs. outs[me] == out; in and out may be the same buffer.
-void shared_all_reduce(Pipeline& p, CpuContext& c, const ReduceSpec& spec, const std::vector<const char*>& ins,
-                       const std::vector<const char*>& outs, char* out, int64_t count);
+// all_reduce: rank r reduces slice r from every input (rank order, so every rank gets the same
+// bits) a chunk at a time into its output, and writes each chunk on into every peer's output
+// (outs[q], writable) while it is still in cache. Only rank r touches slice r of any buffer, so a
+// rank's input may be its output and no barrier is needed between reducing and writing; the
+// caller's closing barrier keeps every rank until every slice of its output has arrived.
+void shared_all_reduce(Pipeline& p, const ReduceSpec& spec, const std::vector<const char*>& ins,
+                       const std::vector<char*>& outs, int64_t count);
 
 }  // namespace pycoll
