@@ -58,6 +58,16 @@ const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "
 constexpr size_t kSharedOneLaneAllGatherMaxBytes = size_t(16) << 20;
 constexpr size_t kSharedOneLaneBroadcastMaxBytes = size_t(64) << 20;
 
+// A broadcast over shared tensors splits the copying between the root and the readers
+// (shared_broadcast) up to this many lanes. With one lane it halves the time (2-core CI machine,
+// 2 ranks: 1 MiB 55-71 us against 80-90, 4 MiB 137-175 against 197-226), and with 2 lanes on the
+// 16-CPU Xeon too (1 MiB 19-27 us against 30-34, 4 MiB 62-121 against 219-229); with 7 lanes
+// the readers' copy alone runs as fast (1-4 MiB within 30% either way with buffers reused), and
+// in pycoll-bench, where every row makes new buffers, 4 of 5 launches of the split took 167-220 us
+// at 4 MiB against 58-91 in 3 of 4 of the readers' copy: the root's 7 lanes only compete for
+// the host's CPUs there (docs/performance.md, "Writing into peers' buffers").
+constexpr int kBroadcastRootWritesMaxLanes = 2;
+
 // auto's rule, measured on a 32-CPU Xeon, 2 and 4 ranks (docs/algorithms.md, "CPU engine"): in
 // place, an all_gather of 64 MiB took 0.75-0.83x the staged time, but 1-16 MiB 1.05-3x, and a
 // broadcast 0.95-3x at every size: the kernel pins the peer's pages on every call, and many lanes
@@ -215,7 +225,8 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   // rank decides the same. Broadcast: every rank reads the root's buffer, and the root writes the
   // others' where all are shared (shared_broadcast), else the others read all of it. all_reduce:
   // every rank reads every input and writes every output.
-  bool root_writes = op == OpCode::Broadcast;
+  bool root_writes = op == OpCode::Broadcast &&
+                     pipeline_lanes(in_bytes, size_, offered_threads()) <= kBroadcastRootWritesMaxLanes;
   for (int r = 0; r < size_ && root_writes; ++r) root_writes = header_of(r).shared_in.valid();
   std::vector<PeerBuffer> uses;
   for (int r = 0; r < size_; ++r) {
