@@ -81,7 +81,7 @@ void shared_all_gather(Pipeline& p, DType t, const std::vector<const char*>& ins
 // rank copies the other parts from root_buf: each rank moves (n-1)/n of the message. A pull by
 // the readers alone leaves the root idle while each reader moves all of it (2-core CI machine,
 // 2 ranks, 1-4 MiB: twice the time); that is what runs without root_writes (some rank's buffer is
-// private).
+// private, or the op has more lanes than kBroadcastRootWritesMaxLanes in cpu_engine.cpp).
 void shared_broadcast(Pipeline& p, DType t, const char* root_buf, const std::vector<char*>& bufs, bool root_writes,
                       int64_t count, int root);
 // reduce_scatter: out (m) = every rank's block `me` of its input, reduced in rank order.
