@@ -335,6 +335,49 @@ def test_peer_mappings_are_bounded(ws, seed):
     run_ranks(ws, _many_buffers_rank, seed, timeout=300, env={"PYCOLL_DEBUG": "INFO"})
 
 
+def _inplace_ring_rank(rank, ws, seed):
+    """In-place all_reduces over as many shared buffers as a rank keeps mapped per peer (8), in
+    turn: each peer's file is mapped once, writable (all_reduce writes into the peers' outputs and
+    reads their inputs, one buffer here), so all 8 stay mapped and after the first round nobody
+    votes. Mapped twice (read-only for the input, writable for the output), they would not fit,
+    and every op would evict, map again and vote."""
+    quiet()
+    from pycollectives import _C
+
+    cases = Cases("shared tensors, in-place ring", rank, ws, seed)
+    pids = [None] * ws
+    dist.all_gather_object(pids, os.getpid())
+    plans = Plans()
+    n = _elems(torch.float32, PIPELINE_BYTES) * 2 + 1
+    ring = [torch.empty(n).share_memory_() for _ in range(8)]
+    for i in range(24):
+        with cases.case(op="all_reduce", i=i):
+            xs = [gen(torch.float32, "SUM", (n,), cases.keyed_seed(r, i)) for r in range(ws)]
+            t = ring[i % 8]
+            t.copy_(xs[rank])
+            votes = _C._test_shared_votes()
+            dist.all_reduce(t)
+            ref, bound = reduce_ref(xs, "SUM", torch.float32)
+            cases.check("all_reduce", t, ref, bound)
+            _check_plan(cases, plans, MAPPED, "all_reduce")
+            if i >= 8:
+                voted = _C._test_shared_votes() - votes
+                cases.expect(voted == 0, f"{voted} votes in round {i // 8 + 1}, expected none")
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    for r, pid in enumerate(pids):
+        if r != rank:
+            lines = re.findall(rf"^\S+ (\S+) .*/torch_{pid}_\S+", maps, re.M)
+            cases.expect(len(lines) == 8, f"{len(lines)} mappings of rank {r}'s 8 files here, expected 8")
+            cases.expect(all(p.startswith("rw") for p in lines), f"rank {r}'s files mapped {sorted(set(lines))}")
+    return cases.finish()
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_inplace_all_reduce_maps_each_peer_file_once(ws, seed):
+    run_ranks(ws, _inplace_ring_rank, seed, timeout=300, env={"PYCOLL_DEBUG": "INFO"})
+
+
 def _dies_rank(rank, ws):
     quiet()
     plans = Plans()

@@ -223,22 +223,27 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   }
   // Every buffer a peer reads or writes, and who maps it; decided from the headers alone, so every
   // rank decides the same. Broadcast: every rank reads the root's buffer, and the root writes the
-  // others' where all are shared (shared_broadcast), else the others read all of it. all_reduce:
-  // every rank reads every input and writes every output.
+  // others' where all are shared and the op has few lanes (shared_broadcast), else the others read
+  // all of it. all_reduce: every rank writes every output and reads every input (the writes first,
+  // so that an in-place buffer is mapped once, writable, and its read finds that mapping).
+  constexpr int every = PeerBuffer::kEvery, nobody = PeerBuffer::kNobody;
   bool root_writes = op == OpCode::Broadcast &&
                      pipeline_lanes(in_bytes, size_, offered_threads()) <= kBroadcastRootWritesMaxLanes;
   for (int r = 0; r < size_ && root_writes; ++r) root_writes = header_of(r).shared_in.valid();
   std::vector<PeerBuffer> uses;
   for (int r = 0; r < size_; ++r) {
+    const OpHeader& h = header_of(r);
     if (op == OpCode::Broadcast) {
       if (r == root) {
-        uses.push_back({r, &header_of(r).shared_in, in_bytes, -1, false});
+        uses.push_back({r, &h.shared_in, in_bytes, every, false});
       } else if (root_writes) {
-        uses.push_back({r, &header_of(r).shared_in, in_bytes, root, true});
+        uses.push_back({r, &h.shared_in, in_bytes, root, true});
+      } else if (h.shared_in.valid()) {
+        uses.push_back({r, &h.shared_in, in_bytes, nobody, false});  // for the overlap check alone
       }
     } else {
-      uses.push_back({r, &header_of(r).shared_in, in_bytes, -1, false});
-      if (op == OpCode::AllReduce) uses.push_back({r, &header_of(r).shared_out, out_bytes, -1, true});
+      if (op == OpCode::AllReduce) uses.push_back({r, &h.shared_out, out_bytes, every, true});
+      uses.push_back({r, &h.shared_in, in_bytes, every, false});
     }
   }
   for (const PeerBuffer& a : uses) {
@@ -256,7 +261,9 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   SharedBuffers bufs{std::vector<const char*>(size_, nullptr), std::vector<char*>(size_, nullptr), root_writes};
   bufs.in[rank_] = in;
   bufs.out[rank_] = out;
-  const auto mine_to_map = [&](const PeerBuffer& a) { return a.rank != rank_ && (a.mapper < 0 || a.mapper == rank_); };
+  const auto mine_to_map = [&](const PeerBuffer& a) {
+    return a.rank != rank_ && (a.mapper == every || a.mapper == rank_);
+  };
   const auto store = [&](const PeerBuffer& a, char* p) {
     if (a.write) {
       bufs.out[a.rank] = p;
@@ -265,9 +272,10 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
     }
   };
   const auto agreed = [&](const PeerBuffer& a) {
+    if (a.mapper == nobody) return true;
     return std::any_of(agreed_files_.begin(), agreed_files_.end(), [&](const AgreedFile& f) {
       return f.rank == a.rank && f.dev == a.ref->dev && f.ino == a.ref->ino && f.bytes == a.ref->file_bytes &&
-             (f.mapper < 0 || f.mapper == a.mapper) && (f.writable || !a.write);
+             (f.mapper == every || f.mapper == a.mapper) && (f.writable || !a.write);
     });
   };
   // Every file this op uses was mapped by every rank that maps it at an earlier vote, and no rank
@@ -330,7 +338,9 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   }
   if (worst == 2) agreed_files_.clear();  // some rank let go of a file it had agreed to hold
   for (const PeerBuffer& a : uses) {
-    if (!agreed(a)) agreed_files_.push_back({a.rank, a.ref->dev, a.ref->ino, a.ref->file_bytes, a.mapper, a.write});
+    if (a.mapper != nobody && !agreed(a)) {
+      agreed_files_.push_back({a.rank, a.ref->dev, a.ref->ino, a.ref->file_bytes, a.mapper, a.write});
+    }
   }
   shared_open_ = SharedOpen::Yes;
   return bufs;
@@ -439,7 +449,7 @@ Algo CpuEngine::all_reduce(const char* in, char* out, int64_t count, DType t, Re
       if (mapped) {
         last_data_path_ = "mapped in place";
         shared_all_reduce(p, spec, mapped->in, mapped->out, count);
-        finish(c);  // every output stays valid until every peer has read it
+        finish(c);  // inputs stay valid until read, outputs until every peer has written its slice
       } else {
         pipelined_all_reduce(p, spec, in, out, count);
       }

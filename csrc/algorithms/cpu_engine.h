@@ -113,19 +113,24 @@ class CpuEngine {
     bool root_writes;             // broadcast: the root writes part of every buffer (all are shared)
   };
   // One buffer of rank `rank` that an op reads or writes in place; `mapper`: the one rank that
-  // maps it, or -1 for every rank (but its owner).
+  // maps it, kEvery for every rank (but its owner), kNobody for a buffer no peer touches that must
+  // still not overlap a peer's (a broadcast reader's, when the root does not write).
   struct PeerBuffer {
     int rank;
     const SharedStorageRef* ref;
     size_t bytes;
     int mapper;
     bool write;
+    static constexpr int kEvery = -1, kNobody = -2;
   };
   // Every rank's buffers, mapped here, when the op begun last works on its peers' shared-memory
-  // files in place: every buffer it reads or writes (every rank's input, broadcast: every rank's
-  // buffer; all_reduce: the outputs too) lives in one, no two ranks' overlap, and every rank mapped
-  // what it uses of its peers' (one vote, one extra barrier, skipped when every rank is known to
-  // hold those mapped already). nullopt on every rank otherwise.
+  // files in place: every buffer it reads or writes (every rank's input; all_reduce: the outputs
+  // too; broadcast: the root's buffer, and every rank's where the root writes into them) lives in
+  // one, no two ranks' overlap, and every rank mapped what it uses of its peers' (one vote, one
+  // extra barrier, skipped when every rank is known to hold those mapped already). A peer's file
+  // that cannot be opened for writing (not the case for memfd or torch's shared-memory files,
+  // which their owner may write) stops the group's use of shared tensors, as a failed read-only
+  // open does. nullopt on every rank otherwise.
   std::optional<SharedBuffers> shared_buffers(CpuContext& c, OpCode op, int root, const char* in, size_t in_bytes,
                                               char* out, size_t out_bytes);
 
@@ -149,8 +154,9 @@ class CpuEngine {
   bool shared_tensors_on_;  // PYCOLL_CPU_SHARED_TENSORS
   enum class SharedOpen { Unknown, Yes, No } shared_open_ = SharedOpen::Unknown;
   PeerFileMaps peer_files_;
-  // Shared files (of any rank) that every rank holds mapped, known from the votes: an op that
-  // reads only these skips its vote. Identical on every rank.
+  // Shared files (of any rank) that every rank that maps them (AgreedFile::mapper) holds mapped,
+  // writable where AgreedFile::writable, known from the votes: an op that uses only these skips
+  // its vote. Identical on every rank.
   struct AgreedFile {
     int rank;
     uint64_t dev, ino;

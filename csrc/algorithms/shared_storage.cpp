@@ -25,7 +25,7 @@ PeerFileMaps::~PeerFileMaps() {
 }
 
 bool PeerFileMaps::lasting(int err) {
-  return err == EACCES || err == EPERM || err == ENOENT || err == ESRCH || err == ESTALE;
+  return err == EACCES || err == EPERM || err == EROFS || err == ENOENT || err == ESRCH || err == ESTALE;
 }
 
 bool PeerFileMaps::make_room(int peer, int64_t adding) {

@@ -46,7 +46,7 @@ class PeerFileMaps {
   char* cached(int peer, const SharedStorageRef& ref, bool writable);
   // Starts an op: what map() returns from here on is not evicted until the next begin_op().
   void begin_op() { op_start_ = clock_ + 1; }
-  // Whether map()'s error will not go away by trying again: not allowed (EACCES, EPERM), or the
+  // Whether map()'s error will not go away by trying again: not allowed (EACCES, EPERM, EROFS), or the
   // peer's process or file is not what this process sees under that name (another PID namespace:
   // ENOENT, ESRCH, ESTALE).
   static bool lasting(int err);
@@ -72,7 +72,10 @@ class PeerFileMaps {
   uint64_t op_start_ = 1;
 };
 
-// ins[r] / outs[r]: rank r's buffer, readable in this process (my own are my pointers).
+// ins[r]: rank r's input, readable in this process; outs[r]: its output, writable here (my own
+// are my pointers). A peer that gave up on the op (its timeout) may return while a slower rank
+// still writes its slice into that peer's output; the group is broken by then, as it is when a
+// staged op times out.
 
 // all_gather of m elements of t per rank into out (n * m); ins[me] may be my block of out.
 void shared_all_gather(Pipeline& p, DType t, const std::vector<const char*>& ins, char* out, int64_t m);
