@@ -15,27 +15,11 @@
  * Build and run:  cc -O3 -march=native benchmarks/cpu_broadcast_split.c -o /tmp/split
  *                 /tmp/split KIB REPS     (e.g. /tmp/split 1024 300)
  */
-#define _GNU_SOURCE
-#include <sched.h>
-#include <stdatomic.h>
+#include "two_process.h"  /* first: it defines _GNU_SOURCE */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
-#include <unistd.h>
-
-typedef struct { _Atomic long v; char pad[56]; } counter;
-static counter* bar;  /* one arrival counter per rank */
-static long gen;
-
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-
-static void barrier(int me) {
-  ++gen;
-  atomic_store_explicit(&bar[me].v, gen, memory_order_release);
-  while (atomic_load_explicit(&bar[1 - me].v, memory_order_acquire) < gen) {}
-}
 
 static int by_value(const void* a, const void* b) {
   const double x = *(const double*)a, y = *(const double*)b;
@@ -46,16 +30,11 @@ int main(int argc, char** argv) {
   if (argc < 3) { fprintf(stderr, "usage: %s KIB REPS\n", argv[0]); return 2; }
   const size_t n = (size_t)atol(argv[1]) << 10;
   const int reps = atoi(argv[2]);
-  bar = mmap(0, 2 * sizeof(counter), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   char* root_buf = mmap(0, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   char* reader_buf = mmap(0, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   memset(root_buf, 1, n);
   memset(reader_buf, 0, n);
-  const int me = fork() == 0 ? 1 : 0;  /* 0: the root, 1: the reader */
-  cpu_set_t cs;
-  CPU_ZERO(&cs);
-  CPU_SET(me, &cs);
-  sched_setaffinity(0, sizeof cs, &cs);
+  const int me = fork_pinned();  /* 0: the root, 1: the reader */
   char* in = malloc(n);
   char* out = malloc(n);
   memset(in, 2, n);

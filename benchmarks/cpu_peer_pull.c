@@ -15,41 +15,20 @@
  * Build and run:  cc -O3 -march=native benchmarks/cpu_peer_pull.c -o /tmp/pull
  *                 /tmp/pull MIB_PER_RANK_IN_KIB REPS     (e.g. /tmp/pull 1024 200)
  */
-#define _GNU_SOURCE
-#include <sched.h>
-#include <stdatomic.h>
+#include "two_process.h"  /* first: it defines _GNU_SOURCE */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-typedef struct { _Atomic long v; char pad[56]; } counter;
-static counter* bar;  /* one arrival counter per rank */
-static long gen;
-
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-
-static void barrier(int me) {
-  ++gen;
-  atomic_store_explicit(&bar[me].v, gen, memory_order_release);
-  while (atomic_load_explicit(&bar[1 - me].v, memory_order_acquire) < gen) {}
-}
 
 int main(int argc, char** argv) {
   if (argc < 3) { fprintf(stderr, "usage: %s KIB_PER_RANK REPS\n", argv[0]); return 2; }
   const size_t n = (size_t)atol(argv[1]) << 10;
   const int reps = atoi(argv[2]);
-  bar = mmap(0, 2 * sizeof(counter), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   char* shm = mmap(0, 2 * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   memset(shm, 1, 2 * n);
-  const int me = fork() == 0 ? 1 : 0;
-  cpu_set_t cs;
-  CPU_ZERO(&cs);
-  CPU_SET(me, &cs);
-  sched_setaffinity(0, sizeof cs, &cs);
+  const int me = fork_pinned();
   char* in = malloc(2 * n);
   char* out = malloc(2 * n);
   memset(in, 2 + me, 2 * n);

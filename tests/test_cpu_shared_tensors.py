@@ -69,6 +69,21 @@ def _check_plan(cases, plans, expected, what):
     cases.expect(got == [expected] if expected else MAPPED not in got, f"{what}: plans {got}, expected {expected}")
 
 
+def _all_reduce_counting_votes(cases, plans, rank, ws, t, i, expected):
+    """All-reduces the shared buffer t, filled with rank's data for case i, and checks the result
+    against plain torch and the op's plan; returns how many votes on mapping the op took."""
+    from pycollectives import _C
+
+    xs = [gen(torch.float32, "SUM", (t.numel(),), cases.keyed_seed(r, i)) for r in range(ws)]
+    t.copy_(xs[rank])
+    votes = _C._test_shared_votes()
+    dist.all_reduce(t)
+    ref, bound = reduce_ref(xs, "SUM", torch.float32)
+    cases.check("all_reduce", t, ref, bound)
+    _check_plan(cases, plans, expected, "all_reduce")
+    return _C._test_shared_votes() - votes
+
+
 def _all_ops(cases, plans, rank, ws, share, expected, dtypes=DTYPES, big=False, broadcast_expected=None,
              premul_expected="pipelined"):
     """Every op that may read in place, with `share` deciding whether this rank's tensors are shared;
@@ -136,21 +151,11 @@ def _collectives_rank(rank, ws, seed):
     _all_ops(cases, plans, rank, ws, True, expected, dtypes=(torch.float32, torch.bfloat16), big=True)
     # The same buffers again and again, as a training loop does (after the first op on a buffer
     # the ranks know every peer holds it mapped and skip the vote), two of them in turn.
-    from pycollectives import _C
-
     n = _elems(torch.float32, PIPELINE_BYTES) * 2 + 1
     bufs = [torch.empty(n).share_memory_() for _ in range(2)]
     for i in range(6):
         with cases.case(op="reused all_reduce", i=i):
-            xs = [gen(torch.float32, "SUM", (n,), cases.keyed_seed(r, i)) for r in range(ws)]
-            t = bufs[i % 2]
-            t.copy_(xs[rank])
-            votes = _C._test_shared_votes()
-            dist.all_reduce(t)
-            ref, bound = reduce_ref(xs, "SUM", torch.float32)
-            cases.check("reused all_reduce", t, ref, bound)
-            _check_plan(cases, plans, expected, "all_reduce")
-            voted = _C._test_shared_votes() - votes
+            voted = _all_reduce_counting_votes(cases, plans, rank, ws, bufs[i % 2], i, expected)
             # Each buffer's first op votes. The cache is full from the ops above, so mapping the
             # second buffer evicts an old file, which makes every rank forget what it knew was
             # mapped: the first buffer votes once more (i == 2); from then on nobody votes.
@@ -342,8 +347,6 @@ def _inplace_ring_rank(rank, ws, seed):
     votes. Mapped twice (read-only for the input, writable for the output), they would not fit,
     and every op would evict, map again and vote."""
     quiet()
-    from pycollectives import _C
-
     cases = Cases("shared tensors, in-place ring", rank, ws, seed)
     pids = [None] * ws
     dist.all_gather_object(pids, os.getpid())
@@ -352,16 +355,8 @@ def _inplace_ring_rank(rank, ws, seed):
     ring = [torch.empty(n).share_memory_() for _ in range(8)]
     for i in range(24):
         with cases.case(op="all_reduce", i=i):
-            xs = [gen(torch.float32, "SUM", (n,), cases.keyed_seed(r, i)) for r in range(ws)]
-            t = ring[i % 8]
-            t.copy_(xs[rank])
-            votes = _C._test_shared_votes()
-            dist.all_reduce(t)
-            ref, bound = reduce_ref(xs, "SUM", torch.float32)
-            cases.check("all_reduce", t, ref, bound)
-            _check_plan(cases, plans, MAPPED, "all_reduce")
+            voted = _all_reduce_counting_votes(cases, plans, rank, ws, ring[i % 8], i, MAPPED)
             if i >= 8:
-                voted = _C._test_shared_votes() - votes
                 cases.expect(voted == 0, f"{voted} votes in round {i // 8 + 1}, expected none")
     with open("/proc/self/maps") as f:
         maps = f.read()
