@@ -584,27 +584,21 @@ void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
   PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 
-bool CudaEngine::p2p_batch_fits(const std::vector<gpu::P2PBatchItem>& items) const {
+gpu::P2PBatchPlan CudaEngine::plan_p2p_batch(const std::vector<gpu::P2PBatchItem>& items) const {
   const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
   return gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, p2p.slot_bytes, p2p.nblocks, sms_,
-                             limits_.p2p_max_blocks)
-      .fits;
+                             limits_.p2p_max_blocks);
 }
 
-void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream) {
+void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, const gpu::P2PBatchPlan& plan, cudaStream_t stream) {
   const char* kOp = "batch_isend_irecv";
-  std::vector<gpu::P2PBatchItem> items;
-  items.reserve(ops.size());
+  TORCH_CHECK(plan.fits && plan.geometry.size() == ops.size(),
+              "pycoll::batch_isend_irecv: this batch cannot run in one launch (plan_p2p_batch)");
   for (const P2POp& o : ops) {
     check_tensor(o.t, o.is_send ? "send" : "recv", "tensor", device_);
     TORCH_CHECK(o.peer >= 0 && o.peer < size_ && o.peer != rank_, "pycoll::", o.is_send ? "send" : "recv", ": peer ",
                 o.peer, " must be another rank in 0..", size_ - 1);
-    items.push_back({o.peer, o.is_send, int64_t(o.t.nbytes())});
   }
-  const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
-  const gpu::P2PBatchPlan plan = gpu::plan_p2p_batch(items, kernels::kMaxP2PBatchOps, p2p.slot_bytes, p2p.nblocks, sms_,
-                                                       limits_.p2p_max_blocks);
-  TORCH_CHECK(plan.fits, "pycoll::batch_isend_irecv: this batch cannot run in one launch (p2p_batch_fits)");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
   kernels::P2PBatchArgs a{};
@@ -613,7 +607,7 @@ void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream) {
     const gpu::Geometry& g = plan.geometry[i];
     kernels::P2PBatchOp& o = a.ops[a.nops++];
     o.buf = ops[i].t.data_ptr();
-    o.bytes = items[i].bytes;
+    o.bytes = int64_t(ops[i].t.nbytes());
     o.chunk = g.chunk;
     o.nchunks = g.nchunks;
     o.peer = ops[i].peer;
@@ -626,7 +620,7 @@ void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream) {
   bool any_send = false;
   for (const P2POp& o : ops) any_send = any_send || o.is_send;
   for (size_t i = 0; i < ops.size() && !any_send; ++i)
-    gate_receive(make_p2p_args(ws_->handle(), ops[i].t.data_ptr(), items[i].bytes, ops[i].peer, false,
+    gate_receive(make_p2p_args(ws_->handle(), ops[i].t.data_ptr(), int64_t(ops[i].t.nbytes()), ops[i].peer, false,
                                plan.geometry[i]),
                  stream, kOp);
   PYCOLL_CUDA_OK(gpu::launch_p2p_batch(plan.grid, stream, a), kOp, "kernel launch");

@@ -77,17 +77,17 @@ class CudaEngine {
   // channel of bounded size in the receiver-visible workspace with ready/consumed counters).
   void send(const at::Tensor& t, int peer, cudaStream_t stream);
   void recv(at::Tensor& t, int peer, cudaStream_t stream);
-  // A coalesced batch of sends and receives (in posting order) in one launch on `stream`. Only
-  // when p2p_batch_fits (gpu::plan_p2p_batch); otherwise the batch must run as separate sends
-  // and receives. The stream must be ordered after earlier sends and receives of the kinds in
-  // the batch, and later ones after it (the backend does this).
+  // A coalesced batch of sends and receives (in posting order) in one launch on `stream`, by the
+  // plan plan_p2p_batch made for these items. Only when that plan `fits`; otherwise the batch
+  // must run as separate sends and receives. The stream must be ordered after earlier sends and
+  // receives of the kinds in the batch, and later ones after it (the backend does this).
   struct P2POp {
     at::Tensor t;  // dense; a receive's destination
     int peer;
     bool is_send;
   };
-  bool p2p_batch_fits(const std::vector<gpu::P2PBatchItem>& items) const;
-  void p2p_batch(const std::vector<P2POp>& ops, cudaStream_t stream);
+  gpu::P2PBatchPlan plan_p2p_batch(const std::vector<gpu::P2PBatchItem>& items) const;
+  void p2p_batch(const std::vector<P2POp>& ops, const gpu::P2PBatchPlan& plan, cudaStream_t stream);
   void barrier(cudaStream_t stream);
   // Non-zero if a kernel's bounded spin-wait expired (peer never arrived); kernels write it into host-mapped memory.
   int device_error() const;

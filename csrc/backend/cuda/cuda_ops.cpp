@@ -250,7 +250,8 @@ std::vector<c10::intrusive_ptr<c10d::Work>> CudaOps::p2p_batch(const std::vector
   c10::cuda::CUDAGuard guard(device);
   CudaEngine& eng = cuda_engine(device);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  if (!eng.p2p_batch_fits(items)) {
+  const gpu::P2PBatchPlan plan = eng.plan_p2p_batch(items);
+  if (!plan.fits) {
     // Each on its lane, as when posted one by one (the peer may post them so: it agrees on every chunk).
     for (const P2PRequest& o : ops) works.push_back(o.is_send ? send(o.t, o.peer, o.seq) : recv(o.t, o.peer, o.seq));
     return works;
@@ -276,7 +277,7 @@ std::vector<c10::intrusive_ptr<c10d::Work>> CudaOps::p2p_batch(const std::vector
           if (!o.is_send && !buf.is_same(o.t)) copies_back.emplace_back(o.t, buf);
           eops.push_back({buf, o.peer, o.is_send});
         }
-        eng.p2p_batch(eops, c10::cuda::CUDAStream(s).stream());
+        eng.p2p_batch(eops, plan, c10::cuda::CUDAStream(s).stream());
         for (const auto& [user, buf] : copies_back) write_back(user, buf);
         record_op("batch_isend_irecv", bytes, Algo::Direct, OpTimer(), -1, size_);
       },
