@@ -224,6 +224,35 @@ def test_pipelined_lane_size_depends_on_ranks(ws, kib, expected_lanes, seed):
               env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_THREADS": "8"})
 
 
+def _lane_counts_vary_rank(rank, ws, seed, plan):
+    quiet()
+    cases = Cases("lane counts vary", rank, ws, seed)
+    log = os.environ["PYCOLL_TEST_LOG"]
+    for step, (kib, expected_lanes) in enumerate(plan):
+        n = (kib << 10) // 4 + 11
+        sys.stderr.flush()
+        start = os.path.getsize(log)
+        with cases.case(step=step, kib=kib):
+            _check_all_reduce(cases, rank, ws, torch.float32, "SUM", n)
+        sys.stderr.flush()
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            first = LANES_LINE.search(f.read())
+        lanes = int(first.group(2)) if first else None
+        cases.expect(lanes == expected_lanes, f"step {step} ({kib} KiB): lanes logged {lanes}, expected {expected_lanes}")
+    return cases.finish()
+
+
+@pytest.mark.pycoll_only
+def test_pipelined_lane_counts_rise_and_fall(seed):
+    """3 ranks, 8 threads: back-to-back all_reduces whose lane counts go 8, 2, 4, 8, 1, 2, 8, so
+    workers sit out some ops and rejoin later ones (an op wakes only the workers it has lanes
+    for, and a worker spins only after an op it ran: lane_pool.cpp). Every result is checked."""
+    plan = [(4096, 8), (1024, 2), (2048, 4), (4096, 8), (512, 1), (1024, 2), (4096, 8)]
+    run_ranks(3, _lane_counts_vary_rank, seed, plan, timeout=300,
+              env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_THREADS": "8"})
+
+
 def _dies_in_pipeline_rank(rank, ws):
     quiet()
     x = torch.ones((8 << 20) // 4)

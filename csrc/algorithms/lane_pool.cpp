@@ -55,6 +55,8 @@ int cpu_threads_per_rank(int ranks_on_host) {
 }
 
 LanePool::LanePool(int workers) {
+  start_cv_.reserve(workers);
+  for (int i = 0; i < workers; ++i) start_cv_.push_back(std::make_unique<std::condition_variable>());
   threads_.reserve(workers);
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { worker_main(i + 1); });
 }
@@ -64,8 +66,13 @@ LanePool::~LanePool() {
     std::lock_guard<std::mutex> g(mu_);
     stop_ = true;
   }
-  start_cv_.notify_all();
+  for (auto& cv : start_cv_) cv->notify_all();
   for (auto& t : threads_) join_unless_current(t);
+}
+
+bool LanePool::has_lane(int lane, uint64_t seen) const {
+  // generation_ is published after lanes_ (release), so a new generation shows its own lanes_.
+  return generation_.load(std::memory_order_acquire) != seen && lane < lanes_.load(std::memory_order_relaxed);
 }
 
 void LanePool::run(int lanes, const std::function<void(int)>& lane) {
@@ -73,12 +80,12 @@ void LanePool::run(int lanes, const std::function<void(int)>& lane) {
   if (lanes > 1) {
     std::lock_guard<std::mutex> g(mu_);
     lane_fn_ = &lane;
-    lanes_ = lanes;
+    lanes_.store(lanes, std::memory_order_relaxed);
     running_.store(lanes - 1);
     error_ = nullptr;
     generation_.fetch_add(1, std::memory_order_release);
   }
-  if (lanes > 1) start_cv_.notify_all();
+  for (int w = 1; w < lanes; ++w) start_cv_[w - 1]->notify_one();
   std::exception_ptr mine;
   try {
     lane(0);
@@ -96,18 +103,22 @@ void LanePool::run(int lanes, const std::function<void(int)>& lane) {
 }
 
 void LanePool::worker_main(int lane) {
+  // The caller waits for every lane of an op before it starts the next, so a worker never misses
+  // an op it has a lane in: `seen` is the last generation it ran.
   uint64_t seen = 0;
+  bool ran_last = false;  // only a worker the last op used spins for the next (a training step's buckets)
+  std::condition_variable& start = *start_cv_[lane - 1];
   std::unique_lock<std::mutex> g(mu_);
   for (;;) {
-    if (!stop_ && generation_.load() == seen) {
+    if (ran_last && !stop_ && !has_lane(lane, seen)) {
       g.unlock();
-      spin_for([&] { return generation_.load(std::memory_order_acquire) != seen; });
+      spin_for([&] { return has_lane(lane, seen); });
       g.lock();
     }
-    start_cv_.wait(g, [&] { return stop_ || generation_.load() != seen; });
+    ran_last = false;
+    start.wait(g, [&] { return stop_ || has_lane(lane, seen); });
     if (stop_) return;
-    seen = generation_;
-    if (lane >= lanes_) continue;
+    seen = generation_.load();
     const std::function<void(int)>* fn = lane_fn_;
     g.unlock();
     std::exception_ptr err;
@@ -117,6 +128,7 @@ void LanePool::worker_main(int lane) {
       err = std::current_exception();
     }
     g.lock();
+    ran_last = true;
     if (err && !error_) error_ = err;
     if (running_.fetch_sub(1) == 1) done_cv_.notify_all();
   }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -33,11 +34,16 @@ class LanePool {
  private:
   void worker_main(int lane);
 
+  // Whether op `generation_` has a lane for this worker; safe to call without mu_.
+  bool has_lane(int lane, uint64_t seen) const;
+
   std::mutex mu_;
-  std::condition_variable start_cv_;
+  // One per worker: an op wakes only the workers it has lanes for. A worker without a lane
+  // neither wakes nor spins, so a 1 MiB op on 8 of 15 threads leaves 7 CPUs per rank alone.
+  std::vector<std::unique_ptr<std::condition_variable>> start_cv_;
   std::condition_variable done_cv_;
-  std::atomic<uint64_t> generation_{0};  // written under mu_, read by spinning workers
-  int lanes_ = 0;
+  std::atomic<uint64_t> generation_{0};  // written under mu_ after lanes_, read by spinning workers
+  std::atomic<int> lanes_{0};
   std::atomic<int> running_{0};
   bool stop_ = false;
   const std::function<void(int)>* lane_fn_ = nullptr;
