@@ -2,9 +2,10 @@
 //
 // A rank that has cores to spare moves a large message faster with several threads: one
 // thread's copies reach a fraction of the memory's bandwidth. Lane 0 runs on the caller, lanes
-// 1.. on persistent workers, so an op pays a wake-up, not a thread start; workers and caller spin
-// for a moment (kSpin) before they sleep, because back-to-back ops (a training step's buckets)
-// would otherwise pay a futex wake-up of tens of microseconds each.
+// 1.. on persistent workers, so an op pays a wake-up, not a thread start. The caller, and the
+// workers the last op used, spin for a moment (kSpin) before they sleep, because back-to-back ops
+// (a training step's buckets) would otherwise pay a futex wake-up of tens of microseconds each;
+// workers an op has no lane for stay asleep, leaving their CPUs to the lanes that run.
 #pragma once
 
 #include <atomic>
