@@ -247,7 +247,11 @@ def _lane_counts_vary_rank(rank, ws, seed, plan):
 def test_pipelined_lane_counts_rise_and_fall(seed):
     """3 ranks, 8 threads: back-to-back all_reduces whose lane counts go 8, 2, 4, 8, 1, 2, 8, so
     workers sit out some ops and rejoin later ones (an op wakes only the workers it has lanes
-    for, and a worker spins only after an op it ran: lane_pool.cpp). Every result is checked."""
+    for, and a worker spins only after an op it ran: lane_pool.cpp). Every result is checked.
+    Between them the identity check's all_gathers run lanes of their own (6 after the 2 MiB
+    step, for example), so the pool sees more counts than these. A pool that failed to wake a
+    worker with a lane would hang here and fail at the timeout; one that woke too many would
+    still pass (that costs only time: algorithms.md has the measurement)."""
     plan = [(4096, 8), (1024, 2), (2048, 4), (4096, 8), (512, 1), (1024, 2), (4096, 8)]
     run_ranks(3, _lane_counts_vary_rank, seed, plan, timeout=300,
               env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_THREADS": "8"})

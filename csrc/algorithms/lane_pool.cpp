@@ -71,7 +71,8 @@ LanePool::~LanePool() {
 }
 
 bool LanePool::has_lane(int lane, uint64_t seen) const {
-  // generation_ is published after lanes_ (release), so a new generation shows its own lanes_.
+  // generation_ is published after lanes_ (release): a newer generation shows its own lanes_, or a
+  // later op's if this worker sat that one out; either way run() re-checks under mu_.
   return generation_.load(std::memory_order_acquire) != seen && lane < lanes_.load(std::memory_order_relaxed);
 }
 

@@ -2,10 +2,11 @@
 //
 // A rank that has cores to spare moves a large message faster with several threads: one
 // thread's copies reach a fraction of the memory's bandwidth. Lane 0 runs on the caller, lanes
-// 1.. on persistent workers, so an op pays a wake-up, not a thread start. The caller, and the
-// workers the last op used, spin for a moment (kSpin) before they sleep, because back-to-back ops
-// (a training step's buckets) would otherwise pay a futex wake-up of tens of microseconds each;
-// workers an op has no lane for stay asleep, leaving their CPUs to the lanes that run.
+// 1.. on persistent workers, so an op pays a wake-up, not a thread start. The caller, and each
+// worker after an op it ran, spin for a moment (kSpin) for the next before they sleep, because
+// back-to-back ops (a training step's buckets) would otherwise pay a futex wake-up of tens of
+// microseconds each; an op wakes only the workers it has lanes for, so a sleeping worker without
+// a lane leaves its CPU to the lanes that run.
 #pragma once
 
 #include <atomic>
@@ -35,12 +36,14 @@ class LanePool {
  private:
   void worker_main(int lane);
 
-  // Whether op `generation_` has a lane for this worker; safe to call without mu_.
+  // Whether a generation newer than `seen` has a lane for this worker. Without mu_ only a hint
+  // (a spinning worker's); the decision is taken again under mu_.
   bool has_lane(int lane, uint64_t seen) const;
 
   std::mutex mu_;
-  // One per worker: an op wakes only the workers it has lanes for. A worker without a lane
-  // neither wakes nor spins, so a 1 MiB op on 8 of 15 threads leaves 7 CPUs per rank alone.
+  // One per worker: an op wakes only the workers it has lanes for. A sleeping worker without a
+  // lane stays asleep, so a 1 MiB op over 2 ranks (8 lanes of 128 KiB) offered 15 threads leaves
+  // the other 7 CPUs per rank alone once they stop spinning after their last op.
   std::vector<std::unique_ptr<std::condition_variable>> start_cv_;
   std::condition_variable done_cv_;
   std::atomic<uint64_t> generation_{0};  // written under mu_ after lanes_, read by spinning workers
