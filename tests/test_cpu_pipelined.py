@@ -190,6 +190,21 @@ def test_pipelined_lanes_use_the_fewest_threads_offered(seed):
               rank_env=[{"PYCOLL_CPU_THREADS": "3"}, {"PYCOLL_CPU_THREADS": "4"}])
 
 
+def _expect_lanes_of(cases, log, check, expected_lanes, **case):
+    """Runs `check` as one case; the first pipelined op it logs must have run `expected_lanes`
+    lanes (the op's own line comes first; the bitwise-identity check may log an all_gather after it)."""
+    sys.stderr.flush()
+    start = os.path.getsize(log)
+    with cases.case(**case):
+        check()
+    sys.stderr.flush()
+    with open(log, errors="replace") as f:
+        f.seek(start)
+        first = LANES_LINE.search(f.read())
+    lanes = int(first.group(2)) if first else None
+    cases.expect(lanes == expected_lanes, f"{case}: lanes logged {lanes}, expected {expected_lanes}")
+
+
 def _lanes_by_ranks_rank(rank, ws, seed, kib, expected_lanes):
     quiet()
     cases = Cases("lanes by ranks", rank, ws, seed)
@@ -201,17 +216,7 @@ def _lanes_by_ranks_rank(rank, ws, seed, kib, expected_lanes):
         "broadcast": lambda: _check_broadcast(cases, rank, ws, torch.float32, n, 0),
     }
     for name, check in checks.items():
-        sys.stderr.flush()
-        start = os.path.getsize(log)
-        with cases.case(op=name):
-            check()
-        sys.stderr.flush()
-        with open(log, errors="replace") as f:
-            f.seek(start)
-            # The op's own line comes first; the bitwise-identity check may log an all_gather after it.
-            first = LANES_LINE.search(f.read())
-        lanes = int(first.group(2)) if first else None
-        cases.expect(lanes == expected_lanes, f"{name}: lanes logged {lanes}, expected {expected_lanes}")
+        _expect_lanes_of(cases, log, check, expected_lanes, op=name)
     return cases.finish()
 
 
@@ -230,16 +235,8 @@ def _lane_counts_vary_rank(rank, ws, seed, plan):
     log = os.environ["PYCOLL_TEST_LOG"]
     for step, (kib, expected_lanes) in enumerate(plan):
         n = (kib << 10) // 4 + 11
-        sys.stderr.flush()
-        start = os.path.getsize(log)
-        with cases.case(step=step, kib=kib):
-            _check_all_reduce(cases, rank, ws, torch.float32, "SUM", n)
-        sys.stderr.flush()
-        with open(log, errors="replace") as f:
-            f.seek(start)
-            first = LANES_LINE.search(f.read())
-        lanes = int(first.group(2)) if first else None
-        cases.expect(lanes == expected_lanes, f"step {step} ({kib} KiB): lanes logged {lanes}, expected {expected_lanes}")
+        _expect_lanes_of(cases, log, lambda: _check_all_reduce(cases, rank, ws, torch.float32, "SUM", n),
+                         expected_lanes, step=step, kib=kib)
     return cases.finish()
 
 
