@@ -185,6 +185,8 @@ def _child_main(rank, world_size, fn, args, cfg, conn):
             kwargs = {}
             if cfg["pg_timeout"] is not None:
                 kwargs["timeout"] = cfg["pg_timeout"]
+            if cfg["bind_cuda"]:
+                kwargs["device_id"] = torch.device("cuda", rank)
             if init == "file":
                 store = dist.FileStore(cfg["store_path"], world_size)
             elif init == "tcp":
@@ -270,6 +272,7 @@ def run_ranks(
     start_method=None,
     backend=None,
     rank_env=None,
+    bind_cuda=False,
 ):
     """Run ``fn(rank, world_size, *args)`` in `world_size` processes.
 
@@ -284,6 +287,8 @@ def run_ranks(
     rank_env: one dict per rank of environment variables set in that rank only (e.g.
         PYCOLL_HOSTID, to place ranks on simulated hosts).
     grace: seconds the other ranks get to finish after a rank fails.
+    bind_cuda: init_process_group(device_id=cuda:rank): the groups' CUDA engines (the world's and
+        every new_group's) are made at init, not at each group's first CUDA op.
     Returns the list of return values (None for ranks in expect_exit).
     """
     expect_exit = dict(expect_exit or {})
@@ -295,6 +300,7 @@ def run_ranks(
         "init": init,
         "pg_timeout": pg_timeout,
         "destroy": destroy,
+        "bind_cuda": bind_cuda,
         "store_path": os.path.join(tmpdir, "store"),
         "store_port": None,
         "log": os.path.join(tmpdir, "rank%d.log"),

@@ -1,9 +1,12 @@
 """Errors on the CUDA engine: bad arguments raise, ranks that call different collectives or start
-with different settings get an error naming both sides instead of garbage or a timeout.
+with different settings get an error naming both sides instead of garbage or a timeout, and a
+group whose engine cannot start says which ranks never came.
 """
+import datetime
 import os
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -164,6 +167,48 @@ def test_settings_differ_raise(seed):
         assert f"rank {last} has 32" in t, t
         assert "measured auto choices (PYCOLL_COST_MODEL): rank 0 has none" in t2, t2
         assert f"rank {last} has allreduce x{WORLD}: 1048576=ring" in t2, t2
+
+
+# ---------------------------------------------------------------------------------------------
+# a send between some ranks as a group's first CUDA op
+
+SHORT_TIMEOUT = datetime.timedelta(seconds=6)
+
+
+def _send_first_between_two(rank, world, bound):
+    """Ranks 0 and 1 exchange a tensor as a group's first CUDA op; the other ranks issue nothing on
+    it. Unbound, the group's CUDA engine waits for every rank at that op: ranks 0 and 1 raise within
+    the group's timeout, naming the ranks that never came and the cure. Bound (device_id=), the
+    engine was made at init and the exchange completes."""
+    dev = setup_device(rank)
+    g = dist.new_group(list(range(world)), timeout=SHORT_TIMEOUT)
+    t = torch.full((1000,), float(rank + 1), device=dev)
+    if rank >= 2:
+        time.sleep(SHORT_TIMEOUT.total_seconds() + 3)  # busy elsewhere until ranks 0 and 1 are done
+        return None
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            dist.send(t, 1, group=g)
+        else:
+            dist.recv(t, 0, group=g)
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        return {"error": str(e), "seconds": time.monotonic() - t0}
+    return {"received": t.cpu().tolist() if rank == 1 else None}
+
+
+@pytest.mark.skipif(WORLD < 3, reason="needs a group of 3 or more ranks")
+def test_send_as_first_op_of_a_larger_group():
+    missing = ", ".join(str(r) for r in range(2, WORLD))
+    expected = ("rank " if WORLD == 3 else "ranks ") + missing + f" of this group of {WORLD} did not arrive"
+    out = run_ranks(WORLD, _send_first_between_two, False, timeout=120, pg_timeout=PG_TIMEOUT)
+    for rank in (0, 1):
+        text = out[rank]["error"]
+        assert "CUDA engine could not start" in text and expected in text and "device_id" in text, text
+        assert out[rank]["seconds"] < SHORT_TIMEOUT.total_seconds() + 10, out[rank]
+    out = run_ranks(WORLD, _send_first_between_two, True, timeout=120, pg_timeout=PG_TIMEOUT, bind_cuda=True)
+    assert out[1]["received"] == [1.0] * 1000, out[1]
 
 
 if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins

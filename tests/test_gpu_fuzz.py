@@ -30,8 +30,11 @@ def test_gpu_fuzz(seed):
     t0 = time.monotonic()
     try:
         # PG_TIMEOUT bounds the engine's spin-waits: a protocol bug fails instead of hanging.
+        # Bound devices (device_id=): the fuzz sends between two ranks of a larger subgroup as that
+        # group's first op, which needs every group's CUDA engine made at init (README, limits;
+        # test_gpu_errors.py checks the unbound case's error).
         out = run_ranks(WORLD, fuzz_rank, fuzz_seed, n_ops, "cuda", timeout=120 + 0.1 * n_ops,
-                        pg_timeout=PG_TIMEOUT)
+                        pg_timeout=PG_TIMEOUT, bind_cuda=True)
     except Exception as e:
         raise AssertionError(
             f"GPU fuzz failed: seed={fuzz_seed} ops={n_ops} world_size={WORLD} "

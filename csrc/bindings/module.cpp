@@ -17,6 +17,7 @@
 #include "common/settings_agreement.h"
 #include "common/test_hooks.h"
 #include "cuda/measured_choices.h"
+#include "engines/wait_for_ranks.h"
 #include "cuda/engine_limits.h"
 #include "cuda/select.h"
 #include "backend/executor.h"
@@ -223,6 +224,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_set_test_deny_shared_open", [](bool deny) { pycoll::test_hooks::set_deny_shared_open(deny); },
       py::arg("deny"),
       "Tests only: opening peers' shared-memory files fails as if the OS forbade it (common/test_hooks.h).");
+  m.def(
+      "_test_wait_for_every_rank",
+      [](const c10::intrusive_ptr<c10d::Store>& store, const std::vector<std::string>& keys, int64_t timeout_ms) {
+        py::gil_scoped_release nogil;
+        pycoll::wait_for_every_rank(*store, keys, std::chrono::milliseconds(timeout_ms), "pycoll: test wait",
+                                    "(the reason)");
+      },
+      py::arg("store"), py::arg("keys"), py::arg("timeout_ms"),
+      "Tests only: the engines' wait for one Store key per rank (engines/wait_for_ranks.h).");
   m.def("_test_shared_votes", &pycoll::test_hooks::shared_votes,
         "Tests only: how many times this process voted on mapping peers' shared files (common/test_hooks.h).");
   register_compression(m);

@@ -16,6 +16,7 @@
 #include "cuda/cuda_settings.h"
 #include "cuda/launch.h"
 #include "engines/dtypes.h"
+#include "engines/wait_for_ranks.h"
 #include "cuda/measured_choices.h"
 #include "cuda/select.h"
 #include "kernels/args.h"
@@ -166,7 +167,14 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
     store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(key_prefix + "settings/" + std::to_string(r));
-    store->wait(keys, timeout);  // the group's timeout, not the store's
+    // The group's timeout, not the store's; the first wait for peers, so the one that names who is missing.
+    wait_for_every_rank(*store, keys, timeout, "pycoll: the group's CUDA engine could not start",
+                        "Every rank of the group makes it together (each maps every peer's memory): at "
+                        "init_process_group(device_id=...) or new_group under it, else at the group's first CUDA op. "
+                        "A send or recv between some ranks cannot be a group's first CUDA op while its other ranks "
+                        "wait elsewhere: bind the device at init (init_process_group(..., device_id=torch.device("
+                        "\"cuda\", local_rank))), or have every rank of the group issue a CUDA op on it first. "
+                        "Otherwise a rank may have crashed or hung.");
     std::vector<std::string> all;
     for (const auto& k : keys) {
       const std::vector<uint8_t> v = store->get(k);
