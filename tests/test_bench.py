@@ -226,6 +226,28 @@ def test_async_op_rows_are_checked(tmp_path):
     assert all(r["check"] == "ok" and r["error"] is None for r in rows), rows
 
 
+def test_three_ranks_round_split_ops_down_to_a_multiple_of_the_world(tmp_path):
+    """A split op (one chunk per rank) on 3 ranks runs the largest multiple of 3 elements that fits
+    each swept size and records those bytes; a size with fewer elements than ranks is skipped with
+    the reason. Results are checked, so a wrong chunking fails here."""
+    out = tmp_path / "results"
+    proc = run_cli(["--backends", ",".join(BACKENDS), "--nproc", "3", "-b", "8", "-e", "2K", "-f", "4", "--ops",
+                    "all_gather,reduce_scatter,all_reduce", "--check", "--budget", "0.01", "--prewarm", "0",
+                    "--out", str(out), "--no-plot"], tmp_path)
+    assert proc.returncode == 0, _describe(proc)
+    doc = json.loads(sorted(out.glob("*.json"))[0].read_text())
+    rows = [r for r in doc["results"] if r["label"] != "floor"]
+    assert all(r["check"] == "ok" and r["error"] is None for r in rows), rows
+    for op in ("all_gather", "reduce_scatter"):
+        # 32, 128, 512, 2048 B of float32: 8, 32, 128, 512 elements, down to 6, 30, 126, 510.
+        assert sorted({r["bytes"] for r in rows if r["op"] == op}) == [24, 120, 504, 2040], op
+        assert all(r["count"] * 4 == r["bytes"] for r in rows if r["op"] == op)
+    assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [8, 32, 128, 512, 2048]
+    skipped = {(s["op"], s["bytes"]): s["reason"] for s in doc["skipped"]}
+    assert skipped == {(op, 8): "8 B holds fewer than 3 4-byte elements (one per rank)"
+                       for op in ("all_gather", "reduce_scatter")}, skipped
+
+
 def test_async_op_call_waits_on_the_work(monkeypatch):
     ops = _bench_module("ops")
     seen = []

@@ -32,7 +32,8 @@ def test_gpu_fuzz(seed):
         # PG_TIMEOUT bounds the engine's spin-waits: a protocol bug fails instead of hanging.
         # Bound devices (device_id=): the fuzz sends between two ranks of a larger subgroup as that
         # group's first op, which needs every group's CUDA engine made at init (README, limits;
-        # test_gpu_errors.py checks the unbound case's error).
+        # test_gpu_errors.py checks the unbound case's error). So the fuzz does not cover engines
+        # made lazily at a group's first op; every other GPU test does.
         out = run_ranks(WORLD, fuzz_rank, fuzz_seed, n_ops, "cuda", timeout=120 + 0.1 * n_ops,
                         pg_timeout=PG_TIMEOUT, bind_cuda=True)
     except Exception as e:

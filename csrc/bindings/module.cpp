@@ -15,9 +15,9 @@
 #include "bindings/layout_bindings.h"
 #include "common/setting.h"
 #include "common/settings_agreement.h"
+#include "common/store_wait.h"
 #include "common/test_hooks.h"
 #include "cuda/measured_choices.h"
-#include "engines/wait_for_ranks.h"
 #include "cuda/engine_limits.h"
 #include "cuda/select.h"
 #include "backend/executor.h"
@@ -232,7 +232,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                     "(the reason)");
       },
       py::arg("store"), py::arg("keys"), py::arg("timeout_ms"),
-      "Tests only: the engines' wait for one Store key per rank (engines/wait_for_ranks.h).");
+      "Tests only: the wait for one Store key per rank (common/store_wait.h).");
   m.def("_test_shared_votes", &pycoll::test_hooks::shared_votes,
         "Tests only: how many times this process voted on mapping peers' shared files (common/test_hooks.h).");
   register_compression(m);

@@ -11,12 +11,12 @@
 
 #include "common/cuda_check.h"
 #include "common/settings_agreement.h"
+#include "common/store_wait.h"
 #include "cuda/all_reduce_plan.h"
 #include "cuda/all_reduce_registry.h"
 #include "cuda/cuda_settings.h"
 #include "cuda/launch.h"
 #include "engines/dtypes.h"
-#include "engines/wait_for_ranks.h"
 #include "cuda/measured_choices.h"
 #include "cuda/select.h"
 #include "kernels/args.h"
@@ -141,6 +141,17 @@ void dtree(int n, int rank, int parent[2], int child[2][2]) {
   }
 }
 
+// What a rank that waits in vain for its peers while the engine starts is told.
+std::string engine_start_help() {
+  return "The ranks of a group make its CUDA engine together, each mapping every peer's memory (across "
+         "hosts, the ranks of each host, numbered within the host): with init_process_group(device_id=...), "
+         "at init and at each new_group; else at the group's first CUDA op. Without device_id, a send or recv "
+         "between some ranks cannot be a group's first CUDA op while its other ranks wait elsewhere: bind the "
+         "device at init (init_process_group(..., device_id=torch.device(\"cuda\", local_rank))), or have every "
+         "rank of the group issue a CUDA op on it first. Otherwise the ranks named crashed, hung, or did not "
+         "reach init_process_group / new_group.";
+}
+
 }  // namespace
 
 CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int size, int device,
@@ -168,13 +179,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(key_prefix + "settings/" + std::to_string(r));
     // The group's timeout, not the store's; the first wait for peers, so the one that names who is missing.
-    wait_for_every_rank(*store, keys, timeout, "pycoll: the group's CUDA engine could not start",
-                        "Every rank of the group makes it together (each maps every peer's memory): at "
-                        "init_process_group(device_id=...) or new_group under it, else at the group's first CUDA op. "
-                        "A send or recv between some ranks cannot be a group's first CUDA op while its other ranks "
-                        "wait elsewhere: bind the device at init (init_process_group(..., device_id=torch.device("
-                        "\"cuda\", local_rank))), or have every rank of the group issue a CUDA op on it first. "
-                        "Otherwise a rank may have crashed or hung.");
+    wait_for_every_rank(*store, keys, timeout, "pycoll: the group's CUDA engine could not start", engine_start_help());
     std::vector<std::string> all;
     for (const auto& k : keys) {
       const std::vector<uint8_t> v = store->get(k);

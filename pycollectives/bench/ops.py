@@ -258,6 +258,15 @@ def skip_reason(op, nbytes, elem_size, world):
         return f"{op} needs at least {coll.min_world} ranks"
     if nbytes % elem_size:
         return f"{nbytes} B is not a whole number of {elem_size}-byte elements"
-    if coll.split and (nbytes // elem_size) % world:
-        return f"{nbytes} B does not divide into {world} chunks of {elem_size}-byte elements"
+    if coll.split and nbytes // elem_size < world:
+        return f"{nbytes} B holds fewer than {world} {elem_size}-byte elements (one per rank)"
     return None
+
+
+def run_count(op, nbytes, elem_size, world):
+    """The elements ``op`` runs with at a swept size of ``nbytes``. An op that cuts its buffer
+    into one chunk per rank takes the largest multiple of ``world`` that fits (as nccl-tests
+    does), so a sweep of powers of two on 3 ranks measures every size instead of none; the row
+    records the bytes that ran."""
+    count = nbytes // elem_size
+    return count - count % world if COLLECTIVES[op].split else count

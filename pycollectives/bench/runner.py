@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from . import checker
 from .floor import FLOOR_OPS, measure_floor
-from .ops import COLLECTIVES, REDUCE_OP, skip_reason
+from .ops import COLLECTIVES, REDUCE_OP, run_count, skip_reason
 from .progress import make_progress
 from .sizes import format_size
 from .timing import estimate_seconds, sync, time_calls
@@ -334,7 +334,8 @@ class RankRunner:
                     if reason:
                         skipped.append(dict(op=op, bytes=nbytes, dtype=dtype_name, reason=reason))
                     else:
-                        jobs.append((dtype_name, dtype, elem, nbytes, op))
+                        count = run_count(op, nbytes, elem, self.world)
+                        jobs.append((dtype_name, dtype, elem, count * elem, op))
         modes = 2 if cfg.graph else 1
         rounds = max(1, cfg.rounds)
         bar = make_progress(len(jobs) * len(self.variants) * modes * rounds,

@@ -19,6 +19,7 @@
 #include <c10/util/Exception.h>
 
 #include "common/cuda_check.h"
+#include "common/store_wait.h"
 #include "common/types.h"
 
 namespace pycoll {
@@ -150,7 +151,9 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
   store->set(base + "info/" + std::to_string(rank), blob);
   std::vector<std::string> keys;
   for (int q = 0; q < size; ++q) keys.push_back(base + "info/" + std::to_string(q));
-  store->wait(keys, timeout);
+  wait_for_every_rank(*store, keys, timeout, "pycoll::cuda_ipc: peers' workspace handles",
+                      "Every rank publishes its handle while its CUDA engine starts; the ranks named crashed, hung, "
+                      "or failed earlier in the start.");
   std::vector<PeerInfo> info(size);
   for (int q = 0; q < size; ++q) {
     const std::vector<uint8_t> v = store->get(keys[q]);
@@ -210,7 +213,9 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
   store->set(base + "ok/" + std::to_string(rank), to_bytes(why.empty() ? std::string("1") : "0" + why));
   std::vector<std::string> ok_keys;
   for (int q = 0; q < size; ++q) ok_keys.push_back(base + "ok/" + std::to_string(q));
-  store->wait(ok_keys, timeout);
+  wait_for_every_rank(*store, ok_keys, timeout, "pycoll::cuda_ipc: peers' verdicts on mapping the workspaces",
+                      "Every rank says whether it could map every peer's memory; the ranks named crashed, hung, "
+                      "or failed while mapping.");
   reachable_ = true;
   for (int q = 0; q < size; ++q) {
     const std::vector<uint8_t> v = store->get(ok_keys[q]);
