@@ -35,8 +35,9 @@ examples:
   torchrun --nproc-per-node 8 -m pycollectives.bench --backends pycoll,nccl
 
 sizes are bytes of the op's largest buffer (all_gather: output, reduce_scatter: input), with
-K/M/G suffixes (powers of 1024); sizes that do not split into world-size chunks are skipped
-for all_gather, reduce_scatter and all_to_all.
+K/M/G suffixes (powers of 1024); all_gather, reduce_scatter and all_to_all run the largest
+multiple of world-size elements that fits each size (as nccl-tests does), and the rows say the
+bytes that ran.
 exit status: 0 ok, 1 a wrong result (--check) or a failed op, 2 bad arguments.
 """
 
