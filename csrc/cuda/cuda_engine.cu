@@ -178,7 +178,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
     store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(key_prefix + "settings/" + std::to_string(r));
-    // The group's timeout, not the store's; the first wait for peers, so the one that names who is missing.
+    // The group's timeout, not the store's.
     wait_for_every_rank(*store, keys, timeout, "pycoll: the group's CUDA engine could not start", engine_start_help());
     std::vector<std::string> all;
     for (const auto& k : keys) {
