@@ -1,4 +1,4 @@
-"""Large CPU all_gather and broadcast that read each peer's buffer in place with cross-memory
+"""Large CPU all_gather, reduce_scatter and broadcast that read each peer's buffer in place with cross-memory
 attach (csrc/algorithms/peer_read.h, PYCOLL_CPU_PEER_READ=on), and the fall-back to staging when
 a rank may not read its peers (the test hook _C._set_test_deny_peer_read).
 
@@ -17,11 +17,11 @@ import torch.distributed as dist
 
 from cpu_collectives_util import Cases
 from ranks import quiet, run_ranks
-from reference import gen
+from reference import dist_op, gen, reduce_ref
 
 pytestmark = pytest.mark.pycoll_only
 
-PLAN_LINE = re.compile(r"\[pycoll \d+/\d+\] (allgather|broadcast) .*plan=(read in place|pipelined) lanes=(\d+)")
+PLAN_LINE = re.compile(r"\[pycoll \d+/\d+\] (allgather|reduce_scatter|broadcast) .*plan=(read in place|pipelined) lanes=(\d+)")
 DENIED = "cross-memory attach (process_vm_readv) is not allowed"
 
 
@@ -29,6 +29,12 @@ def _log():
     sys.stderr.flush()
     with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
         return f.read()
+
+
+def _check_reduce_scatter(cases, what, out, ins, rank, m, op):
+    """out against block `rank` of every input reduced by plain torch (reference.reduce_ref)."""
+    ref, bound = reduce_ref([x.narrow(0, rank * m, m) for x in ins], op, out.dtype)
+    cases.check(what, out, ref, bound)
 
 
 def _ops_rank(rank, ws, seed, deny_on, expected_plan):
@@ -55,6 +61,24 @@ def _ops_rank(rank, ws, seed, deny_on, expected_plan):
             dist.all_gather(outs, xs[rank])
             for r in range(ws):
                 cases.check(f"all_gather list block {r}", outs[r], xs[r])
+        for op in ("SUM", "MAX") + (("AVG",) if dtype.is_floating_point else ()):
+            with cases.case(op="reduce_scatter", dtype=dtype, reduce=op, m=m):
+                ins = [gen(dtype, op, (ws * m,), cases.seed(100 + r)) for r in range(ws)]
+                out = torch.empty(m, dtype=dtype)
+                dist.reduce_scatter_tensor(out, ins[rank].clone(), op=dist_op(op))
+                _check_reduce_scatter(cases, "reduce_scatter", out, ins, rank, m, op)
+        with cases.case(op="reduce_scatter in place", dtype=dtype, m=m):
+            # out is my block of in: the peers read the other blocks of it while I write this one
+            ins = [gen(dtype, "SUM", (ws * m,), cases.seed(200 + r)) for r in range(ws)]
+            buf = ins[rank].clone()
+            out = buf.narrow(0, rank * m, m)
+            dist.reduce_scatter_tensor(out, buf)
+            _check_reduce_scatter(cases, "reduce_scatter in place", out, ins, rank, m, "SUM")
+        with cases.case(op="reduce_scatter list", dtype=dtype, m=m):
+            ins = [gen(dtype, "SUM", (ws * m,), cases.seed(300 + r)) for r in range(ws)]
+            out = torch.empty(m, dtype=dtype)
+            dist.reduce_scatter(out, list(ins[rank].chunk(ws)))
+            _check_reduce_scatter(cases, "reduce_scatter list", out, ins, rank, m, "SUM")
         for root in range(ws):
             with cases.case(op="broadcast", dtype=dtype, root=root):
                 x = gen(dtype, "data", (ws * m,), cases.seed(root))
@@ -87,7 +111,15 @@ def test_peer_read_denied_on_one_rank_stages_everywhere(ws, seed):
               env={"PYCOLL_CPU_PEER_READ": "on", "PYCOLL_DEBUG": "INFO"})
 
 
-def _auto_rank(rank, ws, seed, expected_64mib_plan):
+def _first_plan(start):
+    sys.stderr.flush()
+    with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
+        f.seek(start)
+        first = PLAN_LINE.search(f.read())
+    return first.group(2) if first else None
+
+
+def _auto_rank(rank, ws, seed, expected_large_plan):
     quiet()
     cases = Cases("peer read auto", rank, ws, seed)
     plans = []
@@ -99,19 +131,26 @@ def _auto_rank(rank, ws, seed, expected_64mib_plan):
             out = torch.empty(ws * m)
             dist.all_gather_into_tensor(out, xs[rank])
             cases.check("all_gather", out, torch.cat(xs))
-            sys.stderr.flush()
-            with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
-                f.seek(start)
-                first = PLAN_LINE.search(f.read())
-            plans.append(first.group(2) if first else None)
-    cases.expect(plans == ["pipelined", expected_64mib_plan], f"plans {plans}, expected 16 MiB pipelined, "
-                                                              f"64 MiB {expected_64mib_plan}")
+            plans.append(("all_gather", mib, _first_plan(start)))
+    for mib in (8, 16):  # reduce_scatter input
+        m = (mib << 20) // 4 // ws
+        ins = [gen(torch.float32, "SUM", (ws * m,), cases.seed(100 + r)) for r in range(ws)]
+        with cases.case(op="reduce_scatter", mib=mib):
+            start = os.path.getsize(os.environ["PYCOLL_TEST_LOG"])
+            out = torch.empty(m)
+            dist.reduce_scatter_tensor(out, ins[rank])
+            _check_reduce_scatter(cases, "reduce_scatter", out, ins, rank, m, "SUM")
+            plans.append(("reduce_scatter", mib, _first_plan(start)))
+    expected = [("all_gather", 16, "pipelined"), ("all_gather", 64, expected_large_plan),
+                ("reduce_scatter", 8, "pipelined"), ("reduce_scatter", 16, expected_large_plan)]
+    cases.expect(plans == expected, f"plans {plans}, expected {expected}")
     return cases.finish()
 
 
 @pytest.mark.parametrize("threads,expected", [(("4", "4"), "read in place"), (("4", "2"), "pipelined")])
-def test_peer_read_auto_only_for_large_all_gathers_with_threads_to_spare(threads, expected, seed):
-    """auto reads in place for an all_gather of 64 MiB or more when every rank has 4 threads."""
+def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, expected, seed):
+    """auto reads in place for an all_gather of 64 MiB or more and a reduce_scatter of 16 MiB or more
+    when every rank has 4 threads."""
     run_ranks(2, _auto_rank, seed, expected, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
               rank_env=[{"PYCOLL_CPU_THREADS": threads[0]}, {"PYCOLL_CPU_THREADS": threads[1]}])
 

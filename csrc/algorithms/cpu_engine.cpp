@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -74,6 +75,9 @@ constexpr int kBroadcastRootWritesMaxLanes = 2;
 // pinning at once cost more than the staging copy saves until the copies leave the cache.
 constexpr int kPeerReadMinThreads = 4;
 constexpr size_t kPeerReadMinAllGatherBytes = size_t(64) << 20;
+// A reduce_scatter saves more by reading in place than an all_gather (peer_read.h): from this size
+// (the whole input) it reads in place by default. Measured on the same host: docs/algorithms.md.
+constexpr size_t kPeerReadMinReduceScatterBytes = size_t(16) << 20;
 
 // Broadcast, all_gather and reduce_scatter run pipelined from this size (algorithms/pipelined.h);
 // below it the direct ops' single barrier is as fast (both measured within noise at 32-256 KiB
@@ -168,9 +172,11 @@ Pipeline CpuEngine::pipeline(Waiter& w, size_t bytes) {
 
 bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
   if (peer_read_mode_ == PeerRead::Off || peer_read_allowed_ == PeerReadAllowed::No) return false;
-  if (peer_read_mode_ == PeerRead::Auto &&
-      (op != OpCode::AllGather || bytes < kPeerReadMinAllGatherBytes || offered_threads() < kPeerReadMinThreads)) {
-    return false;
+  if (peer_read_mode_ == PeerRead::Auto) {
+    const size_t min_bytes = op == OpCode::AllGather       ? kPeerReadMinAllGatherBytes
+                             : op == OpCode::ReduceScatter ? kPeerReadMinReduceScatterBytes
+                                                           : SIZE_MAX;  // broadcast: staged is as fast or faster
+    if (bytes < min_bytes || offered_threads() < kPeerReadMinThreads) return false;
   }
   if (peer_read_allowed_ == PeerReadAllowed::Unknown) {
     int err = 0, failed = -1;
@@ -185,7 +191,7 @@ bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
                                           : str("rank ", v.worst_rank, " may not read its peers");
       std::fprintf(stderr,
                    "[pycoll %d/%d] cross-memory attach (process_vm_readv) is not allowed (%s): large CPU "
-                   "all_gather and broadcast stage through shared memory\n",
+                   "all_gather, reduce_scatter and broadcast stage through shared memory\n",
                    rank_, size_, why.c_str());
     }
   }
@@ -555,6 +561,7 @@ Algo CpuEngine::reduce_scatter(const char* in, char* out, int64_t m, DType t, Re
   Waiter w = waiter(OpCode::ReduceScatter);
   const ReduceSpec spec{t, op, size_};
   OpHeader h = header(OpCode::ReduceScatter, t, m, op, 0, a);
+  h.addr = reinterpret_cast<int64_t>(in);
   h.shared_in = shared.in;
   CpuContext c = begin(h, w);
   std::optional<SharedBuffers> mapped;
@@ -567,6 +574,11 @@ Algo CpuEngine::reduce_scatter(const char* in, char* out, int64_t m, DType t, Re
     Pipeline p = pipeline(w, bytes);
     last_data_path_ = "mapped in place";
     shared_reduce_scatter(p, spec, mapped->in, out, m);
+    finish(c);  // every rank's input stays valid until every peer has read it
+  } else if (pipelines(bytes) && reads_in_place(c, OpCode::ReduceScatter, bytes)) {
+    Pipeline p = pipeline(w, bytes);
+    last_data_path_ = "read in place";
+    peer_read_reduce_scatter(p, spec, header_addrs().data(), in, out, m);
     finish(c);  // every rank's input stays valid until every peer has read it
   } else if (pipelines(bytes)) {
     Pipeline p = pipeline(w, bytes);

@@ -3,7 +3,9 @@
 #include <sys/uio.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "algorithms/context.h"
 #include "common/check.h"
@@ -12,6 +14,11 @@
 namespace pycoll {
 
 namespace {
+
+// A reduce_scatter reads this much of each peer's block per call: small enough that the chunks
+// of every peer stay in the core's L2 while they are reduced, large enough that the call's own
+// cost (one syscall and a page-table walk) spreads over 32 pages.
+constexpr size_t kPeerReadChunkBytes = 128 << 10;
 
 // process_vm_readv returns fewer bytes than asked only when it stops at an error part way.
 ssize_t read_some(int64_t pid, void* local, const void* remote, size_t n) {
@@ -59,6 +66,36 @@ void peer_read_all_gather(Pipeline& p, const int64_t* addrs, DType t, const char
     for (int k = 1; k < n; ++k) {
       const int q = (me + k) % n;
       read_peer(p, q, reinterpret_cast<const char*>(addrs[q]) + b * E, out + (q * m + b) * E, len * E);
+    }
+  });
+}
+
+void peer_read_reduce_scatter(Pipeline& p, const ReduceSpec& spec, const int64_t* addrs, const char* in, char* out,
+                              int64_t m) {
+  const size_t E = dtype_size(spec.dtype);
+  const int n = p.t.size(), me = p.t.rank();
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kPeerReadChunkBytes / E));
+  run_lanes(p, [&](int lane) {
+    const int64_t lane_b = part_begin(m, p.lanes, lane), lane_e = part_end(m, p.lanes, lane);
+    if (lane_b == lane_e) return;
+    // Lanes run on the pool's long-lived threads: the buffer is allocated (and faulted in) once.
+    thread_local std::vector<char> peers_chunks;
+    const size_t want = static_cast<size_t>(n) * static_cast<size_t>(std::min(chunk, lane_e - lane_b)) * E;
+    if (peers_chunks.size() < want) peers_chunks.resize(want);
+    std::vector<Operand> srcs(n);
+    for (int64_t b = lane_b; b < lane_e; b += chunk) {
+      const int64_t len = std::min(chunk, lane_e - b);
+      const size_t at = static_cast<size_t>(me * m + b) * E;
+      for (int k = 1; k < n; ++k) {  // ring order from me, so that the ranks do not all read rank 0 first
+        const int q = (me + k) % n;
+        char* local = peers_chunks.data() + static_cast<size_t>(q) * static_cast<size_t>(len) * E;
+        read_peer(p, q, reinterpret_cast<const char*>(addrs[q]) + at, local, static_cast<size_t>(len) * E);
+      }
+      for (int r = 0; r < n; ++r) {
+        srcs[r] = {r == me ? in + at : peers_chunks.data() + static_cast<size_t>(r) * static_cast<size_t>(len) * E,
+                   false};
+      }
+      reduce_operands(spec, out + b * E, false, srcs.data(), n, len, true);
     }
   });
 }
