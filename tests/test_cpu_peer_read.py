@@ -132,7 +132,8 @@ def _auto_rank(rank, ws, seed, expected_large_plan):
             dist.all_gather_into_tensor(out, xs[rank])
             cases.check("all_gather", out, torch.cat(xs))
             plans.append(("all_gather", mib, _first_plan(start)))
-    for mib in (8, 16):  # reduce_scatter input
+    rs_small, rs_large = (32, 64) if ws == 2 else (8, 16)  # reduce_scatter input, below and at auto's size
+    for mib in (rs_small, rs_large):
         m = (mib << 20) // 4 // ws
         ins = [gen(torch.float32, "SUM", (ws * m,), cases.seed(100 + r)) for r in range(ws)]
         with cases.case(op="reduce_scatter", mib=mib):
@@ -142,17 +143,18 @@ def _auto_rank(rank, ws, seed, expected_large_plan):
             _check_reduce_scatter(cases, "reduce_scatter", out, ins, rank, m, "SUM")
             plans.append(("reduce_scatter", mib, _first_plan(start)))
     expected = [("all_gather", 16, "pipelined"), ("all_gather", 64, expected_large_plan),
-                ("reduce_scatter", 8, "pipelined"), ("reduce_scatter", 16, expected_large_plan)]
+                ("reduce_scatter", rs_small, "pipelined"), ("reduce_scatter", rs_large, expected_large_plan)]
     cases.expect(plans == expected, f"plans {plans}, expected {expected}")
     return cases.finish()
 
 
-@pytest.mark.parametrize("threads,expected", [(("4", "4"), "read in place"), (("4", "2"), "pipelined")])
+@pytest.mark.parametrize("threads,expected", [(("4", "4"), "read in place"), (("4", "2"), "pipelined"),
+                                              (("4", "4", "4", "4"), "read in place")])
 def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, expected, seed):
-    """auto reads in place for an all_gather of 64 MiB or more and a reduce_scatter of 16 MiB or more
-    when every rank has 4 threads."""
-    run_ranks(2, _auto_rank, seed, expected, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
-              rank_env=[{"PYCOLL_CPU_THREADS": threads[0]}, {"PYCOLL_CPU_THREADS": threads[1]}])
+    """auto reads in place, when every rank has 4 threads, for an all_gather of 64 MiB or more and a
+    reduce_scatter of 64 MiB or more (2 ranks) or 16 MiB or more (3+ ranks)."""
+    run_ranks(len(threads), _auto_rank, seed, expected, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
+              rank_env=[{"PYCOLL_CPU_THREADS": t} for t in threads])
 
 
 def _dies_rank(rank, ws):

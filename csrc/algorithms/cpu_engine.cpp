@@ -35,11 +35,12 @@ const IntSetting kP2PChannelBytes("PYCOLL_P2P_CHANNEL_BYTES", 4 << 20, 1 << 12, 
                                   /*bytes=*/true);
 
 const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cpu engine", true, Audience::User,
-                            "Large CPU all_gather and broadcast: read each peer's buffer in place with cross-memory "
-                            "attach (on) or stage it through shared memory (off); auto reads in place for an "
-                            "all_gather of 64 MiB or more when every rank has at least 4 threads "
-                            "(PYCOLL_CPU_THREADS). Where the OS forbids cross-memory attach, ops stage and the debug "
-                            "log says so once.");
+                            "Large CPU all_gather, reduce_scatter and broadcast: read each peer's buffer in place "
+                            "with cross-memory attach (on) or stage it through shared memory (off); auto reads in "
+                            "place, when every rank has at least 4 threads (PYCOLL_CPU_THREADS), for an all_gather "
+                            "of 64 MiB or more and a reduce_scatter of 64 MiB or more over 2 ranks, 16 MiB or more "
+                            "over 3 or more. Where the OS forbids cross-memory attach, ops stage and the debug log "
+                            "says so once.");
 const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
                                  "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
                                  "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
@@ -75,9 +76,11 @@ constexpr int kBroadcastRootWritesMaxLanes = 2;
 // pinning at once cost more than the staging copy saves until the copies leave the cache.
 constexpr int kPeerReadMinThreads = 4;
 constexpr size_t kPeerReadMinAllGatherBytes = size_t(64) << 20;
-// A reduce_scatter saves more by reading in place than an all_gather (peer_read.h): from this size
-// (the whole input) it reads in place by default. Measured on the same host: docs/algorithms.md.
-constexpr size_t kPeerReadMinReduceScatterBytes = size_t(16) << 20;
+// A reduce_scatter (sizes are its whole input) stages more than an all_gather: (n-1)/n of every
+// input. Read in place on the same host, three launches of each alternated (docs/algorithms.md,
+// "CPU engine"), median time over staged: 2 ranks 1.06 at 16 MiB, 1.02 at 32, 0.88 at 64 (1.3-2x
+// below 16); 4 ranks 0.70 at 16 MiB, 0.95 at 32, 0.90 at 64.
+size_t peer_read_min_reduce_scatter_bytes(int ranks) { return (ranks <= 2 ? size_t(64) : size_t(16)) << 20; }
 
 // Broadcast, all_gather and reduce_scatter run pipelined from this size (algorithms/pipelined.h);
 // below it the direct ops' single barrier is as fast (both measured within noise at 32-256 KiB
@@ -174,7 +177,7 @@ bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
   if (peer_read_mode_ == PeerRead::Off || peer_read_allowed_ == PeerReadAllowed::No) return false;
   if (peer_read_mode_ == PeerRead::Auto) {
     const size_t min_bytes = op == OpCode::AllGather       ? kPeerReadMinAllGatherBytes
-                             : op == OpCode::ReduceScatter ? kPeerReadMinReduceScatterBytes
+                             : op == OpCode::ReduceScatter ? peer_read_min_reduce_scatter_bytes(size_)
                                                            : SIZE_MAX;  // broadcast: staged is as fast or faster
     if (bytes < min_bytes || offered_threads() < kPeerReadMinThreads) return false;
   }
