@@ -119,7 +119,7 @@ def _first_plan(start):
     return first.group(2) if first else None
 
 
-def _auto_rank(rank, ws, seed, expected_large_plan):
+def _auto_rank(rank, ws, seed, large_all_gather, large_reduce_scatter):
     quiet()
     cases = Cases("peer read auto", rank, ws, seed)
     plans = []
@@ -142,18 +142,25 @@ def _auto_rank(rank, ws, seed, expected_large_plan):
             dist.reduce_scatter_tensor(out, ins[rank])
             _check_reduce_scatter(cases, "reduce_scatter", out, ins, rank, m, "SUM")
             plans.append(("reduce_scatter", mib, _first_plan(start)))
-    expected = [("all_gather", 16, "pipelined"), ("all_gather", 64, expected_large_plan),
-                ("reduce_scatter", rs_small, "pipelined"), ("reduce_scatter", rs_large, expected_large_plan)]
+    expected = [("all_gather", 16, "pipelined"), ("all_gather", 64, large_all_gather),
+                ("reduce_scatter", rs_small, "pipelined"), ("reduce_scatter", rs_large, large_reduce_scatter)]
     cases.expect(plans == expected, f"plans {plans}, expected {expected}")
     return cases.finish()
 
 
-@pytest.mark.parametrize("threads,expected", [(("4", "4"), "read in place"), (("4", "2"), "pipelined"),
-                                              (("4", "4", "4", "4"), "read in place")])
-def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, expected, seed):
-    """auto reads in place, when every rank has 4 threads, for an all_gather of 64 MiB or more and a
-    reduce_scatter of 64 MiB or more (2 ranks) or 16 MiB or more (3+ ranks)."""
-    run_ranks(len(threads), _auto_rank, seed, expected, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
+READ, STAGED = "read in place", "pipelined"
+
+
+@pytest.mark.parametrize("threads,all_gather,reduce_scatter", [
+    (("4", "4"), READ, STAGED),            # 2 ranks: a reduce_scatter needs 8 threads
+    (("8", "8"), READ, READ),
+    (("8", "2"), STAGED, STAGED),          # the fewest threads any rank offers decide
+    (("4", "4", "4", "4"), READ, READ),   # 3+ ranks: from 16 MiB with 4 threads
+])
+def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, all_gather, reduce_scatter, seed):
+    """auto reads in place an all_gather of 64 MiB or more when every rank has 4 threads, and a
+    reduce_scatter of 16 MiB or more over 3+ ranks with 4 threads, 64 MiB over 2 ranks with 8."""
+    run_ranks(len(threads), _auto_rank, seed, all_gather, reduce_scatter, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
               rank_env=[{"PYCOLL_CPU_THREADS": t} for t in threads])
 
 

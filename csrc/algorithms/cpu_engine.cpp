@@ -37,10 +37,10 @@ const IntSetting kP2PChannelBytes("PYCOLL_P2P_CHANNEL_BYTES", 4 << 20, 1 << 12, 
 const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cpu engine", true, Audience::User,
                             "Large CPU all_gather, reduce_scatter and broadcast: read each peer's buffer in place "
                             "with cross-memory attach (on) or stage it through shared memory (off); auto reads in "
-                            "place, when every rank has at least 4 threads (PYCOLL_CPU_THREADS), for an all_gather "
-                            "of 64 MiB or more and a reduce_scatter of 64 MiB or more over 2 ranks, 16 MiB or more "
-                            "over 3 or more. Where the OS forbids cross-memory attach, ops stage and the debug log "
-                            "says so once.");
+                            "place an all_gather of 64 MiB or more when every rank has at least 4 threads "
+                            "(PYCOLL_CPU_THREADS), and a reduce_scatter of 16 MiB or more over 3+ ranks with 4 "
+                            "threads each, or of 64 MiB or more over 2 ranks with 8 threads each. Where the OS "
+                            "forbids cross-memory attach, ops stage and the debug log says so once.");
 const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
                                  "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
                                  "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
@@ -70,17 +70,25 @@ constexpr size_t kSharedOneLaneBroadcastMaxBytes = size_t(64) << 20;
 // the host's CPUs there (docs/performance.md, "Writing into peers' buffers").
 constexpr int kBroadcastRootWritesMaxLanes = 2;
 
-// auto's rule, measured on a 32-CPU Xeon, 2 and 4 ranks (docs/algorithms.md, "CPU engine"): in
-// place, an all_gather of 64 MiB took 0.75-0.83x the staged time, but 1-16 MiB 1.05-3x, and a
-// broadcast 0.95-3x at every size: the kernel pins the peer's pages on every call, and many lanes
-// pinning at once cost more than the staging copy saves until the copies leave the cache.
-constexpr int kPeerReadMinThreads = 4;
-constexpr size_t kPeerReadMinAllGatherBytes = size_t(64) << 20;
-// A reduce_scatter (sizes are its whole input) stages more than an all_gather: (n-1)/n of every
-// input. Read in place on the same host, three launches of each alternated (docs/algorithms.md,
-// "CPU engine"), median time over staged: 2 ranks 1.06 at 16 MiB, 1.02 at 32, 0.88 at 64 (1.3-2x
-// below 16); 4 ranks 0.70 at 16 MiB, 0.95 at 32, 0.90 at 64.
-size_t peer_read_min_reduce_scatter_bytes(int ranks) { return (ranks <= 2 ? size_t(64) : size_t(16)) << 20; }
+// auto's rule (PYCOLL_CPU_PEER_READ), measured on Xeons of 16 and 32 CPUs (docs/algorithms.md, "CPU
+// engine"). The kernel pins the peer's pages on every call, and many lanes pinning at once cost
+// more than the staging copy saves until the copies leave the cache:
+// - all_gather: in place, 64 MiB took 0.75-0.83x the staged time on 32 CPUs, 1-16 MiB 1.05-3x;
+// - broadcast: 0.95-3x at every size, so never;
+// - reduce_scatter (sizes are its whole input) stages (n-1)/n of every input, more than an
+//   all_gather, and saves more. Median time in place over staged, launches alternated: 32 CPUs,
+//   4 ranks (7 threads each) 0.70 at 16 MiB, 0.95 at 32, 0.90 at 64; 3 ranks (10 threads) about
+//   0.75 at 16 and 32 MiB; 2 ranks (15 threads) 1.06 at 16 MiB, 0.88 at 64; but 16 CPUs, 2 ranks
+//   (7 threads) 1.15 at 64 MiB. Below 16 MiB it was slower everywhere (1.3-2x).
+bool auto_reads_in_place(OpCode op, size_t bytes, int ranks, int threads) {
+  constexpr size_t MiB = size_t(1) << 20;
+  switch (op) {
+    case OpCode::AllGather: return bytes >= 64 * MiB && threads >= 4;
+    case OpCode::ReduceScatter:
+      return ranks <= 2 ? bytes >= 64 * MiB && threads >= 8 : bytes >= 16 * MiB && threads >= 4;
+    default: return false;
+  }
+}
 
 // Broadcast, all_gather and reduce_scatter run pipelined from this size (algorithms/pipelined.h);
 // below it the direct ops' single barrier is as fast (both measured within noise at 32-256 KiB
@@ -175,12 +183,7 @@ Pipeline CpuEngine::pipeline(Waiter& w, size_t bytes) {
 
 bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
   if (peer_read_mode_ == PeerRead::Off || peer_read_allowed_ == PeerReadAllowed::No) return false;
-  if (peer_read_mode_ == PeerRead::Auto) {
-    const size_t min_bytes = op == OpCode::AllGather       ? kPeerReadMinAllGatherBytes
-                             : op == OpCode::ReduceScatter ? peer_read_min_reduce_scatter_bytes(size_)
-                                                           : SIZE_MAX;  // broadcast: staged is as fast or faster
-    if (bytes < min_bytes || offered_threads() < kPeerReadMinThreads) return false;
-  }
+  if (peer_read_mode_ == PeerRead::Auto && !auto_reads_in_place(op, bytes, size_, offered_threads())) return false;
   if (peer_read_allowed_ == PeerReadAllowed::Unknown) {
     int err = 0, failed = -1;
     for (int r = 0; r < size_ && failed < 0; ++r) {
