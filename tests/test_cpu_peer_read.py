@@ -152,14 +152,13 @@ READ, STAGED = "read in place", "pipelined"
 
 
 @pytest.mark.parametrize("threads,all_gather,reduce_scatter", [
-    (("4", "4"), READ, STAGED),            # 2 ranks: a reduce_scatter needs 8 threads
-    (("8", "8"), READ, READ),
-    (("8", "2"), STAGED, STAGED),          # the fewest threads any rank offers decide
-    (("4", "4", "4", "4"), READ, READ),   # 3+ ranks: from 16 MiB with 4 threads
+    (("4", "4"), READ, READ),              # 2 ranks: a reduce_scatter from 64 MiB
+    (("4", "2"), STAGED, STAGED),          # the fewest threads any rank offers decide
+    (("4", "4", "4", "4"), READ, READ),   # 3+ ranks: a reduce_scatter from 16 MiB
 ])
 def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, all_gather, reduce_scatter, seed):
-    """auto reads in place an all_gather of 64 MiB or more when every rank has 4 threads, and a
-    reduce_scatter of 16 MiB or more over 3+ ranks with 4 threads, 64 MiB over 2 ranks with 8."""
+    """auto reads in place, when every rank has 4 threads, an all_gather of 64 MiB or more and a
+    reduce_scatter of 64 MiB or more over 2 ranks, 16 MiB or more over 3+."""
     run_ranks(len(threads), _auto_rank, seed, all_gather, reduce_scatter, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
               rank_env=[{"PYCOLL_CPU_THREADS": t} for t in threads])
 

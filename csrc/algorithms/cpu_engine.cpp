@@ -37,10 +37,10 @@ const IntSetting kP2PChannelBytes("PYCOLL_P2P_CHANNEL_BYTES", 4 << 20, 1 << 12, 
 const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cpu engine", true, Audience::User,
                             "Large CPU all_gather, reduce_scatter and broadcast: read each peer's buffer in place "
                             "with cross-memory attach (on) or stage it through shared memory (off); auto reads in "
-                            "place an all_gather of 64 MiB or more when every rank has at least 4 threads "
-                            "(PYCOLL_CPU_THREADS), and a reduce_scatter of 16 MiB or more over 3+ ranks with 4 "
-                            "threads each, or of 64 MiB or more over 2 ranks with 8 threads each. Where the OS "
-                            "forbids cross-memory attach, ops stage and the debug log says so once.");
+                            "place, when every rank has at least 4 threads (PYCOLL_CPU_THREADS), an all_gather of "
+                            "64 MiB or more and a reduce_scatter of 64 MiB or more over 2 ranks, 16 MiB or more over "
+                            "3 or more. Where the OS forbids cross-memory attach, ops stage and the debug log says "
+                            "so once.");
 const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
                                  "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
                                  "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
@@ -78,14 +78,14 @@ constexpr int kBroadcastRootWritesMaxLanes = 2;
 // - reduce_scatter (sizes are its whole input) stages (n-1)/n of every input, more than an
 //   all_gather, and saves more. Median time in place over staged, launches alternated: 32 CPUs,
 //   4 ranks (7 threads each) 0.70 at 16 MiB, 0.95 at 32, 0.90 at 64; 3 ranks (10 threads) about
-//   0.75 at 16 and 32 MiB; 2 ranks (15 threads) 1.06 at 16 MiB, 0.88 at 64; but 16 CPUs, 2 ranks
-//   (7 threads) 1.15 at 64 MiB. Below 16 MiB it was slower everywhere (1.3-2x).
+//   0.75 at 16 and 32 MiB; 2 ranks (15 threads) 1.06 at 16 MiB, 1.02 at 32, 0.88 at 64; 16 CPUs,
+//   2 ranks (7 threads) 0.82 / 0.72 / 0.83 at 16 / 32 / 64 MiB on a quiet host, more in two
+//   launches on a busy one (1.15-1.45). Below 16 MiB it was slower everywhere (1.3-2x).
 bool auto_reads_in_place(OpCode op, size_t bytes, int ranks, int threads) {
   constexpr size_t MiB = size_t(1) << 20;
   switch (op) {
     case OpCode::AllGather: return bytes >= 64 * MiB && threads >= 4;
-    case OpCode::ReduceScatter:
-      return ranks <= 2 ? bytes >= 64 * MiB && threads >= 8 : bytes >= 16 * MiB && threads >= 4;
+    case OpCode::ReduceScatter: return bytes >= (ranks <= 2 ? 64 : 16) * MiB && threads >= 4;
     default: return false;
   }
 }
