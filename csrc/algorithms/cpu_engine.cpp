@@ -77,10 +77,10 @@ constexpr int kBroadcastRootWritesMaxLanes = 2;
 // - broadcast: 0.95-3x at every size, so never;
 // - reduce_scatter (sizes are its whole input) stages (n-1)/n of every input, more than an
 //   all_gather, and saves more. Median time in place over staged, launches alternated: 32 CPUs,
-//   4 ranks (7 threads each) 0.70 at 16 MiB, 0.95 at 32, 0.90 at 64; 3 ranks (10 threads) about
-//   0.75 at 16 and 32 MiB; 2 ranks (15 threads) 1.06 at 16 MiB, 1.02 at 32, 0.88 at 64; 16 CPUs,
+//   4 ranks (7 threads each) 0.70 at 16 MiB, 0.95 at 32, 0.90 at 64; 3 ranks (10 threads) 0.79 at
+//   16 MiB, 0.67 at 32; 2 ranks (15 threads) 1.06 at 16 MiB, 1.02 at 32, 0.88 at 64; 16 CPUs,
 //   2 ranks (7 threads) 0.82 / 0.72 / 0.83 at 16 / 32 / 64 MiB on a quiet host, more in two
-//   launches on a busy one (1.15-1.45). Below 16 MiB it was slower everywhere (1.3-2x).
+//   launches on a busy one (1.15-1.45). Below 16 MiB it was mostly slower (up to 2x).
 bool auto_reads_in_place(OpCode op, size_t bytes, int ranks, int threads) {
   constexpr size_t MiB = size_t(1) << 20;
   switch (op) {
