@@ -9,6 +9,7 @@ import datetime
 import os
 import re
 import sys
+import threading
 import time
 
 import pytest
@@ -123,8 +124,8 @@ def _auto_rank(rank, ws, seed, large_all_gather, large_reduce_scatter):
     quiet()
     cases = Cases("peer read auto", rank, ws, seed)
     plans = []
-    for mib in (16, 64):  # all_gather output
-        m = (mib << 20) // 4 // ws
+    for mib in (16, 64):  # all_gather output, at least that many bytes
+        m = -(-(mib << 20) // (4 * ws))
         xs = [gen(torch.float32, "data", (m,), cases.seed(r)) for r in range(ws)]
         with cases.case(op="all_gather", mib=mib):
             start = os.path.getsize(os.environ["PYCOLL_TEST_LOG"])
@@ -132,7 +133,8 @@ def _auto_rank(rank, ws, seed, large_all_gather, large_reduce_scatter):
             dist.all_gather_into_tensor(out, xs[rank])
             cases.check("all_gather", out, torch.cat(xs))
             plans.append(("all_gather", mib, _first_plan(start)))
-    rs_small, rs_large = (32, 64) if ws == 2 else (8, 16)  # reduce_scatter input, below and at auto's size
+    # reduce_scatter input, below and above auto's size (over 3 ranks 8 MiB rounds down to 7.99)
+    rs_small, rs_large = (32, 64) if ws == 2 else (4, 8)
     for mib in (rs_small, rs_large):
         m = (mib << 20) // 4 // ws
         ins = [gen(torch.float32, "SUM", (ws * m,), cases.seed(100 + r)) for r in range(ws)]
@@ -154,35 +156,48 @@ READ, STAGED = "read in place", "pipelined"
 @pytest.mark.parametrize("threads,all_gather,reduce_scatter", [
     (("4", "4"), READ, READ),              # 2 ranks: a reduce_scatter from 64 MiB
     (("4", "2"), STAGED, STAGED),          # the fewest threads any rank offers decide
-    (("4", "4", "4", "4"), READ, READ),   # 3+ ranks: a reduce_scatter from 16 MiB
+    (("4", "4", "4"), READ, READ),        # 3+ ranks: a reduce_scatter from 6 MiB
+    (("4", "4", "4", "4"), READ, READ),
 ])
 def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, all_gather, reduce_scatter, seed):
     """auto reads in place, when every rank has 4 threads, an all_gather of 64 MiB or more and a
-    reduce_scatter of 64 MiB or more over 2 ranks, 16 MiB or more over 3+."""
+    reduce_scatter of 64 MiB or more over 2 ranks, 6 MiB or more over 3+."""
     run_ranks(len(threads), _auto_rank, seed, all_gather, reduce_scatter, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
               rank_env=[{"PYCOLL_CPU_THREADS": t} for t in threads])
 
 
-def _dies_rank(rank, ws):
+def _dies_rank(rank, ws, op):
+    """The last rank exits while the others are inside (or about to start) ops that read it in place."""
     quiet()
-    x = torch.ones((4 << 20) // 4)
+    x = torch.ones((16 << 20) // 4)
     out = torch.empty(ws * x.numel())
-    dist.all_gather_into_tensor(out, x)
+
+    def run():
+        if op == "all_gather":
+            dist.all_gather_into_tensor(out, x)
+        else:
+            dist.reduce_scatter_tensor(x, out)
+
+    run()
     if rank == ws - 1:
-        os._exit(17)
+        # exit from another thread at a moment no op boundary decides, most often mid-op
+        threading.Timer(0.05, os._exit, args=(17,)).start()
+        while True:
+            run()
     t0 = time.monotonic()
     try:
-        for _ in range(3):
-            dist.all_gather_into_tensor(out, x)
+        while time.monotonic() - t0 < 30:
+            run()
     except RuntimeError as e:
         took = time.monotonic() - t0
         assert took < 20, f"raised only after {took:.1f}s: {e}"
         assert re.search(r"rank \d exited|timed out|process_vm_readv", str(e)), str(e)
         return took
-    raise AssertionError("an all_gather reading a dead peer did not raise")
+    raise AssertionError(f"a {op} reading a dead peer did not raise")
 
 
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
 @pytest.mark.parametrize("ws", [2, 3])
-def test_peer_dying_during_peer_read_raises(ws):
-    run_ranks(ws, _dies_rank, pg_timeout=datetime.timedelta(seconds=5), expect_exit={ws - 1: 17}, timeout=60,
+def test_peer_dying_during_peer_read_raises(ws, op):
+    run_ranks(ws, _dies_rank, op, pg_timeout=datetime.timedelta(seconds=5), expect_exit={ws - 1: 17}, timeout=60,
               env={"PYCOLL_CPU_PEER_READ": "on"})

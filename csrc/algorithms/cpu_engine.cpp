@@ -38,7 +38,7 @@ const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cp
                             "Large CPU all_gather, reduce_scatter and broadcast: read each peer's buffer in place "
                             "with cross-memory attach (on) or stage it through shared memory (off); auto reads in "
                             "place, when every rank has at least 4 threads (PYCOLL_CPU_THREADS), an all_gather of "
-                            "64 MiB or more and a reduce_scatter of 64 MiB or more over 2 ranks, 16 MiB or more over "
+                            "64 MiB or more and a reduce_scatter of 64 MiB or more over 2 ranks, 6 MiB or more over "
                             "3 or more. Where the OS forbids cross-memory attach, ops stage and the debug log says "
                             "so once.");
 const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
@@ -77,15 +77,16 @@ constexpr int kBroadcastRootWritesMaxLanes = 2;
 // - broadcast: 0.95-3x at every size, so never;
 // - reduce_scatter (sizes are its whole input) stages (n-1)/n of every input, more than an
 //   all_gather, and saves more. Median time in place over staged, launches alternated: 32 CPUs,
-//   4 ranks (7 threads each) 0.70 at 16 MiB, 0.95 at 32, 0.90 at 64; 3 ranks (10 threads) 0.79 at
-//   16 MiB, 0.67 at 32; 2 ranks (15 threads) 1.06 at 16 MiB, 1.02 at 32, 0.88 at 64; 16 CPUs,
-//   2 ranks (7 threads) 0.82 / 0.72 / 0.83 at 16 / 32 / 64 MiB on a quiet host, more in two
-//   launches on a busy one (1.15-1.45). Below 16 MiB it was mostly slower (up to 2x).
+//   4 ranks (7 threads each) 1.26 at 4 MiB, 0.84 at 8, 0.70 at 16, 0.95 at 32, 0.90 at 64;
+//   3 ranks (10 threads) 1.97 at 4 MiB, 0.91 at 8, 0.79 at 16, 0.67 at 32 (sizes a multiple of 3
+//   elements, just under these; 6 MiB sits between); 2 ranks (15 threads) 1.33 at 8 MiB, 1.06 at
+//   16, 1.02 at 32, 0.88 at 64; 16 CPUs, 2 ranks (7 threads) 0.82 / 0.72 / 0.83 at 16 / 32 /
+//   64 MiB on a quiet host, more in two launches on a busy one (1.15-1.45).
 bool auto_reads_in_place(OpCode op, size_t bytes, int ranks, int threads) {
   constexpr size_t MiB = size_t(1) << 20;
   switch (op) {
     case OpCode::AllGather: return bytes >= 64 * MiB && threads >= 4;
-    case OpCode::ReduceScatter: return bytes >= (ranks <= 2 ? 64 : 16) * MiB && threads >= 4;
+    case OpCode::ReduceScatter: return bytes >= (ranks <= 2 ? 64 : 6) * MiB && threads >= 4;
     default: return false;
   }
 }

@@ -89,7 +89,7 @@ class CpuEngine {
   Pipeline pipeline(Waiter& w, size_t bytes);
   // The fewest threads any rank offered the op begun last.
   int offered_threads() const;
-  // Whether the all_gather or broadcast of `bytes` begun last (every rank's buffer in
+  // Whether the all_gather, reduce_scatter or broadcast of `bytes` begun last (every rank's buffer in
   // OpHeader::addr) reads its peers' buffers in place (PYCOLL_CPU_PEER_READ). The first time the
   // rule says yes, every rank probes whether it may, and all agree (one extra barrier, once per group).
   bool reads_in_place(CpuContext& c, OpCode op, size_t bytes);

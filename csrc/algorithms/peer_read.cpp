@@ -2,8 +2,8 @@
 
 #include <sys/uio.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
@@ -16,7 +16,7 @@ namespace pycoll {
 namespace {
 
 // A reduce_scatter reads this much of each peer's block per call: small enough that the chunks
-// of every peer stay in the core's L2 while they are reduced, large enough that the call's own
+// of a few peers stay in the core's L2 while they are reduced (n x 128 KiB per lane), large enough that the call's own
 // cost (one syscall and a page-table walk) spreads over 32 pages.
 constexpr size_t kPeerReadChunkBytes = 128 << 10;
 

@@ -6,10 +6,11 @@
 // is what the memory floor of pycoll-bench assumes, and staging cannot reach it: the least staged
 // all_gather costs 1.5x the floor (benchmarks/cpu_peer_pull.c). The kernel pins the peer's pages
 // on every call: measured, that costs more than the copy it saves except for large all_gathers on
-// ranks with many threads, so the engine reads in place only there by default (cpu_engine.cpp,
-// PYCOLL_CPU_PEER_READ). A reduce_scatter gains more: staged, the peers' blocks are copied into
-// my slots and out again (2.5x the floor's traffic with 2 ranks); read in place, each arrives
-// once, into a small cached buffer, and is reduced from there.
+// ranks with many threads, so the engine reads in place only there by default (auto_reads_in_place
+// in cpu_engine.cpp, PYCOLL_CPU_PEER_READ). A reduce_scatter gains more: staged, the peers' blocks
+// are copied into my slots and out again (with 2 ranks 2.5 B of traffic for an input of B, against
+// the floor's 1.5 B); read in place, each arrives once, into a small cached buffer, and is reduced
+// from there. So large reduce_scatters read in place by default too.
 //
 // Every rank publishes its buffer's address in its op header (OpHeader::addr) and its process id
 // in its control block. A rank's buffer must stay valid until every peer has read it: the
