@@ -112,6 +112,15 @@ def test_peer_read_denied_on_one_rank_stages_everywhere(ws, seed):
               env={"PYCOLL_CPU_PEER_READ": "on", "PYCOLL_DEBUG": "INFO"})
 
 
+@pytest.mark.parametrize("modes,expected", [(("on", "off"), "pipelined"), (("on", "on", "auto"), "pipelined"),
+                                            (("off", "on", "on"), "pipelined")])
+def test_peer_read_modes_that_differ_between_ranks_use_the_least(modes, expected, seed):
+    """PYCOLL_CPU_PEER_READ set differently per rank: every rank takes the least (off < auto < on),
+    so none waits for a peer that stages while it reads in place; no size here reaches auto's rule."""
+    run_ranks(len(modes), _ops_rank, seed, None, expected, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
+              rank_env=[{"PYCOLL_CPU_PEER_READ": m} for m in modes])
+
+
 def _first_plan(start):
     sys.stderr.flush()
     with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:

@@ -34,13 +34,13 @@ const IntSetting kP2PChannelBytes("PYCOLL_P2P_CHANNEL_BYTES", 4 << 20, 1 << 12, 
                                   "Shared memory per peer for the CPU engine's send/recv channel.", nullptr,
                                   /*bytes=*/true);
 
-const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cpu engine", true, Audience::User,
+const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cpu engine", false, Audience::User,
                             "Large CPU all_gather, reduce_scatter and broadcast: read each peer's buffer in place "
                             "with cross-memory attach (on) or stage it through shared memory (off); auto reads in "
                             "place, when every rank has at least 4 threads (PYCOLL_CPU_THREADS), an all_gather of "
                             "64 MiB or more and a reduce_scatter of 64 MiB or more over 2 ranks, 6 MiB or more over "
-                            "3 or more. Where the OS forbids cross-memory attach, ops stage and the debug log says "
-                            "so once.");
+                            "3 or more. Ranks that differ use the least (off, then auto, then on). Where the OS "
+                            "forbids cross-memory attach, ops stage and the debug log says so once.");
 const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
                                  "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
                                  "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
@@ -183,8 +183,12 @@ Pipeline CpuEngine::pipeline(Waiter& w, size_t bytes) {
 }
 
 bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
-  if (peer_read_mode_ == PeerRead::Off || peer_read_allowed_ == PeerReadAllowed::No) return false;
-  if (peer_read_mode_ == PeerRead::Auto && !auto_reads_in_place(op, bytes, size_, offered_threads())) return false;
+  // Every rank decides from the same headers: the least mode any rank set, so none waits for a probe
+  // or a peer's reads that another skips.
+  PeerRead mode = peer_read_mode_;
+  for (int r = 0; r < size_; ++r) mode = std::min(mode, static_cast<PeerRead>(header_of(r).peer_read));
+  if (mode == PeerRead::Off || peer_read_allowed_ == PeerReadAllowed::No) return false;
+  if (mode == PeerRead::Auto && !auto_reads_in_place(op, bytes, size_, offered_threads())) return false;
   if (peer_read_allowed_ == PeerReadAllowed::Unknown) {
     int err = 0, failed = -1;
     for (int r = 0; r < size_ && failed < 0; ++r) {
@@ -395,6 +399,7 @@ CpuContext CpuEngine::begin(OpHeader h, Waiter& w, const char* eager, size_t eag
   h.seq = ++seq_;
   h.lanes = threads_;
   h.reads_shared = shared_tensors_on_ ? 1 : 0;
+  h.peer_read = static_cast<int64_t>(peer_read_mode_);
   last_lanes_ = 0;
   last_data_path_ = "pipelined";
   ControlBlock& mine = transport_->control(rank_);

@@ -165,7 +165,7 @@ class CpuEngine {
     bool writable;  // mapped for writing
   };
   std::vector<AgreedFile> agreed_files_;
-  enum class PeerRead { Off, Auto, On };
+  enum class PeerRead { Off, Auto, On };  // ordered: ranks that differ use the least (OpHeader::peer_read)
   static PeerRead parse_peer_read();  // PYCOLL_CPU_PEER_READ
   static bool parse_shared_tensors();  // PYCOLL_CPU_SHARED_TENSORS
   PeerRead peer_read_mode_;

@@ -51,6 +51,7 @@ struct OpHeader {
   int64_t lanes;  // threads this rank offers a pipelined op; the op uses the fewest any rank offers
   int64_t addr;   // where this rank's buffer is in its own process, for peers that read it in place
   int64_t reads_shared;         // 1: this rank may read peers' shared files (PYCOLL_CPU_SHARED_TENSORS on)
+  int64_t peer_read;            // this rank's PYCOLL_CPU_PEER_READ: 0 off, 1 auto, 2 on; the op uses the least
   SharedStorageRef shared_in;   // the input (broadcast: the buffer), if it lives in a shared file
   SharedStorageRef shared_out;  // all_reduce: the output, if it lives in a shared file
   int64_t split_bytes[kMaxRanks];  // all_to_all: bytes this rank sends to each peer
