@@ -15,9 +15,9 @@ namespace pycoll {
 
 namespace {
 
-// A reduce_scatter reads this much of each peer's block per call: small enough that the chunks
-// of a few peers stay in the core's L2 while they are reduced (n x 128 KiB per lane), large enough that the call's own
-// cost (one syscall and a page-table walk) spreads over 32 pages.
+// A reduce_scatter reads this much of each peer's block per call: small enough that the chunks of
+// a few peers stay in the core's L2 while they are reduced (n x 128 KiB per lane), large enough
+// that the call's own cost (one syscall and a page-table walk) spreads over 32 pages.
 constexpr size_t kPeerReadChunkBytes = 128 << 10;
 
 // process_vm_readv returns fewer bytes than asked only when it stops at an error part way.
@@ -84,18 +84,15 @@ void peer_read_reduce_scatter(Pipeline& p, const ReduceSpec& spec, const int64_t
     if (peers_chunks.size() < want) peers_chunks.resize(want);
     std::vector<Operand> srcs(n);
     for (int64_t b = lane_b; b < lane_e; b += chunk) {
-      const int64_t len = std::min(chunk, lane_e - b);
+      const size_t bytes = static_cast<size_t>(std::min(chunk, lane_e - b)) * E;
       const size_t at = static_cast<size_t>(me * m + b) * E;
+      auto chunk_of = [&](int r) { return peers_chunks.data() + static_cast<size_t>(r) * bytes; };
       for (int k = 1; k < n; ++k) {  // ring order from me, so that the ranks do not all read rank 0 first
         const int q = (me + k) % n;
-        char* local = peers_chunks.data() + static_cast<size_t>(q) * static_cast<size_t>(len) * E;
-        read_peer(p, q, reinterpret_cast<const char*>(addrs[q]) + at, local, static_cast<size_t>(len) * E);
+        read_peer(p, q, reinterpret_cast<const char*>(addrs[q]) + at, chunk_of(q), bytes);
       }
-      for (int r = 0; r < n; ++r) {
-        srcs[r] = {r == me ? in + at : peers_chunks.data() + static_cast<size_t>(r) * static_cast<size_t>(len) * E,
-                   false};
-      }
-      reduce_operands(spec, out + b * E, false, srcs.data(), n, len, true);
+      for (int r = 0; r < n; ++r) srcs[r] = {r == me ? in + at : chunk_of(r), false};
+      reduce_operands(spec, out + b * E, false, srcs.data(), n, static_cast<int64_t>(bytes / E), true);
     }
   });
 }
