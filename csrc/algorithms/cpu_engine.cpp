@@ -369,7 +369,7 @@ void CpuEngine::ensure_transport() {
   std::lock_guard<std::mutex> g(transport_mu_);
   if (transport_) return;
   transport_ = std::make_unique<ShmTransport>(rv_, rank_, size_, shm_data_bytes(), p2p_channel_bytes(), timeout_);
-  p2p_ = std::make_unique<PointToPoint>(*transport_, timeout_, &abort_);
+  p2p_ = std::make_unique<PointToPoint>(*transport_, timeout_, &abort_, shared_tensors_on_);
 }
 
 PointToPoint& CpuEngine::p2p() {

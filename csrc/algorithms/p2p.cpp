@@ -1,21 +1,16 @@
 #include "algorithms/p2p.h"
 
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
 #include "algorithms/sync.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "common/owned_thread.h"
 #include "common/test_hooks.h"
 
 namespace pycoll {
-
-namespace {
-struct MessageHeader {
-  int64_t tag;
-  int64_t bytes;
-};
-}  // namespace
 
 struct PointToPoint::AnySource {
   int64_t tag;
@@ -28,8 +23,9 @@ struct PointToPoint::AnySource {
   bool claim() { return !claimed.exchange(true); }
 };
 
-PointToPoint::PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort)
-    : t_(t), timeout_(timeout), abort_(abort) {
+PointToPoint::PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort,
+                           bool shared_tensors)
+    : t_(t), timeout_(timeout), abort_(abort), shared_tensors_(shared_tensors) {
   send_lanes_.resize(t.size());
   recv_lanes_.resize(t.size());
 }
@@ -80,8 +76,9 @@ void PointToPoint::post(Lanes& lanes, int peer, Request req, bool send) {
   lane->cv.notify_one();
 }
 
-void PointToPoint::post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done) {
-  post(send_lanes_, dst, Request{tag, const_cast<char*>(data), bytes, std::move(done), nullptr}, true);
+void PointToPoint::post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done,
+                             SharedStorageRef shared) {
+  post(send_lanes_, dst, Request{tag, const_cast<char*>(data), bytes, std::move(done), nullptr, shared}, true);
 }
 
 void PointToPoint::post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done) {
@@ -151,24 +148,91 @@ void PointToPoint::serve_any(int src, Lane& lane, const std::shared_ptr<AnySourc
       continue;
     }
     // A message has started: read it whole (the sender is writing it).
-    MessageHeader h{};
-    read_stream(src, reinterpret_cast<char*>(&h), sizeof(h));
+    const MessageHeader h = read_header(src);
     if (h.tag == any->tag && any->claim()) {
       std::exception_ptr err;
       if (h.bytes != any->bytes) {
         std::vector<char> sink(static_cast<size_t>(h.bytes));  // keep the stream in step
-        read_stream(src, sink.data(), h.bytes);
+        receive_body(src, lane, h, sink.data());
         err = size_error(h.bytes);
       } else {
-        read_stream(src, any->data, h.bytes);
+        receive_body(src, lane, h, any->data);
       }
       any->done(src, err);
       return;
     }
     std::vector<char> msg(static_cast<size_t>(h.bytes));
-    read_stream(src, msg.data(), h.bytes);
+    receive_body(src, lane, h, msg.data());
     lane.early[h.tag].push_back(std::move(msg));
   }
+}
+
+void PointToPoint::send_message(int dst, Lane& lane, const Request& req) {
+  const int me = t_.rank();
+  const bool by_reference = !lane.streams_only && req.shared.valid() && may_send_by_reference(req.bytes);
+  const MessageHeader h{req.tag, req.bytes, by_reference ? 1 : 0, 0};
+  write_stream(dst, reinterpret_cast<const char*>(&h), sizeof(h));
+  if (by_reference) {
+    write_stream(dst, reinterpret_cast<const char*>(&req.shared), sizeof(req.shared));
+    const uint64_t k = lane.by_reference++;
+    auto& taken = t_.control(dst).p2p_taken[me].value;
+    Waiter w(t_, timeout_, abort_, str("pycoll::send to rank ", dst));
+    w.until_ge(dst, taken, 2 * k + 1, "receiver copying the message out of this rank's shared memory");
+    if (taken.load(std::memory_order_acquire) == 2 * k + 1) return;
+    lane.streams_only = true;
+    if (debug_info_enabled()) {
+      std::fprintf(stderr,
+                   "[pycoll %d/%d] rank %d cannot map this rank's shared-memory tensors: sends to it go through "
+                   "the channel\n",
+                   me, t_.size(), dst);
+    }
+  }
+  write_stream(dst, req.data, req.bytes);
+}
+
+PointToPoint::MessageHeader PointToPoint::read_header(int src) {
+  MessageHeader h{};
+  read_stream(src, reinterpret_cast<char*>(&h), sizeof(h));
+  return h;
+}
+
+void PointToPoint::receive_body(int src, Lane& lane, const MessageHeader& h, char* p) {
+  if (!h.by_reference) {
+    read_stream(src, p, h.bytes);
+    return;
+  }
+  SharedStorageRef ref;
+  read_stream(src, reinterpret_cast<char*>(&ref), sizeof(ref));
+  const uint64_t k = lane.by_reference++;
+  auto& taken = t_.control(t_.rank()).p2p_taken[src].value;
+  if (copy_by_reference(src, lane, ref, p, h.bytes)) {
+    taken.store(2 * k + 1, std::memory_order_release);  // the copy is done: the sender may reuse its buffer
+    return;
+  }
+  taken.store(2 * k + 2, std::memory_order_release);
+  read_stream(src, p, h.bytes);
+}
+
+bool PointToPoint::copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes) {
+  if (!shared_tensors_) return false;
+  if (ref.offset < 0 || bytes < 0 || ref.offset + bytes > ref.file_bytes) return false;
+  lane.maps.begin_op();
+  int err = 0;
+  bool evicted = false;
+  const char* peer = lane.maps.map(src, t_.control(src).pid, ref, /*writable=*/false, &err, &evicted);
+  if (peer == nullptr) {
+    // The sender streams from now on, so this shows once per peer.
+    if (debug_info_enabled()) {
+      std::fprintf(stderr,
+                   "[pycoll %d/%d] rank %d's shared-memory tensor cannot be mapped (%s): point-to-point messages "
+                   "from it go through the channel\n",
+                   t_.rank(), t_.size(), src, std::strerror(err));
+    }
+    return false;
+  }
+  std::memcpy(p, peer, static_cast<size_t>(bytes));
+  test_hooks::count_p2p_by_reference();
+  return true;
 }
 
 void PointToPoint::write_stream(int dst, const char* p, int64_t n) {
@@ -234,9 +298,7 @@ void PointToPoint::send_loop(int dst, Lane& lane) {
     std::exception_ptr err = lane.broken;
     if (!err) {
       try {
-        MessageHeader h{req.tag, req.bytes};
-        write_stream(dst, reinterpret_cast<const char*>(&h), sizeof(h));
-        write_stream(dst, req.data, req.bytes);
+        send_message(dst, lane, req);
       } catch (...) {
         err = std::current_exception();
         lane.broken = err;  // the stream is out of step: later sends fail fast
@@ -283,20 +345,19 @@ void PointToPoint::recv_loop(int src, Lane& lane) {
           }
         } else {
           for (;;) {
-            MessageHeader h{};
-            read_stream(src, reinterpret_cast<char*>(&h), sizeof(h));
+            const MessageHeader h = read_header(src);
             if (h.tag == req.tag) {
               if (h.bytes != req.bytes) {
                 std::vector<char> sink(static_cast<size_t>(h.bytes));  // keep the stream in step
-                read_stream(src, sink.data(), h.bytes);
+                receive_body(src, lane, h, sink.data());
                 err = size_error(h.bytes);
               } else {
-                read_stream(src, req.data, h.bytes);
+                receive_body(src, lane, h, req.data);
               }
               break;
             }
             std::vector<char> msg(static_cast<size_t>(h.bytes));
-            read_stream(src, msg.data(), h.bytes);
+            receive_body(src, lane, h, msg.data());
             lane.early[h.tag].push_back(std::move(msg));
           }
         }

@@ -16,6 +16,17 @@
 // others buffer what they read meanwhile, as for any unexpected message). Matching stays in
 // posting order per source: requests posted on a lane after it wait behind it.
 //
+// By reference: a message larger than the channel whose bytes live in a shared-memory file (a
+// tensor after share_memory_(), or made by the shared CPU allocator) travels as its header and the
+// file's name (SharedStorageRef) instead. The receiver maps the file (PeerFileMaps, cached per
+// source) and copies the message straight into its buffer: one copy where the channel makes two.
+// It then replies in its p2p_taken counter, and only then does the send complete, so the sender's
+// buffer stays untouched while it is read. A receiver that cannot map the file (not allowed,
+// PYCOLL_CPU_SHARED_TENSORS=off there, another PID namespace) replies "send the bytes" and the
+// payload follows through the channel as usual; the sender then streams every later message to
+// that peer. Only messages that cannot fit in the channel go by reference: their send waits for
+// the receiver either way, so no program that progressed before can block now.
+//
 // A lane thread may destroy this object itself (its finished request held the
 // last reference to the group): lanes are shared with their threads, and the
 // destructor detaches the calling thread instead of joining it.
@@ -34,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/shared_storage.h"
 #include "transport/transport.h"
 
 namespace pycoll {
@@ -41,14 +53,22 @@ namespace pycoll {
 class PointToPoint {
  public:
   using Done = std::function<void(std::exception_ptr)>;
-  PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort);
+  // `shared_tensors`: this rank's PYCOLL_CPU_SHARED_TENSORS; on, it sends by reference and maps
+  // what its peers send so.
+  PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort, bool shared_tensors);
   ~PointToPoint();
   PointToPoint(const PointToPoint&) = delete;
   PointToPoint& operator=(const PointToPoint&) = delete;
 
-  // `data` must stay valid until `done` runs (on a p2p thread).
-  void post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done);
+  // `data` must stay valid until `done` runs (on a p2p thread). `shared`: the shared file that
+  // holds `data`, if any (engines/shared_storage_ref.h): large messages then go by reference.
+  void post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done, SharedStorageRef shared = {});
   void post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done);
+  // Whether a message of `bytes` goes by reference when its bytes live in a shared file: the
+  // sender looks the file up only then.
+  bool may_send_by_reference(int64_t bytes) const {
+    return shared_tensors_ && static_cast<uint64_t>(bytes) > t_.channel_bytes();
+  }
   // A receive from whichever peer first sends a message with `tag`; `done` gets that peer.
   using DoneFrom = std::function<void(int src, std::exception_ptr)>;
   void post_recv_any(int64_t tag, char* data, int64_t bytes, DoneFrom done);
@@ -61,6 +81,7 @@ class PointToPoint {
     int64_t bytes;
     Done done;
     std::shared_ptr<AnySource> any;  // set for a receive from any source (then `done` is unused)
+    SharedStorageRef shared;         // a send's: where `data` lives, if in a shared file
   };
   struct Lane {  // one peer, one direction
     std::mutex mu;
@@ -70,6 +91,9 @@ class PointToPoint {
     bool stop = false;
     std::exception_ptr broken;                              // first stream error
     std::map<int64_t, std::deque<std::vector<char>>> early;  // receive lanes: messages nobody asked for yet
+    uint64_t by_reference = 0;       // messages by reference sent (send lane) or read (receive lane)
+    bool streams_only = false;       // send lane: the peer could not map a file once, send bytes from now on
+    PeerFileMaps maps;               // receive lane: the peer's files mapped here
   };
   using Lanes = std::vector<std::shared_ptr<Lane>>;
   void post(Lanes& lanes, int peer, Request req, bool send);
@@ -79,12 +103,27 @@ class PointToPoint {
   void recv_loop(int src, Lane& lane);
   // This lane's part of a receive from any source: returns once the receive is claimed.
   void serve_any(int src, Lane& lane, const std::shared_ptr<AnySource>& any);
+  // Sends one message whole: by reference where it may (file comment), else through the channel.
+  void send_message(int dst, Lane& lane, const Request& req);
+  struct MessageHeader {
+    int64_t tag;
+    int64_t bytes;
+    int64_t by_reference;  // 1: a SharedStorageRef follows instead of the bytes
+    int64_t pad;
+  };
+  // Reads the next message's header, then (receive_body) its bytes into p, which holds h.bytes.
+  MessageHeader read_header(int src);
+  void receive_body(int src, Lane& lane, const MessageHeader& h, char* p);
+  // Copies a message sent by reference into p from the peer's mapped file; false (nothing copied)
+  // if the file cannot be mapped here.
+  bool copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes);
   void write_stream(int dst, const char* p, int64_t n);
   void read_stream(int src, char* p, int64_t n);
 
   Transport& t_;
   std::chrono::milliseconds timeout_;
   const std::atomic<bool>* abort_;
+  const bool shared_tensors_;
   std::mutex lanes_mu_;
   Lanes send_lanes_;
   Lanes recv_lanes_;

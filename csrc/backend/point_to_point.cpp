@@ -12,6 +12,7 @@
 #include "backend/op_stats.h"
 #include "backend/tensor_args.h"
 #include "common/check.h"
+#include "engines/shared_storage_ref.h"
 
 namespace pycoll {
 
@@ -157,10 +158,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
     record_op("send", bytes, Algo::Direct, OpTimer(), -1, size_);
     // The caller must not modify t before wait(), as with every backend; buf lives until then.
     auto held = std::make_shared<HeldRequest>(work, buf, t);
-    cpu_->p2p().post_send(peer, tag, data, bytes, [held](std::exception_ptr err) {
-      const auto& work = held->work;
-      work->mark_done_and_settle(err);
-    });
+    PointToPoint& p2p = cpu_->p2p();
+    const SharedStorageRef shared = p2p.may_send_by_reference(bytes) ? shared_storage_of(buf) : SharedStorageRef{};
+    p2p.post_send(
+        peer, tag, data, bytes,
+        [held](std::exception_ptr err) {
+          const auto& work = held->work;
+          work->mark_done_and_settle(err);
+        },
+        shared);
   } else {
     auto held = std::make_shared<HeldRequest>(work, buf, t);
     cpu_->p2p().post_recv(peer, tag, data, bytes, [held, stream](std::exception_ptr err) {

@@ -235,6 +235,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Tests only: the wait for one Store key per rank (common/store_wait.h).");
   m.def("_test_shared_votes", &pycoll::test_hooks::shared_votes,
         "Tests only: how many times this process voted on mapping peers' shared files (common/test_hooks.h).");
+  m.def("_test_p2p_by_reference", &pycoll::test_hooks::p2p_by_reference,
+        "Tests only: how many point-to-point messages this process received by reference (common/test_hooks.h).");
   register_compression(m);
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);

@@ -31,4 +31,9 @@ void set_deny_shared_open(bool deny);
 void count_shared_vote();
 int64_t shared_votes();
 
+// How many point-to-point messages this process received by reference, copied straight out of the
+// sender's shared file (algorithms/p2p.h): tests read it.
+void count_p2p_by_reference();
+int64_t p2p_by_reference();
+
 }  // namespace pycoll::test_hooks

@@ -1,0 +1,239 @@
+"""Point-to-point by reference: a CPU send larger than the channel whose tensor lives in a shared
+file (share_memory_(), or the shared CPU allocator) reaches the receiver as the file's name, and the
+receiver copies it straight out of the sender's file (csrc/algorithms/p2p.h).
+
+Every case checks the received bytes against the sent ones, that the sent tensor is unchanged, and
+how many messages came by reference (a count the receiver keeps, `_C._test_p2p_by_reference`): all
+the large shared ones, none of the private, small or refused ones. The channel is set to 64 KiB
+so that messages of a few hundred KiB are "larger than the channel".
+"""
+import datetime
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cpu_collectives_util import Cases
+from ranks import quiet, run_ranks
+from reference import DTYPES, filler, gen
+
+pytestmark = pytest.mark.pycoll_only
+
+CHANNEL = 64 << 10
+ENV = {"PYCOLL_P2P_CHANNEL_BYTES": str(CHANNEL), "PYCOLL_DEBUG": "INFO"}
+SENDER_REFUSED = "cannot map this rank's shared-memory tensors"
+RECEIVER_REFUSED = "point-to-point messages from it go through the channel"
+
+
+def _elems(dtype, nbytes):
+    return nbytes // torch.empty((), dtype=dtype).element_size()
+
+
+def _by_reference():
+    from pycollectives import _C
+
+    return _C._test_p2p_by_reference()
+
+
+def _log():
+    sys.stderr.flush()
+    with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
+        return f.read()
+
+
+def _ring_rank(rank, ws, seed):
+    """Every rank sends to the next round a ring and receives from the previous: every dtype, the
+    receiver's tensor private, shared or strided; sizes just above the channel and odd ones."""
+    quiet()
+    cases = Cases("p2p by reference, ring", rank, ws, seed)
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    for dtype in DTYPES:
+        for nbytes in (CHANNEL + 8, 5 * CHANNEL + 24):
+            n = _elems(dtype, nbytes) + 3
+            for into in ("private", "shared", "strided"):
+                with cases.case(dtype=dtype, n=n, into=into):
+                    mine = gen(dtype, "data", (n,), cases.keyed_seed(rank))
+                    theirs = gen(dtype, "data", (n,), cases.keyed_seed(prv))
+                    src = mine.clone().share_memory_()
+                    if into == "strided":
+                        base = filler(dtype, (2 * n,))
+                        dst = base[::2]
+                    else:
+                        dst = filler(dtype, (n,))
+                        if into == "shared":
+                            dst.share_memory_()
+                    before = _by_reference()
+                    w = dist.isend(src, dst=nxt, tag=5)
+                    dist.recv(dst, src=prv, tag=5)
+                    w.wait()
+                    cases.check("received", dst, theirs)
+                    cases.check("sent tensor unchanged", src, mine)
+                    if into == "strided":
+                        cases.check("between the strided elements", base[1::2], filler(dtype, (2 * n,))[1::2])
+                    got = _by_reference() - before
+                    cases.expect(got == 1, f"{got} messages by reference, expected 1")
+    # The send completes only once the receiver has copied: writing the tensor after wait() does
+    # not reach the receiver.
+    with cases.case(kind="sender writes after wait"):
+        n = _elems(torch.float32, 3 * CHANNEL)
+        mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
+        theirs = gen(torch.float32, "data", (n,), cases.keyed_seed(prv))
+        src = mine.clone().share_memory_()
+        got = filler(torch.float32, (n,))
+        r = dist.irecv(got, src=prv, tag=6)
+        dist.send(src, dst=nxt, tag=6)
+        src.fill_(-1.0)
+        r.wait()
+        dist.barrier()
+        cases.check("received the bytes as they were at the send", got, theirs)
+    # Private, small (fits the channel) and empty shared messages stream as before.
+    for kind, n, share in (("private", _elems(torch.float32, 3 * CHANNEL), False),
+                           ("small", _elems(torch.float32, CHANNEL // 2), True), ("empty", 0, True)):
+        with cases.case(kind=kind):
+            mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
+            src = mine.clone().share_memory_() if share else mine.clone()
+            got = filler(torch.float32, (n,))
+            before = _by_reference()
+            w = dist.isend(src, dst=nxt, tag=7)
+            dist.recv(got, src=prv, tag=7)
+            w.wait()
+            cases.check("received", got, gen(torch.float32, "data", (n,), cases.keyed_seed(prv)))
+            cases.expect(_by_reference() == before, f"a {kind} message came by reference")
+    dist.barrier()
+    return cases.finish()
+
+
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_ring_by_reference(ws, seed):
+    run_ranks(ws, _ring_rank, seed, timeout=300, env=ENV)
+
+
+def _order_rank(rank, ws, seed):
+    """Rank 0 sends three large shared messages with tags 1, 2, 3 to rank 1, which receives them as
+    3, 1, 2: the ones it does not want yet are copied out of the file into a buffer (the sender is
+    waiting on them); then the same from any source."""
+    quiet()
+    cases = Cases("p2p by reference, tag order", rank, ws, seed)
+    n = _elems(torch.float32, 4 * CHANNEL) + 1
+    msgs = {tag: gen(torch.float32, "data", (n,), cases.keyed_seed(tag)) for tag in (1, 2, 3)}
+    for any_source in (False, True):
+        with cases.case(any_source=any_source):
+            if rank == 0:
+                srcs = {tag: m.clone().share_memory_() for tag, m in msgs.items()}
+                works = [dist.isend(srcs[tag], dst=1, tag=tag) for tag in (1, 2, 3)]
+                for w in works:
+                    w.wait()
+                for tag, m in msgs.items():
+                    cases.check(f"sent tensor {tag} unchanged", srcs[tag], m)
+            elif rank == 1:
+                before = _by_reference()
+                for tag in (3, 1, 2):
+                    got = filler(torch.float32, (n,))
+                    w = dist.irecv(got, src=None if any_source else 0, tag=tag)
+                    w.wait()
+                    cases.check(f"message {tag}", got, msgs[tag])
+                    if any_source:
+                        cases.expect(w._source_rank() == 0, f"source {w._source_rank()}, expected 0")
+                got = _by_reference() - before
+                cases.expect(got == 3, f"{got} messages by reference, expected 3")
+            dist.barrier()
+    return cases.finish()
+
+
+def test_out_of_order_tags_by_reference(seed):
+    run_ranks(2, _order_rank, seed, timeout=300, env=ENV)
+
+
+def _refused_rank(rank, ws, seed, how):
+    """Rank 1 cannot map rank 0's files (how: "denied", its opens fail as where the OS forbids them;
+    "off", its PYCOLL_CPU_SHARED_TENSORS is off): the first message falls back to the channel, and
+    every later one streams; both ranks say so once in the debug log (the sender only when refused)."""
+    quiet()
+    from pycollectives import _C
+
+    if rank == 1 and how == "denied":
+        _C._set_test_deny_shared_open(True)
+    cases = Cases("p2p by reference, refused", rank, ws, seed)
+    n = _elems(torch.float32, 3 * CHANNEL) + 5
+    for i in range(3):
+        with cases.case(message=i):
+            m = gen(torch.float32, "data", (n,), cases.keyed_seed(i))
+            if rank == 0:
+                src = m.clone().share_memory_()
+                dist.send(src, dst=1)
+                cases.check("sent tensor unchanged", src, m)
+            else:
+                got = filler(torch.float32, (n,))
+                before = _by_reference()
+                dist.recv(got, src=0)
+                cases.check("received", got, m)
+                cases.expect(_by_reference() == before, "a refused message came by reference")
+    dist.barrier()
+    log = _log()
+    if rank == 0:
+        cases.expect(log.count(SENDER_REFUSED) == 1, f"{log.count(SENDER_REFUSED)} lines say rank 1 cannot map, expected 1")
+    elif how == "denied":
+        cases.expect(log.count(RECEIVER_REFUSED) == 1, f"{log.count(RECEIVER_REFUSED)} lines say so, expected 1")
+    return cases.finish()
+
+
+@pytest.mark.parametrize("how", ["denied", "off"])
+def test_refused_falls_back_to_the_channel(how, seed):
+    rank_env = [{}, {"PYCOLL_CPU_SHARED_TENSORS": "off"}] if how == "off" else None
+    run_ranks(2, _refused_rank, seed, how, timeout=300, env=ENV, rank_env=rank_env)
+
+
+def _allocator_rank(rank, ws, seed):
+    """With the shared CPU allocator every large tensor is shared: a send of a fresh tensor goes by
+    reference with no share_memory_()."""
+    quiet()
+    import pycollectives
+
+    pycollectives.use_shared_cpu_memory()
+    cases = Cases("p2p by reference, shared allocator", rank, ws, seed)
+    n = _elems(torch.float32, 1 << 20) + 3
+    with cases.case():
+        mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank)) * 1.0  # allocated after the switch
+        got = torch.empty(n)
+        before = _by_reference()
+        w = dist.isend(mine, dst=(rank + 1) % ws)
+        dist.recv(got, src=(rank - 1) % ws)
+        w.wait()
+        cases.check("received", got, gen(torch.float32, "data", (n,), cases.keyed_seed((rank - 1) % ws)))
+        got_refs = _by_reference() - before
+        cases.expect(got_refs == 1, f"{got_refs} messages by reference, expected 1")
+    dist.barrier()
+    return cases.finish()
+
+
+def test_shared_allocator_sends_by_reference(seed):
+    run_ranks(2, _allocator_rank, seed, timeout=300, env=ENV)
+
+
+def _dead_receiver_rank(rank, ws):
+    import time
+
+    quiet()
+    n = _elems(torch.float32, 3 * CHANNEL)
+    if rank == 1:
+        dist.barrier()
+        os._exit(3)  # never receives
+    src = torch.ones(n).share_memory_()
+    dist.barrier()
+    t0 = time.monotonic()
+    try:
+        dist.send(src, dst=1)
+    except RuntimeError as e:
+        took = time.monotonic() - t0
+        assert took < 15, f"raised only after {took:.1f}s: {e}"
+        return str(e)
+    raise AssertionError("a send to a receiver that died returned")
+
+
+def test_send_to_dead_receiver_raises():
+    results = run_ranks(2, _dead_receiver_rank, timeout=120, env=ENV, expect_exit={1: 3},
+                        pg_timeout=datetime.timedelta(seconds=20), destroy=False)
+    # The send waited for the receiver's copy out of this rank's file, and noticed it had gone.
+    assert "rank 1 exited" in results[0] and "shared memory" in results[0], results[0]
