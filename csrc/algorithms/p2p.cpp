@@ -12,6 +12,14 @@
 
 namespace pycoll {
 
+namespace {
+// How long a sender by reference sleeps between looks at the receiver's reply. The message is
+// larger than the channel (4 MiB by default), whose copy takes 200 us or more even at 20 GB/s, so a
+// reply seen up to this late costs little, and a sender that spun meanwhile would take CPU time
+// from the receiver's copy wherever the ranks share cores.
+constexpr std::chrono::microseconds kReferenceNap{20};
+}  // namespace
+
 struct PointToPoint::AnySource {
   int64_t tag;
   char* data;
@@ -177,7 +185,8 @@ void PointToPoint::send_message(int dst, Lane& lane, const Request& req) {
     const uint64_t k = lane.by_reference++;
     auto& taken = t_.control(dst).p2p_taken[me].value;
     Waiter w(t_, timeout_, abort_, str("pycoll::send to rank ", dst));
-    w.until_ge(dst, taken, 2 * k + 1, "receiver copying the message out of this rank's shared memory");
+    w.until_ge_napping(dst, taken, 2 * k + 1, "receiver copying the message out of this rank's shared memory",
+                       kReferenceNap);
     if (taken.load(std::memory_order_acquire) == 2 * k + 1) return;
     lane.streams_only = true;
     if (debug_info_enabled()) {

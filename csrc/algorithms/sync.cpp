@@ -55,6 +55,22 @@ void Waiter::until_ge(int peer, const std::atomic<uint64_t>& counter, uint64_t t
   }
 }
 
+void Waiter::until_ge_napping(int peer, const std::atomic<uint64_t>& counter, uint64_t target, const char* stage,
+                              std::chrono::microseconds nap) {
+  auto last_check = Clock::now();
+  while (counter.load(std::memory_order_acquire) < target) {
+    std::this_thread::sleep_for(nap);
+    const auto now = Clock::now();
+    if (abort_ && abort_->load()) fail(peer, stage, false);
+    if (now > deadline_) fail(peer, stage, !t_.peer_alive(peer));
+    if (now - last_check > std::chrono::milliseconds(50)) {
+      last_check = now;
+      if (counter.load(std::memory_order_acquire) >= target) return;
+      if (!t_.peer_alive(peer)) fail(peer, stage, true);
+    }
+  }
+}
+
 void Waiter::barrier(uint64_t& epoch) {
   ++epoch;
   const int me = t_.rank();

@@ -23,6 +23,11 @@ class Waiter {
 
   // Returns once counter >= target (acquire). `peer` owns the counter.
   void until_ge(int peer, const std::atomic<uint64_t>& counter, uint64_t target, const char* stage);
+  // The same for a wait known to take long (the peer copies a large message meanwhile): sleeps
+  // `nap` between looks from the start, leaving the CPU to the ranks doing the work, instead of
+  // spinning and yielding first.
+  void until_ge_napping(int peer, const std::atomic<uint64_t>& counter, uint64_t target, const char* stage,
+                        std::chrono::microseconds nap);
 
   // All ranks arrive, then all leave: release my epoch, acquire every peer's.
   void barrier(uint64_t& epoch);
