@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 
 import torch
@@ -33,6 +34,14 @@ def cpu_model():
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    except OSError:
+        return None
 
 
 def parse_size(text):
@@ -117,7 +126,7 @@ def main():
     if rank == 0 and a.json:
         out = {"what": "CPU point-to-point by reference against the channel (benchmarks/cpu_p2p_by_reference.py)",
                "date": datetime.date.today().isoformat(), "cpu": cpu_model(), "cpus": len(os.sched_getaffinity(0)),
-               "torch": torch.__version__, "rounds": a.rounds, "iters": a.iters,
+               "torch": torch.__version__, "commit": git_commit(), "rounds": a.rounds, "iters": a.iters,
                "command": "torchrun --nproc_per_node 2 benchmarks/cpu_p2p_by_reference.py " + " ".join(
                    f"--{k} {v}" for k, v in (("sizes", a.sizes), ("rounds", a.rounds), ("iters", a.iters))),
                "rows": rows}

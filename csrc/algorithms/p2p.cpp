@@ -12,14 +12,6 @@
 
 namespace pycoll {
 
-namespace {
-// How long a sender by reference sleeps between looks at the receiver's reply. The message is
-// larger than the channel (4 MiB by default), whose copy takes 200 us or more even at 20 GB/s, so a
-// reply seen up to this late costs little, and a sender that spun meanwhile would take CPU time
-// from the receiver's copy wherever the ranks share cores.
-constexpr std::chrono::microseconds kReferenceNap{20};
-}  // namespace
-
 struct PointToPoint::AnySource {
   int64_t tag;
   char* data;
@@ -185,8 +177,10 @@ void PointToPoint::send_message(int dst, Lane& lane, const Request& req) {
     const uint64_t k = lane.by_reference++;
     auto& taken = t_.control(dst).p2p_taken[me].value;
     Waiter w(t_, timeout_, abort_, str("pycoll::send to rank ", dst));
-    w.until_ge_napping(dst, taken, 2 * k + 1, "receiver copying the message out of this rank's shared memory",
-                       kReferenceNap);
+    // Asleep in the kernel: the copy takes hundreds of microseconds or more (the message is larger
+    // than the channel), and a sender that spun or woke meanwhile would take CPU time from the
+    // receiver's copy wherever the ranks share cores. One wake-up per message is cheap at this size.
+    w.until_ge_asleep(dst, taken, 2 * k + 1, "receiver copying the message out of this rank's shared memory");
     if (taken.load(std::memory_order_acquire) == 2 * k + 1) return;
     lane.streams_only = true;
     if (debug_info_enabled()) {
@@ -216,9 +210,11 @@ void PointToPoint::receive_body(int src, Lane& lane, const MessageHeader& h, cha
   auto& taken = t_.control(t_.rank()).p2p_taken[src].value;
   if (copy_by_reference(src, lane, ref, p, h.bytes)) {
     taken.store(2 * k + 1, std::memory_order_release);  // the copy is done: the sender may reuse its buffer
+    wake_sleepers(taken);
     return;
   }
   taken.store(2 * k + 2, std::memory_order_release);
+  wake_sleepers(taken);
   read_stream(src, p, h.bytes);
 }
 

@@ -1,6 +1,12 @@
 #include "algorithms/sync.h"
 
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdint>
 #include <thread>
 
 #include "common/check.h"
@@ -55,20 +61,32 @@ void Waiter::until_ge(int peer, const std::atomic<uint64_t>& counter, uint64_t t
   }
 }
 
-void Waiter::until_ge_napping(int peer, const std::atomic<uint64_t>& counter, uint64_t target, const char* stage,
-                              std::chrono::microseconds nap) {
-  auto last_check = Clock::now();
-  while (counter.load(std::memory_order_acquire) < target) {
-    std::this_thread::sleep_for(nap);
-    const auto now = Clock::now();
+namespace {
+// The counter's low 32 bits, the word a futex watches (x86 and arm64 are little-endian). A
+// counter that only grows changes those bits at every store of a waiter's interest for 2^32 stores.
+uint32_t* futex_word(std::atomic<uint64_t>& counter) {
+  static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t), "a lock-free 64-bit atomic");
+  return reinterpret_cast<uint32_t*>(&counter);
+}
+}  // namespace
+
+void Waiter::until_ge_asleep(int peer, std::atomic<uint64_t>& counter, uint64_t target, const char* stage) {
+  for (;;) {
+    const uint64_t seen = counter.load(std::memory_order_acquire);
+    if (seen >= target) return;
+    // Not FUTEX_PRIVATE: the waker is another process. The kernel sleeps only if the word still
+    // holds what we saw, so a store and wake between our load and this call cannot be missed.
+    struct timespec nap {0, 20 * 1000 * 1000};
+    syscall(SYS_futex, futex_word(counter), FUTEX_WAIT, static_cast<uint32_t>(seen), &nap, nullptr, 0);
+    if (counter.load(std::memory_order_acquire) >= target) return;
     if (abort_ && abort_->load()) fail(peer, stage, false);
-    if (now > deadline_) fail(peer, stage, !t_.peer_alive(peer));
-    if (now - last_check > std::chrono::milliseconds(50)) {
-      last_check = now;
-      if (counter.load(std::memory_order_acquire) >= target) return;
-      if (!t_.peer_alive(peer)) fail(peer, stage, true);
-    }
+    if (Clock::now() > deadline_) fail(peer, stage, !t_.peer_alive(peer));
+    if (!t_.peer_alive(peer)) fail(peer, stage, true);
   }
+}
+
+void wake_sleepers(std::atomic<uint64_t>& counter) {
+  syscall(SYS_futex, futex_word(counter), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
 void Waiter::barrier(uint64_t& epoch) {

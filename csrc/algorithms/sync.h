@@ -23,11 +23,11 @@ class Waiter {
 
   // Returns once counter >= target (acquire). `peer` owns the counter.
   void until_ge(int peer, const std::atomic<uint64_t>& counter, uint64_t target, const char* stage);
-  // The same for a wait known to take long (the peer copies a large message meanwhile): sleeps
-  // `nap` between looks from the start, leaving the CPU to the ranks doing the work, instead of
-  // spinning and yielding first.
-  void until_ge_napping(int peer, const std::atomic<uint64_t>& counter, uint64_t target, const char* stage,
-                        std::chrono::microseconds nap);
+  // The same for a wait known to take long (the peer copies a large message meanwhile): sleeps in
+  // the kernel from the start, leaving the CPU to the ranks doing the work, until the peer's
+  // wake_sleepers(counter) after its store (or every 20 ms, to check the deadline and the peer).
+  // The counter must live in memory shared between the processes (a futex on its low 32 bits).
+  void until_ge_asleep(int peer, std::atomic<uint64_t>& counter, uint64_t target, const char* stage);
 
   // All ranks arrive, then all leave: release my epoch, acquire every peer's.
   void barrier(uint64_t& epoch);
@@ -42,5 +42,9 @@ class Waiter {
   const std::atomic<bool>* abort_;
   std::string what_;
 };
+
+// Wakes every thread of any process in until_ge_asleep on `counter`; call it after the store
+// (release) that those threads wait for.
+void wake_sleepers(std::atomic<uint64_t>& counter);
 
 }  // namespace pycoll
