@@ -54,7 +54,7 @@ def timed(fn, iters, group):
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    dist.barrier(group=group)  # a send returns before its receive; the round ends when both have
+    dist.barrier(group=group)  # a send through the channel may return before its receive ends
     took = torch.tensor([(time.perf_counter() - t0) / iters * 1e6], dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
     return took.item()

@@ -88,6 +88,35 @@ def _ring_rank(rank, ws, seed):
         r.wait()
         dist.barrier()
         cases.check("received the bytes as they were at the send", got, theirs)
+    # A view inside a larger shared tensor: the message starts at its offset in the file.
+    with cases.case(kind="view at an offset"):
+        n = _elems(torch.float32, 2 * CHANNEL) + 1
+        base = gen(torch.float32, "data", (3 * n,), cases.keyed_seed(rank)).share_memory_()
+        theirs = gen(torch.float32, "data", (3 * n,), cases.keyed_seed(prv))[n + 5:2 * n + 5]
+        got = filler(torch.float32, (n,))
+        before = _by_reference()
+        w = dist.isend(base[n + 5:2 * n + 5], dst=nxt, tag=8)
+        dist.recv(got, src=prv, tag=8)
+        w.wait()
+        cases.check("received", got, theirs)
+        cases.expect(_by_reference() - before == 1, "the view did not come by reference")
+    # A receive of the wrong size fails; the next message by reference still arrives (the two
+    # ranks' counts of such messages stay in step).
+    with cases.case(kind="size mismatch, then a good message"):
+        n = _elems(torch.float32, 2 * CHANNEL)
+        first = gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 1)).share_memory_()
+        second = gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 2)).share_memory_()
+        works = [dist.isend(first, dst=nxt, tag=9), dist.isend(second, dst=nxt, tag=10)]
+        try:
+            dist.recv(filler(torch.float32, (n - 1,)), src=prv, tag=9)
+            cases.fail("a receive of the wrong size", "did not raise")
+        except RuntimeError as e:
+            cases.expect("expects" in str(e), f"the error does not name the sizes: {e}")
+        got = filler(torch.float32, (n,))
+        dist.recv(got, src=prv, tag=10)
+        for w in works:
+            w.wait()
+        cases.check("received after the mismatch", got, gen(torch.float32, "data", (n,), cases.keyed_seed(prv, 2)))
     # Private, small (fits the channel) and empty shared messages stream as before.
     for kind, n, share in (("private", _elems(torch.float32, 3 * CHANNEL), False),
                            ("small", _elems(torch.float32, CHANNEL // 2), True), ("empty", 0, True)):
@@ -144,6 +173,40 @@ def _order_rank(rank, ws, seed):
 
 def test_out_of_order_tags_by_reference(seed):
     run_ranks(2, _order_rank, seed, timeout=300, env=ENV)
+
+
+def _any_source_rank(rank, ws, seed):
+    """Ranks 1..n-1 each send rank 0 a large shared message with the same tag; rank 0 receives
+    them from any source: one lane claims each receive, the others buffer what they read."""
+    quiet()
+    cases = Cases("p2p by reference, any source", rank, ws, seed)
+    n = _elems(torch.float32, 3 * CHANNEL) + 7
+    msgs = {r: gen(torch.float32, "data", (n,), cases.keyed_seed(r)) for r in range(1, ws)}
+    with cases.case():
+        if rank == 0:
+            before = _by_reference()
+            seen = {}
+            for _ in range(ws - 1):
+                got = filler(torch.float32, (n,))
+                w = dist.irecv(got, tag=11)
+                w.wait()
+                seen[w._source_rank()] = got
+            cases.expect(sorted(seen) == list(range(1, ws)), f"sources {sorted(seen)}")
+            for r, got in seen.items():
+                cases.check(f"from rank {r}", got, msgs[r])
+            got_refs = _by_reference() - before
+            cases.expect(got_refs == ws - 1, f"{got_refs} messages by reference, expected {ws - 1}")
+        else:
+            src = msgs[rank].clone().share_memory_()
+            dist.send(src, dst=0, tag=11)
+            cases.check("sent tensor unchanged", src, msgs[rank])
+    dist.barrier()
+    return cases.finish()
+
+
+@pytest.mark.parametrize("ws", [3, 4])
+def test_any_source_by_reference(ws, seed):
+    run_ranks(ws, _any_source_rank, seed, timeout=300, env=ENV)
 
 
 def _refused_rank(rank, ws, seed, how):
@@ -237,3 +300,38 @@ def test_send_to_dead_receiver_raises():
                         pg_timeout=datetime.timedelta(seconds=20), destroy=False)
     # The send waited for the receiver's copy out of this rank's file, and noticed it had gone.
     assert "rank 1 exited" in results[0] and "shared memory" in results[0], results[0]
+
+
+def _withdrawn_rank(rank, ws):
+    """Rank 0's send by reference times out before rank 1 posts its receive: the send raises, and
+    the receive posted afterwards fails instead of delivering the bytes rank 0 then overwrites."""
+    import time
+
+    quiet()
+    n = _elems(torch.float32, 3 * CHANNEL)
+    dist.barrier()
+    if rank == 0:
+        src = torch.ones(n).share_memory_()
+        try:
+            dist.send(src, dst=1)
+        except RuntimeError as e:
+            src.fill_(-1.0)  # the caller owns its buffer again once the send has failed
+            return str(e)
+        raise AssertionError("a send that no receive matched in time returned")
+    time.sleep(PG_TIMEOUT_S + 2)  # past rank 0's deadline
+    got = torch.zeros(n)
+    try:
+        dist.recv(got, src=0)
+    except RuntimeError as e:
+        return str(e)
+    raise AssertionError(f"the receive of a withdrawn message returned; got {got[:3].tolist()}")
+
+
+PG_TIMEOUT_S = 4
+
+
+def test_withdrawn_send_fails_its_receive():
+    results = run_ranks(2, _withdrawn_rank, timeout=120, env=ENV, destroy=False,
+                        pg_timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    assert "timed out" in results[0] and "shared memory" in results[0], results[0]
+    assert "gave up on the message" in results[1], results[1]

@@ -170,27 +170,54 @@ void PointToPoint::serve_any(int src, Lane& lane, const std::shared_ptr<AnySourc
 void PointToPoint::send_message(int dst, Lane& lane, const Request& req) {
   const int me = t_.rank();
   const bool by_reference = !lane.streams_only && req.shared.valid() && may_send_by_reference(req.bytes);
-  const MessageHeader h{req.tag, req.bytes, by_reference ? 1 : 0, 0};
+  const MessageHeader h{req.tag, req.bytes, by_reference ? 1 : 0};
   write_stream(dst, reinterpret_cast<const char*>(&h), sizeof(h));
   if (by_reference) {
     write_stream(dst, reinterpret_cast<const char*>(&req.shared), sizeof(req.shared));
     const uint64_t k = lane.by_reference++;
-    auto& taken = t_.control(dst).p2p_taken[me].value;
-    Waiter w(t_, timeout_, abort_, str("pycoll::send to rank ", dst));
-    // Asleep in the kernel: the copy takes hundreds of microseconds or more (the message is larger
-    // than the channel), and a sender that spun or woke meanwhile would take CPU time from the
-    // receiver's copy wherever the ranks share cores. One wake-up per message is cheap at this size.
-    w.until_ge_asleep(dst, taken, 2 * k + 1, "receiver copying the message out of this rank's shared memory");
-    if (taken.load(std::memory_order_acquire) == 2 * k + 1) return;
-    lane.streams_only = true;
-    if (debug_info_enabled()) {
-      std::fprintf(stderr,
-                   "[pycoll %d/%d] rank %d cannot map this rank's shared-memory tensors: sends to it go through "
-                   "the channel\n",
-                   me, t_.size(), dst);
+    auto& reply = t_.control(dst).p2p_taken[me].value;
+    uint64_t outcome = 0;
+    try {
+      // Asleep in the kernel: the copy takes hundreds of microseconds or more (the message is
+      // larger than the channel), and a sender that spun or woke meanwhile would take CPU time
+      // from the receiver's copy wherever the ranks share cores. One wake-up per message is cheap.
+      Waiter w(t_, timeout_, abort_, str("pycoll::send to rank ", dst));
+      w.until_ge_asleep(dst, reply, kReplyStride * k + 1,
+                        "receiver copying the message out of this rank's shared memory");
+      outcome = reply.load(std::memory_order_acquire) - kReplyStride * k;
+    } catch (...) {
+      // Withdraw the message unless the receiver has settled it: the caller may overwrite the
+      // buffer once this send has failed.
+      if (settle(reply, k, kWithdrawn, &outcome) || outcome != kCopied) throw;
+    }
+    if (outcome == kCopied) return;
+    if (outcome == kStreamAlways) {
+      lane.streams_only = true;
+      if (debug_info_enabled()) {
+        std::fprintf(stderr,
+                     "[pycoll %d/%d] rank %d cannot map this rank's shared-memory tensors: sends to it go through "
+                     "the channel\n",
+                     me, t_.size(), dst);
+      }
     }
   }
   write_stream(dst, req.data, req.bytes);
+}
+
+bool PointToPoint::settle(std::atomic<uint64_t>& word, uint64_t k, uint64_t outcome, uint64_t* winner) {
+  const uint64_t base = kReplyStride * k;  // earlier messages' replies are all below base
+  uint64_t seen = word.load(std::memory_order_acquire);
+  for (;;) {
+    if (seen > base) {
+      *winner = seen - base;
+      return false;
+    }
+    // Release: a receiver's copy happens before the sender sees kCopied.
+    if (word.compare_exchange_weak(seen, base + outcome, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      *winner = outcome;
+      return true;
+    }
+  }
 }
 
 PointToPoint::MessageHeader PointToPoint::read_header(int src) {
@@ -207,37 +234,46 @@ void PointToPoint::receive_body(int src, Lane& lane, const MessageHeader& h, cha
   SharedStorageRef ref;
   read_stream(src, reinterpret_cast<char*>(&ref), sizeof(ref));
   const uint64_t k = lane.by_reference++;
-  auto& taken = t_.control(t_.rank()).p2p_taken[src].value;
-  if (copy_by_reference(src, lane, ref, p, h.bytes)) {
-    taken.store(2 * k + 1, std::memory_order_release);  // the copy is done: the sender may reuse its buffer
-    wake_sleepers(taken);
-    return;
+  auto& reply = t_.control(t_.rank()).p2p_taken[src].value;
+  const uint64_t mine = copy_by_reference(src, lane, ref, p, h.bytes);
+  uint64_t winner = 0;
+  if (!settle(reply, k, mine, &winner)) {
+    throw GroupBroken(str("pycoll::recv from rank ", src, ": the sender gave up on the message (its send failed: ",
+                          "timed out, aborted or destroyed) while this rank read it"));
   }
-  taken.store(2 * k + 2, std::memory_order_release);
-  wake_sleepers(taken);
-  read_stream(src, p, h.bytes);
+  wake_sleepers(reply);
+  if (mine != kCopied) read_stream(src, p, h.bytes);
 }
 
-bool PointToPoint::copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes) {
-  if (!shared_tensors_) return false;
-  if (ref.offset < 0 || bytes < 0 || ref.offset + bytes > ref.file_bytes) return false;
-  lane.maps.begin_op();
+uint64_t PointToPoint::copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes) {
+  if (!shared_tensors_) return kStreamAlways;
+  const char* why = nullptr;
+  uint64_t refusal = kStreamThis;
+  const char* peer = nullptr;
   int err = 0;
-  bool evicted = false;
-  const char* peer = lane.maps.map(src, t_.control(src).pid, ref, /*writable=*/false, &err, &evicted);
-  if (peer == nullptr) {
-    // The sender streams from now on, so this shows once per peer.
-    if (debug_info_enabled()) {
-      std::fprintf(stderr,
-                   "[pycoll %d/%d] rank %d's shared-memory tensor cannot be mapped (%s): point-to-point messages "
-                   "from it go through the channel\n",
-                   t_.rank(), t_.size(), src, std::strerror(err));
+  if (ref.offset < 0 || bytes < 0 || ref.offset + bytes > ref.file_bytes) {
+    why = "the message does not lie inside the file it names";
+  } else {
+    lane.maps.begin_op();
+    bool evicted = false;
+    peer = lane.maps.map(src, t_.control(src).pid, ref, /*writable=*/false, &err, &evicted);
+    if (peer == nullptr) {
+      why = std::strerror(err);
+      if (PeerFileMaps::lasting(err)) refusal = kStreamAlways;
     }
-    return false;
+  }
+  if (peer == nullptr) {
+    if (debug_info_enabled()) {
+      std::fprintf(stderr, "[pycoll %d/%d] rank %d's shared-memory tensor cannot be mapped (%s): %s\n", t_.rank(),
+                   t_.size(), src, why,
+                   refusal == kStreamAlways ? "point-to-point messages from it go through the channel"
+                                            : "this message goes through the channel");
+    }
+    return refusal;
   }
   std::memcpy(p, peer, static_cast<size_t>(bytes));
   test_hooks::count_p2p_by_reference();
-  return true;
+  return kCopied;
 }
 
 void PointToPoint::write_stream(int dst, const char* p, int64_t n) {

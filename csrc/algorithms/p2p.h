@@ -2,8 +2,8 @@
 //
 // Terms: a channel (src -> dst) is a ring buffer in src's memory with two
 // counters: p2p_written[dst] in src's control block and p2p_read[src] in
-// dst's. A message is a 16-byte header (tag, bytes) followed by the payload,
-// streamed through the channel in as many pieces as it takes.
+// dst's. A message is a header (tag, bytes, by_reference) followed by the
+// payload, streamed through the channel in as many pieces as it takes.
 //
 // One sender thread per destination and one receiver thread per source, so
 // a send never blocks the caller, never waits behind a send to another peer,
@@ -20,12 +20,16 @@
 // tensor after share_memory_(), or made by the shared CPU allocator) travels as its header and the
 // file's name (SharedStorageRef) instead. The receiver maps the file (PeerFileMaps, cached per
 // source) and copies the message straight into its buffer: one copy where the channel makes two.
-// It then replies in its p2p_taken counter, and only then does the send complete, so the sender's
-// buffer stays untouched while it is read. A receiver that cannot map the file (not allowed,
-// PYCOLL_CPU_SHARED_TENSORS=off there, another PID namespace) replies "send the bytes" and the
-// payload follows through the channel as usual; the sender then streams every later message to
-// that peer. Only messages that cannot fit in the channel go by reference: their send waits for
-// the receiver either way, so no program that progressed before can block now.
+// It then settles the message in its p2p_taken[src] word (Reply), and only then does the send
+// complete, so the sender's buffer stays untouched while it is read. A receiver that cannot map
+// the file (not allowed, PYCOLL_CPU_SHARED_TENSORS=off there, another PID namespace) asks for the
+// bytes, which follow through the channel as usual; where that will not change, the sender
+// streams every later message to that peer. A sender that gives up waiting (timeout, abort, the
+// group destroyed) withdraws the message in the same word; the two race with a compare-and-swap,
+// so a receiver still copying when its sender failed fails too, instead of delivering bytes the
+// sender's caller may be overwriting. Only messages that cannot fit in the channel go by
+// reference: their send waits for the receiver either way, so no program that progressed before
+// can block now.
 //
 // A lane thread may destroy this object itself (its finished request held the
 // last reference to the group): lanes are shared with their threads, and the
@@ -92,7 +96,7 @@ class PointToPoint {
     std::exception_ptr broken;                              // first stream error
     std::map<int64_t, std::deque<std::vector<char>>> early;  // receive lanes: messages nobody asked for yet
     uint64_t by_reference = 0;       // messages by reference sent (send lane) or read (receive lane)
-    bool streams_only = false;       // send lane: the peer could not map a file once, send bytes from now on
+    bool streams_only = false;       // send lane: the peer cannot map this rank's files, send bytes from now on
     PeerFileMaps maps;               // receive lane: the peer's files mapped here
   };
   using Lanes = std::vector<std::shared_ptr<Lane>>;
@@ -109,14 +113,23 @@ class PointToPoint {
     int64_t tag;
     int64_t bytes;
     int64_t by_reference;  // 1: a SharedStorageRef follows instead of the bytes
-    int64_t pad;
   };
+  // How message k by reference ended: its reply word holds kReplyStride * k + one of these.
+  enum Reply : uint64_t {
+    kCopied = 1,        // the receiver copied it: the send is done
+    kStreamThis = 2,    // the receiver could not map the file this time: send the bytes
+    kStreamAlways = 3,  // nor will it ever: send the bytes, and stream every later message
+    kWithdrawn = 4,     // the sender gave up: the receive fails
+  };
+  static constexpr uint64_t kReplyStride = 8;
+  // Sets message k's reply to `outcome` unless it is set already; *winner: the reply that stands.
+  static bool settle(std::atomic<uint64_t>& word, uint64_t k, uint64_t outcome, uint64_t* winner);
   // Reads the next message's header, then (receive_body) its bytes into p, which holds h.bytes.
   MessageHeader read_header(int src);
   void receive_body(int src, Lane& lane, const MessageHeader& h, char* p);
-  // Copies a message sent by reference into p from the peer's mapped file; false (nothing copied)
-  // if the file cannot be mapped here.
-  bool copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes);
+  // Copies a message sent by reference into p from the peer's mapped file: kCopied, or the Reply
+  // that asks for the bytes (nothing copied) where the file cannot be mapped here.
+  uint64_t copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes);
   void write_stream(int dst, const char* p, int64_t n);
   void read_stream(int src, char* p, int64_t n);
 

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <thread>
@@ -66,6 +67,7 @@ namespace {
 // counter that only grows changes those bits at every store of a waiter's interest for 2^32 stores.
 uint32_t* futex_word(std::atomic<uint64_t>& counter) {
   static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t), "a lock-free 64-bit atomic");
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the low 32 bits come first");
   return reinterpret_cast<uint32_t*>(&counter);
 }
 }  // namespace
@@ -77,7 +79,10 @@ void Waiter::until_ge_asleep(int peer, std::atomic<uint64_t>& counter, uint64_t 
     // Not FUTEX_PRIVATE: the waker is another process. The kernel sleeps only if the word still
     // holds what we saw, so a store and wake between our load and this call cannot be missed.
     struct timespec nap {0, 20 * 1000 * 1000};
-    syscall(SYS_futex, futex_word(counter), FUTEX_WAIT, static_cast<uint32_t>(seen), &nap, nullptr, 0);
+    if (syscall(SYS_futex, futex_word(counter), FUTEX_WAIT, static_cast<uint32_t>(seen), &nap, nullptr, 0) != 0 &&
+        errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));  // no futex here (seccomp, say): poll
+    }
     if (counter.load(std::memory_order_acquire) >= target) return;
     if (abort_ && abort_->load()) fail(peer, stage, false);
     if (Clock::now() > deadline_) fail(peer, stage, !t_.peer_alive(peer));

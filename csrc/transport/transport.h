@@ -81,8 +81,8 @@ struct alignas(64) ControlBlock {
   OpHeader header[2];     // by op sequence parity
   Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
   Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me
-  // Replies to rank r's messages sent by reference (algorithms/p2p.h): 2k+1 once I have copied its
-  // k-th such message out of its shared file, 2k+2 if I could not map the file (send the bytes).
+  // How rank r's messages sent by reference ended (PointToPoint::Reply, algorithms/p2p.h): set by
+  // me once I copied the message or could not map it, or by r when it gave up waiting.
   Counter p2p_taken[kMaxRanks];
 };
 
