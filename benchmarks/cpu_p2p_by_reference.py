@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -23,17 +22,7 @@ import torch
 import torch.distributed as dist
 
 import pycollectives  # noqa: F401  (registers pycoll)
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from pycollectives.bench.report import cpu_model
 
 
 def git_commit():
