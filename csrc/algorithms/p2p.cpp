@@ -12,6 +12,19 @@
 
 namespace pycoll {
 
+namespace {
+// The most either side copies through the channel before it publishes: a message larger than this
+// streams in pieces, so that the receiver copies piece i out while the sender copies piece i+1 in,
+// each piece still in cache. Whole-ring pieces (4 MiB) made the two take turns instead, each copy
+// going to memory. Measured 2026-12-01, 2 ranks, private tensors, against whole-ring pieces: on
+// the 2-core CI machine a 4 MiB send took 187-607 us against 1658-1845, a 64 MiB one 5178-5749
+// against 5325-6001; on a 16-CPU Xeon a 64 MiB send 10.3-11.6 ms against 9.5-19.7 (two regimes,
+// by where earlier messages had left the ring's position), sendrecv at 1 MiB 175-186 us against
+// 269-285. 64 KiB pieces won some rows and lost others, 1 MiB pieces lost more on the Xeon
+// (docs/performance.md, "Point-to-point by reference").
+constexpr uint64_t kStreamPieceBytes = 256 << 10;
+}  // namespace
+
 struct PointToPoint::AnySource {
   int64_t tag;
   char* data;
@@ -291,7 +304,7 @@ void PointToPoint::write_stream(int dst, const char* p, int64_t n) {
       continue;
     }
     const uint64_t off = pos % cap;
-    const uint64_t k = std::min<uint64_t>({static_cast<uint64_t>(n), space, cap - off});
+    const uint64_t k = std::min<uint64_t>({static_cast<uint64_t>(n), space, cap - off, kStreamPieceBytes});
     std::memcpy(ring + off, p, k);
     pos += k;
     p += k;
@@ -315,7 +328,7 @@ void PointToPoint::read_stream(int src, char* p, int64_t n) {
       continue;
     }
     const uint64_t off = pos % cap;
-    const uint64_t k = std::min<uint64_t>({static_cast<uint64_t>(n), avail, cap - off});
+    const uint64_t k = std::min<uint64_t>({static_cast<uint64_t>(n), avail, cap - off, kStreamPieceBytes});
     std::memcpy(p, ring + off, k);
     pos += k;
     p += k;
