@@ -1,7 +1,8 @@
 """CPU point-to-point by reference against through the channel, in the same processes, rounds
 alternated: the same receive buffer gets a message from a shared-memory tensor (share_memory_():
-larger than the channel, it goes by reference, one copy) and from a private one (streamed
-through the channel, two copies), plus Gloo's send of the private one.
+larger than the channel, it goes by reference, one copy, where the ranks have no CPU to spare;
+elsewhere it streams too, decision 0020) and from a private one (streamed through the channel, two
+copies), plus Gloo's send of the private one. --cpus N runs each rank on N CPUs (taskset-like).
   send      rank 0 sends to rank 1 (blocking send, blocking recv)
   sendrecv  both ranks send to each other at once (isend + irecv, then wait)
 Per-call microseconds: for each round, the max over ranks of `--iters` calls' mean; the median and
@@ -55,7 +56,12 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--cpus", type=int, default=0, help="run each rank on this many CPUs (0: all it has)")
     a = p.parse_args()
+    if a.cpus:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus[local * a.cpus:(local + 1) * a.cpus] or cpus[:a.cpus])
     dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == 2, "two ranks"
@@ -117,7 +123,7 @@ def main():
                "date": datetime.date.today().isoformat(), "cpu": cpu_model(), "cpus": len(os.sched_getaffinity(0)),
                "torch": torch.__version__, "commit": git_commit(), "rounds": a.rounds, "iters": a.iters,
                "command": "torchrun --nproc_per_node 2 benchmarks/cpu_p2p_by_reference.py " + " ".join(
-                   f"--{k} {v}" for k, v in (("sizes", a.sizes), ("rounds", a.rounds), ("iters", a.iters))),
+                   f"--{k} {v}" for k, v in (("sizes", a.sizes), ("rounds", a.rounds), ("iters", a.iters), ("cpus", a.cpus))),
                "rows": rows}
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -27,6 +27,12 @@ SENDER_REFUSED = "cannot map this rank's shared-memory tensors"
 RECEIVER_REFUSED = "point-to-point messages from it go through the channel"
 
 
+def _no_cpu_to_spare(ws):
+    """Sends go by reference only where the ranks have no CPU to spare (fewer than 2 per rank):
+    this rank runs on at most `ws` CPUs, as on the 2-core CI machine."""
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:ws])
+
+
 def _elems(dtype, nbytes):
     return nbytes // torch.empty((), dtype=dtype).element_size()
 
@@ -47,6 +53,7 @@ def _ring_rank(rank, ws, seed):
     """Every rank sends to the next round a ring and receives from the previous: every dtype, the
     receiver's tensor private, shared or strided; sizes just above the channel and odd ones."""
     quiet()
+    _no_cpu_to_spare(ws)
     cases = Cases("p2p by reference, ring", rank, ws, seed)
     nxt, prv = (rank + 1) % ws, (rank - 1) % ws
     for dtype in DTYPES:
@@ -144,6 +151,7 @@ def _order_rank(rank, ws, seed):
     3, 1, 2: the ones it does not want yet are copied out of the file into a buffer (the sender is
     waiting on them); then the same from any source."""
     quiet()
+    _no_cpu_to_spare(ws)
     cases = Cases("p2p by reference, tag order", rank, ws, seed)
     n = _elems(torch.float32, 4 * CHANNEL) + 1
     msgs = {tag: gen(torch.float32, "data", (n,), cases.keyed_seed(tag)) for tag in (1, 2, 3)}
@@ -179,6 +187,7 @@ def _any_source_rank(rank, ws, seed):
     """Ranks 1..n-1 each send rank 0 a large shared message with the same tag; rank 0 receives
     them from any source: one lane claims each receive, the others buffer what they read."""
     quiet()
+    _no_cpu_to_spare(ws)
     cases = Cases("p2p by reference, any source", rank, ws, seed)
     n = _elems(torch.float32, 3 * CHANNEL) + 7
     msgs = {r: gen(torch.float32, "data", (n,), cases.keyed_seed(r)) for r in range(1, ws)}
@@ -214,6 +223,7 @@ def _refused_rank(rank, ws, seed, how):
     "off", its PYCOLL_CPU_SHARED_TENSORS is off): the first message falls back to the channel, and
     every later one streams; both ranks say so once in the debug log (the sender only when refused)."""
     quiet()
+    _no_cpu_to_spare(ws)
     from pycollectives import _C
 
     if rank == 1 and how == "denied":
@@ -252,6 +262,7 @@ def _allocator_rank(rank, ws, seed):
     """With the shared CPU allocator every large tensor is shared: a send of a fresh tensor goes by
     reference with no share_memory_()."""
     quiet()
+    _no_cpu_to_spare(ws)
     import pycollectives
 
     pycollectives.use_shared_cpu_memory()
@@ -279,6 +290,7 @@ def _dead_receiver_rank(rank, ws):
     import time
 
     quiet()
+    _no_cpu_to_spare(ws)
     n = _elems(torch.float32, 3 * CHANNEL)
     if rank == 1:
         dist.barrier()
@@ -308,6 +320,7 @@ def _withdrawn_rank(rank, ws):
     import time
 
     quiet()
+    _no_cpu_to_spare(ws)
     n = _elems(torch.float32, 3 * CHANNEL)
     dist.barrier()
     if rank == 0:
@@ -335,3 +348,26 @@ def test_withdrawn_send_fails_its_receive():
                         pg_timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     assert "timed out" in results[0] and "shared memory" in results[0], results[0]
     assert "gave up on the message" in results[1], results[1]
+
+
+def _spare_cpus_rank(rank, ws, seed):
+    """With two CPUs or more per rank, a large shared send streams through the channel, whose two
+    copies then run on two cores at once (faster there than one copy by reference)."""
+    quiet()
+    cases = Cases("p2p by reference, spare CPUs", rank, ws, seed)
+    n = _elems(torch.float32, 3 * CHANNEL) + 1
+    with cases.case():
+        mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
+        got = filler(torch.float32, (n,))
+        before = _by_reference()
+        w = dist.isend(mine.clone().share_memory_(), dst=1 - rank)
+        dist.recv(got, src=1 - rank)
+        w.wait()
+        cases.check("received", got, gen(torch.float32, "data", (n,), cases.keyed_seed(1 - rank)))
+        cases.expect(_by_reference() == before, "a send came by reference where the ranks have CPUs to spare")
+    return cases.finish()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 4, reason="needs 4 CPUs (2 per rank)")
+def test_spare_cpus_stream_through_the_channel(seed):
+    run_ranks(2, _spare_cpus_rank, seed, timeout=120, env=ENV)

@@ -182,7 +182,10 @@ void PointToPoint::serve_any(int src, Lane& lane, const std::shared_ptr<AnySourc
 
 void PointToPoint::send_message(int dst, Lane& lane, const Request& req) {
   const int me = t_.rank();
-  const bool by_reference = !lane.streams_only && req.shared.valid() && may_send_by_reference(req.bytes);
+  // The caller passed the file only where may_send_by_reference said yes; the size is checked
+  // again because a smaller message must complete without its receiver.
+  const bool by_reference =
+      !lane.streams_only && req.shared.valid() && static_cast<uint64_t>(req.bytes) > t_.channel_bytes();
   const MessageHeader h{req.tag, req.bytes, by_reference ? 1 : 0};
   write_stream(dst, reinterpret_cast<const char*>(&h), sizeof(h));
   if (by_reference) {

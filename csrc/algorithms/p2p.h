@@ -29,7 +29,7 @@
 // so a receiver still copying when its sender failed fails too, instead of delivering bytes the
 // sender's caller may be overwriting. Only messages that cannot fit in the channel go by
 // reference: their send waits for the receiver either way, so no program that progressed before
-// can block now.
+// can block now. And only where the ranks have no CPU to spare (may_send_by_reference).
 //
 // A lane thread may destroy this object itself (its finished request held the
 // last reference to the group): lanes are shared with their threads, and the
@@ -49,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/lane_pool.h"
 #include "algorithms/shared_storage.h"
 #include "transport/transport.h"
 
@@ -65,13 +66,17 @@ class PointToPoint {
   PointToPoint& operator=(const PointToPoint&) = delete;
 
   // `data` must stay valid until `done` runs (on a p2p thread). `shared`: the shared file that
-  // holds `data`, if any (engines/shared_storage_ref.h): large messages then go by reference.
+  // holds `data` (engines/shared_storage_ref.h), where may_send_by_reference(bytes) said yes: the
+  // message then goes by reference.
   void post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done, SharedStorageRef shared = {});
   void post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done);
   // Whether a message of `bytes` goes by reference when its bytes live in a shared file: the
-  // sender looks the file up only then.
+  // caller looks the file up only then, and passes it to post_send. Only where the calling
+  // thread's ranks have no CPU to spare (cpu_to_spare_per_rank, algorithms/lane_pool.h): with
+  // spare CPUs the channel's two copies run on two cores at once, in cache, and beat one core
+  // copying alone (decision 0020).
   bool may_send_by_reference(int64_t bytes) const {
-    return shared_tensors_ && static_cast<uint64_t>(bytes) > t_.channel_bytes();
+    return shared_tensors_ && static_cast<uint64_t>(bytes) > t_.channel_bytes() && !cpu_to_spare_per_rank(t_.size());
   }
   // A receive from whichever peer first sends a message with `tag`; `done` gets that peer.
   using DoneFrom = std::function<void(int src, std::exception_ptr)>;
