@@ -47,9 +47,10 @@ const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "
                                  "map the peers' files and read them in place (on; with one thread per rank an "
                                  "all_gather of 16 MiB or more and a broadcast of 64 MiB or more still stage, "
                                  "which is faster there) or stage them like any tensor (off). A send larger than "
-                                 "PYCOLL_P2P_CHANNEL_BYTES from such a tensor goes by reference: the receiver copies it "
-                                 "straight out of the sender's file (on) instead of through the channel. Where the OS "
-                                 "forbids opening a peer's file, ops stage and the debug log says so once.");
+                                 "PYCOLL_P2P_CHANNEL_BYTES from such a tensor, where the ranks have fewer than two CPUs "
+                                 "each, goes by reference: the receiver copies it straight out of the sender's file (on) "
+                                 "instead of through the channel. Where the OS forbids opening a peer's file, ops stage "
+                                 "and the debug log says so once.");
 // A one-lane all_gather of 16 MiB or more, or broadcast of 64 MiB or more, stages even where it
 // could read shared tensors in place. Staged, each input is read from memory once, by its owner,
 // and reaches the peers through slots that stay in cache, with the copying spread over every
