@@ -20,8 +20,8 @@ namespace {
 // the 2-core CI machine a 4 MiB send took 187-607 us against 1658-1845, a 64 MiB one 5178-5749
 // against 5325-6001; on a 16-CPU Xeon a 64 MiB send 10.3-11.6 ms against 9.5-19.7 (two regimes,
 // by where earlier messages had left the ring's position), sendrecv at 1 MiB 175-186 us against
-// 269-285. 64 KiB pieces won some rows and lost others, 1 MiB pieces lost more on the Xeon
-// (docs/performance.md, "Point-to-point by reference").
+// 269-285. 64 KiB pieces won some rows and lost others, 1 MiB pieces lost more on the Xeon.
+// docs/decisions/0020-p2p-by-reference.md
 constexpr uint64_t kStreamPieceBytes = 256 << 10;
 }  // namespace
 
