@@ -17,6 +17,7 @@
 #include "common/env.h"
 #include "common/setting.h"
 #include "common/test_hooks.h"
+#include "kernels/cpu_stream_store.h"
 #include "transport/shm/shm_transport.h"
 
 namespace pycoll {
@@ -178,11 +179,12 @@ int CpuEngine::offered_threads() const {
   return offered;
 }
 
-Pipeline CpuEngine::pipeline(Waiter& w, size_t bytes) {
+Pipeline CpuEngine::pipeline(Waiter& w, size_t bytes, size_t streamed_out_bytes) {
   const int lanes = pipeline_lanes(bytes, size_, offered_threads());
   if (lanes > 1 && (!pool_ || pool_->workers() < lanes - 1)) pool_ = std::make_unique<LanePool>(threads_ - 1);
   last_lanes_ = lanes;
-  return Pipeline{*transport_, w, lane_step_.data(), lanes, pool_.get()};
+  const bool stream_out = streamed_out_bytes > 0 && streamed_out_bytes >= stream_store_min_bytes(size_);
+  return Pipeline{*transport_, w, lane_step_.data(), lanes, pool_.get(), stream_out};
 }
 
 bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
@@ -466,7 +468,7 @@ Algo CpuEngine::all_reduce(const char* in, char* out, int64_t count, DType t, Re
       // The two-shot is pipelined at every size it is chosen for (from ~32 KiB).
       std::optional<SharedBuffers> mapped;
       if (pipelines(bytes)) mapped = shared_buffers(c, OpCode::AllReduce, 0, in, bytes, out, bytes);
-      Pipeline p = pipeline(w, bytes);
+      Pipeline p = pipeline(w, bytes, 0);
       if (mapped) {
         last_data_path_ = "mapped in place";
         shared_all_reduce(p, spec, mapped->in, mapped->out, count);
@@ -517,17 +519,17 @@ Algo CpuEngine::broadcast(char* buf, int64_t count, DType t, int root, Algo algo
     tree_broadcast(c, t, buf, count, root);
     finish(c);
   } else if (mapped) {
-    Pipeline p = pipeline(w, bytes);
+    Pipeline p = pipeline(w, bytes, 0);
     last_data_path_ = "mapped in place";
     shared_broadcast(p, t, mapped->in[root], mapped->out, mapped->root_writes, count, root);
     finish(c);  // the root's buffer stays valid until every rank has read it, and its writes land
   } else if (pipelines(bytes) && reads_in_place(c, OpCode::Broadcast, bytes)) {
-    Pipeline p = pipeline(w, bytes);
+    Pipeline p = pipeline(w, bytes, 0);
     last_data_path_ = "read in place";
     peer_read_broadcast(p, header_addrs().data(), t, buf, count, root);
     finish(c);  // the root's buffer stays valid until every rank has read it
   } else if (pipelines(bytes)) {
-    Pipeline p = pipeline(w, bytes);
+    Pipeline p = pipeline(w, bytes, 0);
     pipelined_broadcast(p, t, buf, count, root);
   } else {
     direct_broadcast(c, t, buf, count, root);
@@ -551,17 +553,17 @@ Algo CpuEngine::all_gather(const char* in, char* out, int64_t m, DType t, Algo a
   if (a == Algo::Ring) {
     ring_all_gather(c, t, in, out, m);
   } else if (mapped) {
-    Pipeline p = pipeline(w, bytes);
+    Pipeline p = pipeline(w, bytes, bytes);
     last_data_path_ = "mapped in place";
     shared_all_gather(p, t, mapped->in, out, m);
     finish(c);  // every rank's input stays valid until every peer has read it
   } else if (pipelines(bytes) && reads_in_place(c, OpCode::AllGather, bytes)) {
-    Pipeline p = pipeline(w, bytes);
+    Pipeline p = pipeline(w, bytes, bytes);
     last_data_path_ = "read in place";
     peer_read_all_gather(p, header_addrs().data(), t, in, out, m);
     finish(c);  // every rank's input stays valid until every peer has read it
   } else if (pipelines(bytes)) {
-    Pipeline p = pipeline(w, bytes);
+    Pipeline p = pipeline(w, bytes, bytes);
     pipelined_all_gather(p, t, in, out, m);
   } else {
     direct_all_gather(c, t, in, out, m);
@@ -586,17 +588,17 @@ Algo CpuEngine::reduce_scatter(const char* in, char* out, int64_t m, DType t, Re
   if (a == Algo::Ring) {
     ring_reduce_scatter(c, spec, in, out, m);
   } else if (mapped) {
-    Pipeline p = pipeline(w, bytes);
+    Pipeline p = pipeline(w, bytes, 0);
     last_data_path_ = "mapped in place";
     shared_reduce_scatter(p, spec, mapped->in, out, m);
     finish(c);  // every rank's input stays valid until every peer has read it
   } else if (pipelines(bytes) && reads_in_place(c, OpCode::ReduceScatter, bytes)) {
-    Pipeline p = pipeline(w, bytes);
+    Pipeline p = pipeline(w, bytes, 0);
     last_data_path_ = "read in place";
     peer_read_reduce_scatter(p, spec, header_addrs().data(), in, out, m);
     finish(c);  // every rank's input stays valid until every peer has read it
   } else if (pipelines(bytes)) {
-    Pipeline p = pipeline(w, bytes);
+    Pipeline p = pipeline(w, bytes, 0);
     pipelined_reduce_scatter(p, spec, in, out, m);
   } else {
     direct_reduce_scatter(c, spec, in, out, m);

@@ -85,8 +85,12 @@ class CpuEngine {
   void finish(CpuContext& c);
   // True when a direct op of `bytes` runs pipelined instead (large messages).
   bool pipelines(size_t bytes) const;
-  // The pipeline of the op begun last: lanes agreed from every rank's header.
-  Pipeline pipeline(Waiter& w, size_t bytes);
+  // The pipeline of the op begun last: lanes agreed from every rank's header. streamed_out_bytes:
+  // the output per rank that may be written with streaming stores (kernels/cpu_stream_store.h);
+  // all_gather only. 0 for all_reduce and broadcast, whose output is their input (its lines are in
+  // the cache then; streamed, a 16 MiB all_reduce over 2 ranks on the 2-core CI machine took 3510
+  // us against 2644), and for reduce_scatter, which was no faster.
+  Pipeline pipeline(Waiter& w, size_t bytes, size_t streamed_out_bytes);
   // The fewest threads any rank offered the op begun last.
   int offered_threads() const;
   // Whether the all_gather, reduce_scatter or broadcast of `bytes` begun last (every rank's buffer in

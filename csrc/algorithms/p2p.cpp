@@ -9,6 +9,7 @@
 #include "common/env.h"
 #include "common/owned_thread.h"
 #include "common/test_hooks.h"
+#include "kernels/cpu_stream_store.h"
 
 namespace pycoll {
 
@@ -287,7 +288,7 @@ uint64_t PointToPoint::copy_by_reference(int src, Lane& lane, const SharedStorag
     }
     return refusal;
   }
-  std::memcpy(p, peer, static_cast<size_t>(bytes));
+  copy_to_output(streams_into(bytes), p, peer, static_cast<size_t>(bytes));
   test_hooks::count_p2p_by_reference();
   return kCopied;
 }
@@ -316,6 +317,10 @@ void PointToPoint::write_stream(int dst, const char* p, int64_t n) {
   }
 }
 
+bool PointToPoint::streams_into(int64_t bytes) const {
+  return bytes > 0 && static_cast<size_t>(bytes) >= stream_store_min_bytes(t_.size());
+}
+
 void PointToPoint::read_stream(int src, char* p, int64_t n) {
   const int me = t_.rank();
   const uint64_t cap = t_.channel_bytes();
@@ -323,6 +328,7 @@ void PointToPoint::read_stream(int src, char* p, int64_t n) {
   auto& read = t_.control(me).p2p_read[src].value;
   const char* ring = t_.channel(src, me);
   Waiter w(t_, timeout_, abort_, str("pycoll::recv from rank ", src));
+  const bool stream = streams_into(n);
   uint64_t pos = read.load(std::memory_order_relaxed);
   while (n > 0) {
     uint64_t avail = written.load(std::memory_order_acquire) - pos;
@@ -332,7 +338,7 @@ void PointToPoint::read_stream(int src, char* p, int64_t n) {
     }
     const uint64_t off = pos % cap;
     const uint64_t k = std::min<uint64_t>({static_cast<uint64_t>(n), avail, cap - off, kStreamPieceBytes});
-    std::memcpy(p, ring + off, k);
+    copy_to_output(stream, p, ring + off, k);
     pos += k;
     p += k;
     n -= static_cast<int64_t>(k);

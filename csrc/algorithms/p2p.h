@@ -137,6 +137,9 @@ class PointToPoint {
   uint64_t copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes);
   void write_stream(int dst, const char* p, int64_t n);
   void read_stream(int src, char* p, int64_t n);
+  // Whether a received message of `bytes` is written into the user's buffer with streaming stores
+  // (kernels/cpu_stream_store.h).
+  bool streams_into(int64_t bytes) const;
 
   Transport& t_;
   std::chrono::milliseconds timeout_;

@@ -10,6 +10,7 @@
 #include "algorithms/context.h"
 #include "common/check.h"
 #include "common/test_hooks.h"
+#include "kernels/cpu_stream_store.h"
 
 namespace pycoll {
 
@@ -61,7 +62,7 @@ void peer_read_all_gather(Pipeline& p, const int64_t* addrs, DType t, const char
   run_lanes(p, [&](int lane) {
     const int64_t b = part_begin(m, p.lanes, lane), len = part_end(m, p.lanes, lane) - b;
     if (len == 0) return;
-    if (!in_place) std::memcpy(out + (me * m + b) * E, in + b * E, len * E);
+    if (!in_place) copy_to_output(p.stream_out, out + (me * m + b) * E, in + b * E, len * E);
     // Peers in ring order from me, so that the ranks do not all read rank 0 first.
     for (int k = 1; k < n; ++k) {
       const int q = (me + k) % n;

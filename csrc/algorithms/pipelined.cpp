@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu_stream_store.h"
 
 namespace pycoll {
 
@@ -200,11 +201,11 @@ void pipelined_all_gather(Pipeline& p, DType t, const char* in, char* out, int64
       // My own block from my input, not from the slot: the peers read the slot at the same moment,
       // and sharing its lines with them made 1-4 MiB all_gathers 1.2-2.9x slower on the CI-class machine
       // and 1.0-1.6x slower on the 16-CPU host (docs/algorithms.md).
-      if (!in_place) std::memcpy(out + (me * m + at) * E, in + at * E, len * E);
+      if (!in_place) copy_to_output(p.stream_out, out + (me * m + at) * E, in + at * E, len * E);
       for (int q = 0; q < n; ++q) {
         if (q == me) continue;
         ring.wait_peer(q, &LaneCounters::staged, g + 1, "pipeline: peers' blocks");
-        std::memcpy(out + (q * m + at) * E, ring.sub(q, g, 0), len * E);
+        copy_to_output(p.stream_out, out + (q * m + at) * E, ring.sub(q, g, 0), len * E);
       }
       ring.publish(&LaneCounters::consumed, g + 1);
     });

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/test_hooks.h"
+#include "kernels/cpu_stream_store.h"
 
 namespace pycoll {
 
@@ -111,7 +112,7 @@ void shared_all_gather(Pipeline& p, DType t, const std::vector<const char*>& ins
     // Peers in ring order from me, so that the ranks do not all read rank 0 first.
     for (int k = in_place ? 1 : 0; k < n; ++k) {
       const int q = (me + k) % n;
-      std::memcpy(out + (q * m + b) * E, ins[q] + b * E, len * E);
+      copy_to_output(p.stream_out, out + (q * m + b) * E, ins[q] + b * E, len * E);
     }
   });
 }

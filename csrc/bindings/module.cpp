@@ -237,6 +237,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Tests only: how many times this process voted on mapping peers' shared files (common/test_hooks.h).");
   m.def("_test_p2p_by_reference", &pycoll::test_hooks::p2p_by_reference,
         "Tests only: how many point-to-point messages this process received by reference (common/test_hooks.h).");
+  m.def("_test_streamed_bytes", &pycoll::test_hooks::streamed_bytes,
+        "Tests only: how many bytes this process wrote with streaming stores (kernels/cpu_stream_store.h).");
   register_compression(m);
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);

@@ -1,0 +1,31 @@
+// Copies that write the user's output with streaming (non-temporal) stores.
+//
+// A plain store to a line that is not in the cache first reads the line from memory (read for
+// ownership), so writing an output larger than the cache costs a read and a write of every byte.
+// A streaming store writes the line without reading it, and does not keep it in the cache: a
+// third less memory traffic per copy, and the pipelined slots are not evicted by output lines.
+// One thread per CPU on the 2-core CI machine, both CPUs copying: 16 MiB in 1270 us against 2155
+// with plain stores, 64 MiB in 5339 against 10192, but 1 MiB in 50 against 41 (in the cache, plain
+// stores win). So only outputs that outgrow the cache, and only where the op has not just read
+// them: an in-place all_reduce or broadcast was slower streamed (the lines were in the cache),
+// and reduce_scatter no faster (docs/decisions/0021-streaming-stores-for-large-cpu-outputs.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pycoll {
+
+// The least output per rank, in bytes, that an op over `ranks` ranks of this host writes with
+// streaming stores (PYCOLL_CPU_STREAM_STORE_MIN_BYTES; by default half the last-level cache divided
+// among the ranks: below that the output is likely to stay in the cache, where plain stores win).
+size_t stream_store_min_bytes(int ranks);
+
+// memcpy(dst, src, bytes) with streaming stores for the aligned middle of dst; dst and src must not
+// overlap. Ends with a store fence, so the bytes are visible to a peer that is told after it returns.
+void stream_copy(void* dst, const void* src, size_t bytes);
+
+// stream_copy where `stream`, else memcpy.
+void copy_to_output(bool stream, void* dst, const void* src, size_t bytes);
+
+}  // namespace pycoll

@@ -1,0 +1,184 @@
+"""Streaming stores: a large CPU all_gather and a large received message write the user's output
+with non-temporal stores (csrc/kernels/cpu_stream_store.h) once it is at least
+PYCOLL_CPU_STREAM_STORE_MIN_BYTES per rank. Here that threshold is 4 KiB, so that messages of a few
+hundred KiB take the streamed copies, with outputs that start off a 64-byte line and sizes that end
+inside one (the copies' unaligned head and tail).
+
+Every case checks the result against a plain torch computation and how many bytes this rank wrote
+with streaming stores (`_C._test_streamed_bytes`): exactly its output's, or none where the rule
+says plain stores (in-place all_reduce, broadcast, reduce_scatter; the setting above any message).
+"""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cpu_collectives_util import Cases
+from ranks import quiet, run_ranks
+from reference import DTYPES, filler, gen
+
+pytestmark = pytest.mark.pycoll_only
+
+STREAM_FROM = 4 << 10
+ON = {"PYCOLL_CPU_STREAM_STORE_MIN_BYTES": str(STREAM_FROM)}
+OFF = {"PYCOLL_CPU_STREAM_STORE_MIN_BYTES": "1024G"}
+# Above the pipelined ops' least message (256 KiB), and odd so that blocks end inside a line.
+PER_RANK_BYTES = (320 << 10) + 40
+
+
+def _streamed():
+    from pycollectives import _C
+
+    return _C._test_streamed_bytes()
+
+
+def _elems(dtype, nbytes):
+    return nbytes // torch.empty((), dtype=dtype).element_size()
+
+
+def _size(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _output(dtype, n, offset):
+    """A fresh output of n elements; `offset` elements into a larger tensor, so that for 1-, 2- and
+    4-byte dtypes it starts inside a 64-byte line. Returns (view, base)."""
+    base = filler(dtype, (n + offset + 3,))
+    return base[offset:offset + n], base
+
+
+def _all_gather_rank(rank, ws, seed, streaming, shared):
+    """all_gather_into_tensor, out of place into aligned and unaligned outputs, and in place: the
+    gathered blocks (and this rank's own, out of place) are streamed."""
+    quiet()
+    cases = Cases("stream stores, all_gather", rank, ws, seed, shared=shared)
+    for dtype in DTYPES:
+        m = _elems(dtype, PER_RANK_BYTES) + 3
+        for layout in ("aligned", "offset", "in place"):
+            with cases.case(dtype=dtype, m=m, layout=layout):
+                blocks = [gen(dtype, "data", (m,), cases.keyed_seed(r)) for r in range(ws)]
+                ref = torch.cat(blocks)
+                before = _streamed()
+                if layout == "in place":
+                    out = filler(dtype, (m * ws,))
+                    if shared:
+                        out.share_memory_()
+                    out[rank * m:(rank + 1) * m].copy_(blocks[rank])
+                    dist.all_gather_into_tensor(out, out[rank * m:(rank + 1) * m])
+                    written = (ws - 1) * m
+                    guard = None
+                else:
+                    out, guard = _output(dtype, m * ws, 1 if layout == "offset" else 0)
+                    guard_before = guard.clone()
+                    mine = blocks[rank].clone()
+                    if shared:
+                        mine.share_memory_()
+                    dist.all_gather_into_tensor(out, mine)
+                    written = ws * m
+                got = _streamed() - before
+                cases.check("gathered", out, ref)
+                if guard is not None:
+                    off = 1 if layout == "offset" else 0
+                    cases.check("before the output", guard[:off], guard_before[:off])
+                    cases.check("after the output", guard[off + m * ws:], guard_before[off + m * ws:])
+                want = written * _size(dtype) if streaming else 0
+                cases.expect(got == want, f"{got} bytes streamed, expected {want}")
+    dist.barrier()
+    return cases.finish()
+
+
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_all_gather_streams(ws, seed):
+    run_ranks(ws, _all_gather_rank, seed, True, False, timeout=300, env=ON)
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_shared_all_gather_streams(ws, seed):
+    """Inputs in shared memory: every rank copies the peers' blocks straight out of their files."""
+    run_ranks(ws, _all_gather_rank, seed, True, True, timeout=300, env=ON)
+
+
+def test_all_gather_plain_when_off(seed):
+    """The setting above any message: the same ops, the same results, nothing streamed."""
+    run_ranks(2, _all_gather_rank, seed, False, False, timeout=300, env=OFF)
+
+
+def _in_place_rank(rank, ws, seed):
+    """all_reduce and broadcast work in place, reduce_scatter is left plain (measured no faster):
+    none of them streams even above the threshold."""
+    quiet()
+    cases = Cases("stream stores, in place", rank, ws, seed)
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        n = _elems(dtype, PER_RANK_BYTES) * ws + ws
+        with cases.case(dtype=dtype, n=n):
+            xs = [gen(dtype, "SUM", (n,), cases.keyed_seed(r)) for r in range(ws)]
+            before = _streamed()
+            x = xs[rank].clone()
+            dist.all_reduce(x)
+            ref = xs[0].to(torch.float64)
+            for other in xs[1:]:
+                ref = ref + other.to(torch.float64)
+            cases.check("all_reduce", x.to(torch.float64), ref, bound=5e-2 if dtype == torch.bfloat16 else 1e-4)
+            b = xs[rank].clone()
+            dist.broadcast(b, src=ws - 1)
+            cases.check("broadcast", b, xs[ws - 1])
+            out = filler(dtype, (n // ws,))
+            dist.reduce_scatter_tensor(out, xs[rank].clone())
+            block = slice(rank * (n // ws), (rank + 1) * (n // ws))
+            cases.check("reduce_scatter", out.to(torch.float64), ref[block],
+                        bound=5e-2 if dtype == torch.bfloat16 else 1e-4)
+            got = _streamed() - before
+            cases.expect(got == 0, f"{got} bytes streamed, expected none")
+    dist.barrier()
+    return cases.finish()
+
+
+def test_in_place_ops_do_not_stream(seed):
+    run_ranks(3, _in_place_rank, seed, timeout=300, env=ON)
+
+
+def _p2p_rank(rank, ws, seed, shared, streaming):
+    """A ring of sends: every dtype, into aligned and unaligned receive buffers. Private tensors
+    come through the channel (streamed piece by piece), shared ones by reference (one streamed copy
+    out of the sender's file); either way the receiver streams the whole message."""
+    quiet()
+    if shared:
+        # By reference needs ranks without CPUs to spare (algorithms/p2p.h), as on the CI machine.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:ws])
+    cases = Cases("stream stores, send/recv", rank, ws, seed, shared=shared)
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    for dtype in DTYPES:
+        n = _elems(dtype, PER_RANK_BYTES) + 5
+        for offset in (0, 1):
+            with cases.case(dtype=dtype, n=n, offset=offset):
+                mine = gen(dtype, "data", (n,), cases.keyed_seed(rank))
+                src = mine.clone().share_memory_() if shared else mine.clone()
+                dst, guard = _output(dtype, n, offset)
+                guard_before = guard.clone()
+                before = _streamed()
+                w = dist.isend(src, dst=nxt, tag=3)
+                dist.recv(dst, src=prv, tag=3)
+                w.wait()
+                got = _streamed() - before
+                cases.check("received", dst, gen(dtype, "data", (n,), cases.keyed_seed(prv)))
+                cases.check("around the receive buffer", torch.cat([guard[:offset], guard[offset + n:]]),
+                            torch.cat([guard_before[:offset], guard_before[offset + n:]]))
+                want = n * _size(dtype) if streaming else 0
+                cases.expect(got == want, f"{got} bytes streamed, expected {want}")
+    dist.barrier()
+    return cases.finish()
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_channel_receive_streams(ws, seed):
+    run_ranks(ws, _p2p_rank, seed, False, True, timeout=300, env=ON)
+
+
+def test_by_reference_receive_streams(seed):
+    env = {**ON, "PYCOLL_P2P_CHANNEL_BYTES": str(64 << 10)}
+    run_ranks(2, _p2p_rank, seed, True, True, timeout=300, env=env)
+
+
+def test_receive_plain_when_off(seed):
+    run_ranks(2, _p2p_rank, seed, False, False, timeout=300, env=OFF)
