@@ -1,4 +1,4 @@
-/* What the two-process C models (cpu_peer_pull.c, cpu_broadcast_split.c) share: two processes
+/* What the two-process C models (cpu_peer_pull.c, cpu_broadcast_split.c, cpu_stream_stores.c) share: two processes
  * forked from one, each pinned to its own CPU, meeting at a spinning barrier in shared memory.
  * A header only, so each model still builds with one cc command. */
 #ifndef PYCOLL_BENCH_TWO_PROCESS_H

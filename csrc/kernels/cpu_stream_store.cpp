@@ -47,8 +47,8 @@ void stream_unfenced(void* dst, const void* src, size_t bytes) {
 #if defined(__x86_64__)
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
-  // The 16-byte SSE2 form, which every x86-64 has: on the CI machine it streamed 4-64 MiB at the
-  // speed of the 64-byte AVX-512 form (149 / 835 / 4816 us against 149 / 764 / 4714).
+  // The 16-byte SSE2 form, which every x86-64 has: on the CI machine it streamed 16-64 MiB as fast
+  // as 64-byte AVX-512 stores (benchmarks/cpu_stream_stores.c; decision 0021).
   const size_t head = std::min(bytes, (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64);
   std::memcpy(d, s, head);
   d += head;
