@@ -9,6 +9,7 @@ with streaming stores (`_C._test_streamed_bytes`): exactly its output's, or none
 says plain stores (in-place all_reduce, broadcast, reduce_scatter; the setting above any message).
 """
 import os
+import platform
 
 import pytest
 import torch
@@ -18,7 +19,9 @@ from cpu_collectives_util import Cases
 from ranks import quiet, run_ranks
 from reference import DTYPES, filler, gen
 
-pytestmark = pytest.mark.pycoll_only
+# Elsewhere stream_copy is a plain memcpy and counts nothing.
+pytestmark = [pytest.mark.pycoll_only,
+              pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="streaming stores are x86-64's")]
 
 STREAM_FROM = 4 << 10
 ON = {"PYCOLL_CPU_STREAM_STORE_MIN_BYTES": str(STREAM_FROM)}
@@ -48,13 +51,13 @@ def _output(dtype, n, offset):
     return base[offset:offset + n], base
 
 
-def _all_gather_rank(rank, ws, seed, streaming, shared):
+def _all_gather_rank(rank, ws, seed, streaming, shared, per_rank_bytes=PER_RANK_BYTES, dtypes=DTYPES):
     """all_gather_into_tensor, out of place into aligned and unaligned outputs, and in place: the
     gathered blocks (and this rank's own, out of place) are streamed."""
     quiet()
     cases = Cases("stream stores, all_gather", rank, ws, seed, shared=shared)
-    for dtype in DTYPES:
-        m = _elems(dtype, PER_RANK_BYTES) + 3
+    for dtype in dtypes:
+        m = _elems(dtype, per_rank_bytes) + 3
         for layout in ("aligned", "offset", "in place"):
             with cases.case(dtype=dtype, m=m, layout=layout):
                 blocks = [gen(dtype, "data", (m,), cases.keyed_seed(r)) for r in range(ws)]
@@ -102,6 +105,20 @@ def test_shared_all_gather_streams(ws, seed):
 def test_all_gather_plain_when_off(seed):
     """The setting above any message: the same ops, the same results, nothing streamed."""
     run_ranks(2, _all_gather_rank, seed, False, False, timeout=300, env=OFF)
+
+
+def test_all_gather_streams_on_several_lanes(seed):
+    """Two threads per rank: each lane streams its part, and the op returns after every lane's
+    fence (1.2 MiB per rank: two lanes of at least 128 KiB from 1 MiB of message)."""
+    env = {**ON, "PYCOLL_CPU_THREADS": "2"}
+    run_ranks(2, _all_gather_rank, seed, True, False, (1200 << 10) + 40, [torch.float32, torch.int8],
+              timeout=300, env=env)
+
+
+def test_default_streams_nothing_below_4_mib(seed):
+    """Unset, the threshold is at least 4 MiB on any host: 640 KiB outputs are stored plainly."""
+    run_ranks(2, _all_gather_rank, seed, False, False, PER_RANK_BYTES, [torch.float32], timeout=300,
+              env={"PYCOLL_CPU_STREAM_STORE_MIN_BYTES": ""})
 
 
 def _in_place_rank(rank, ws, seed):

@@ -155,7 +155,8 @@ CpuEngine::CpuEngine(Rendezvous rv, int rank, int size, std::chrono::millisecond
       timeout_(timeout),
       threads_(cpu_threads_per_rank(size)),
       shared_tensors_on_(parse_shared_tensors()),
-      peer_read_mode_(parse_peer_read()) {}
+      peer_read_mode_(parse_peer_read()),
+      stream_min_bytes_(stream_store_min_bytes(size)) {}
 
 CpuEngine::~CpuEngine() {
   abort_.store(true);
@@ -183,7 +184,7 @@ Pipeline CpuEngine::pipeline(Waiter& w, size_t bytes, size_t streamed_out_bytes)
   const int lanes = pipeline_lanes(bytes, size_, offered_threads());
   if (lanes > 1 && (!pool_ || pool_->workers() < lanes - 1)) pool_ = std::make_unique<LanePool>(threads_ - 1);
   last_lanes_ = lanes;
-  const bool stream_out = streamed_out_bytes > 0 && streamed_out_bytes >= stream_store_min_bytes(size_);
+  const bool stream_out = streamed_out_bytes > 0 && streamed_out_bytes >= stream_min_bytes_;
   return Pipeline{*transport_, w, lane_step_.data(), lanes, pool_.get(), stream_out};
 }
 

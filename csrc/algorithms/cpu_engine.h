@@ -86,10 +86,11 @@ class CpuEngine {
   // True when a direct op of `bytes` runs pipelined instead (large messages).
   bool pipelines(size_t bytes) const;
   // The pipeline of the op begun last: lanes agreed from every rank's header. streamed_out_bytes:
-  // the output per rank that may be written with streaming stores (kernels/cpu_stream_store.h);
-  // all_gather only. 0 for all_reduce and broadcast, whose output is their input (its lines are in
-  // the cache then; streamed, a 16 MiB all_reduce over 2 ranks on the 2-core CI machine took 3510
-  // us against 2644), and for reduce_scatter, which was no faster.
+  // the size of this rank's output tensor, which the op may write with streaming stores
+  // (kernels/cpu_stream_store.h); among collectives all_gather only. 0 for all_reduce and
+  // broadcast, which torch.distributed runs in place (the lines are in the cache then; streamed, a
+  // 16 MiB all_reduce over 2 ranks on the 2-core CI machine took 3510 us against 2644), and for
+  // reduce_scatter, which was no faster.
   Pipeline pipeline(Waiter& w, size_t bytes, size_t streamed_out_bytes);
   // The fewest threads any rank offered the op begun last.
   int offered_threads() const;
@@ -173,6 +174,7 @@ class CpuEngine {
   static PeerRead parse_peer_read();  // PYCOLL_CPU_PEER_READ
   static bool parse_shared_tensors();  // PYCOLL_CPU_SHARED_TENSORS
   PeerRead peer_read_mode_;
+  size_t stream_min_bytes_;  // stream_store_min_bytes(size_), read once
   enum class PeerReadAllowed { Unknown, Yes, No } peer_read_allowed_ = PeerReadAllowed::Unknown;
   std::unique_ptr<LanePool> pool_;  // made on the first op that uses more than one lane
   std::array<uint64_t, kMaxLanes> lane_step_{};

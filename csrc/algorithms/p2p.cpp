@@ -39,7 +39,11 @@ struct PointToPoint::AnySource {
 
 PointToPoint::PointToPoint(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort,
                            bool shared_tensors)
-    : t_(t), timeout_(timeout), abort_(abort), shared_tensors_(shared_tensors) {
+    : t_(t),
+      timeout_(timeout),
+      abort_(abort),
+      shared_tensors_(shared_tensors),
+      stream_min_bytes_(stream_store_min_bytes(t.size())) {
   send_lanes_.resize(t.size());
   recv_lanes_.resize(t.size());
 }
@@ -167,16 +171,16 @@ void PointToPoint::serve_any(int src, Lane& lane, const std::shared_ptr<AnySourc
       std::exception_ptr err;
       if (h.bytes != any->bytes) {
         std::vector<char> sink(static_cast<size_t>(h.bytes));  // keep the stream in step
-        receive_body(src, lane, h, sink.data());
+        receive_body(src, lane, h, sink.data(), false);
         err = size_error(h.bytes);
       } else {
-        receive_body(src, lane, h, any->data);
+        receive_body(src, lane, h, any->data, true);
       }
       any->done(src, err);
       return;
     }
     std::vector<char> msg(static_cast<size_t>(h.bytes));
-    receive_body(src, lane, h, msg.data());
+    receive_body(src, lane, h, msg.data(), false);
     lane.early[h.tag].push_back(std::move(msg));
   }
 }
@@ -239,30 +243,33 @@ bool PointToPoint::settle(std::atomic<uint64_t>& word, uint64_t k, uint64_t outc
 
 PointToPoint::MessageHeader PointToPoint::read_header(int src) {
   MessageHeader h{};
-  read_stream(src, reinterpret_cast<char*>(&h), sizeof(h));
+  read_stream(src, reinterpret_cast<char*>(&h), sizeof(h), false);
   return h;
 }
 
-void PointToPoint::receive_body(int src, Lane& lane, const MessageHeader& h, char* p) {
+void PointToPoint::receive_body(int src, Lane& lane, const MessageHeader& h, char* p, bool into_user_buffer) {
+  // Only the user's buffer is streamed: a buffer of ours is read again soon, from the cache.
+  const bool stream = into_user_buffer && streams_into(h.bytes);
   if (!h.by_reference) {
-    read_stream(src, p, h.bytes);
+    read_stream(src, p, h.bytes, stream);
     return;
   }
   SharedStorageRef ref;
-  read_stream(src, reinterpret_cast<char*>(&ref), sizeof(ref));
+  read_stream(src, reinterpret_cast<char*>(&ref), sizeof(ref), false);
   const uint64_t k = lane.by_reference++;
   auto& reply = t_.control(t_.rank()).p2p_taken[src].value;
-  const uint64_t mine = copy_by_reference(src, lane, ref, p, h.bytes);
+  const uint64_t mine = copy_by_reference(src, lane, ref, p, h.bytes, stream);
   uint64_t winner = 0;
   if (!settle(reply, k, mine, &winner)) {
     throw GroupBroken(str("pycoll::recv from rank ", src, ": the sender gave up on the message (its send failed: ",
                           "timed out, aborted or destroyed) while this rank read it"));
   }
   wake_sleepers(reply);
-  if (mine != kCopied) read_stream(src, p, h.bytes);
+  if (mine != kCopied) read_stream(src, p, h.bytes, stream);
 }
 
-uint64_t PointToPoint::copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes) {
+uint64_t PointToPoint::copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes,
+                                         bool stream) {
   if (!shared_tensors_) return kStreamAlways;
   const char* why = nullptr;
   uint64_t refusal = kStreamThis;
@@ -288,7 +295,7 @@ uint64_t PointToPoint::copy_by_reference(int src, Lane& lane, const SharedStorag
     }
     return refusal;
   }
-  copy_to_output(streams_into(bytes), p, peer, static_cast<size_t>(bytes));
+  copy_to_output(stream, p, peer, static_cast<size_t>(bytes));
   test_hooks::count_p2p_by_reference();
   return kCopied;
 }
@@ -318,17 +325,16 @@ void PointToPoint::write_stream(int dst, const char* p, int64_t n) {
 }
 
 bool PointToPoint::streams_into(int64_t bytes) const {
-  return bytes > 0 && static_cast<size_t>(bytes) >= stream_store_min_bytes(t_.size());
+  return bytes > 0 && static_cast<size_t>(bytes) >= stream_min_bytes_;
 }
 
-void PointToPoint::read_stream(int src, char* p, int64_t n) {
+void PointToPoint::read_stream(int src, char* p, int64_t n, bool stream) {
   const int me = t_.rank();
   const uint64_t cap = t_.channel_bytes();
   auto& written = t_.control(src).p2p_written[me].value;
   auto& read = t_.control(me).p2p_read[src].value;
   const char* ring = t_.channel(src, me);
   Waiter w(t_, timeout_, abort_, str("pycoll::recv from rank ", src));
-  const bool stream = streams_into(n);
   uint64_t pos = read.load(std::memory_order_relaxed);
   while (n > 0) {
     uint64_t avail = written.load(std::memory_order_acquire) - pos;
@@ -412,15 +418,15 @@ void PointToPoint::recv_loop(int src, Lane& lane) {
             if (h.tag == req.tag) {
               if (h.bytes != req.bytes) {
                 std::vector<char> sink(static_cast<size_t>(h.bytes));  // keep the stream in step
-                receive_body(src, lane, h, sink.data());
+                receive_body(src, lane, h, sink.data(), false);
                 err = size_error(h.bytes);
               } else {
-                receive_body(src, lane, h, req.data);
+                receive_body(src, lane, h, req.data, true);
               }
               break;
             }
             std::vector<char> msg(static_cast<size_t>(h.bytes));
-            receive_body(src, lane, h, msg.data());
+            receive_body(src, lane, h, msg.data(), false);
             lane.early[h.tag].push_back(std::move(msg));
           }
         }

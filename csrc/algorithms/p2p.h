@@ -131,12 +131,13 @@ class PointToPoint {
   static bool settle(std::atomic<uint64_t>& word, uint64_t k, uint64_t outcome, uint64_t* winner);
   // Reads the next message's header, then (receive_body) its bytes into p, which holds h.bytes.
   MessageHeader read_header(int src);
-  void receive_body(int src, Lane& lane, const MessageHeader& h, char* p);
+  // into_user_buffer: p is the receive's own tensor (streamed where large), not a buffer of ours.
+  void receive_body(int src, Lane& lane, const MessageHeader& h, char* p, bool into_user_buffer);
   // Copies a message sent by reference into p from the peer's mapped file: kCopied, or the Reply
   // that asks for the bytes (nothing copied) where the file cannot be mapped here.
-  uint64_t copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes);
+  uint64_t copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes, bool stream);
   void write_stream(int dst, const char* p, int64_t n);
-  void read_stream(int src, char* p, int64_t n);
+  void read_stream(int src, char* p, int64_t n, bool stream);
   // Whether a received message of `bytes` is written into the user's buffer with streaming stores
   // (kernels/cpu_stream_store.h).
   bool streams_into(int64_t bytes) const;
@@ -145,6 +146,7 @@ class PointToPoint {
   std::chrono::milliseconds timeout_;
   const std::atomic<bool>* abort_;
   const bool shared_tensors_;
+  const size_t stream_min_bytes_;  // stream_store_min_bytes, read once
   std::mutex lanes_mu_;
   Lanes send_lanes_;
   Lanes recv_lanes_;
