@@ -10,6 +10,9 @@ says plain stores (in-place all_reduce, broadcast, reduce_scatter; the setting a
 """
 import os
 import platform
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -51,9 +54,11 @@ def _output(dtype, n, offset):
     return base[offset:offset + n], base
 
 
-def _all_gather_rank(rank, ws, seed, streaming, shared, per_rank_bytes=PER_RANK_BYTES, dtypes=DTYPES):
+def _all_gather_rank(rank, ws, seed, streaming, shared, per_rank_bytes=PER_RANK_BYTES, dtypes=DTYPES,
+                     plan=None):
     """all_gather_into_tensor, out of place into aligned and unaligned outputs, and in place: the
-    gathered blocks (and this rank's own, out of place) are streamed."""
+    gathered blocks (and this rank's own, out of place) are streamed. `plan`: the one plan the debug
+    log must name for every all_gather."""
     quiet()
     cases = Cases("stream stores, all_gather", rank, ws, seed, shared=shared)
     for dtype in dtypes:
@@ -79,6 +84,9 @@ def _all_gather_rank(rank, ws, seed, streaming, shared, per_rank_bytes=PER_RANK_
                         mine.share_memory_()
                     dist.all_gather_into_tensor(out, mine)
                     written = ws * m
+                if plan == "read in place":
+                    # The peers' blocks arrive through the kernel's copy (process_vm_readv), not ours.
+                    written = 0 if layout == "in place" else m
                 got = _streamed() - before
                 cases.check("gathered", out, ref)
                 if guard is not None:
@@ -87,6 +95,11 @@ def _all_gather_rank(rank, ws, seed, streaming, shared, per_rank_bytes=PER_RANK_
                     cases.check("after the output", guard[off + m * ws:], guard_before[off + m * ws:])
                 want = written * _size(dtype) if streaming else 0
                 cases.expect(got == want, f"{got} bytes streamed, expected {want}")
+    if plan is not None:
+        sys.stderr.flush()
+        with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
+            plans = set(re.findall(r"\] allgather .*plan=(read in place|mapped in place|pipelined) lanes=", f.read()))
+        cases.expect(plans == {plan}, f"plans logged {plans}, expected {{{plan!r}}}")
     dist.barrier()
     return cases.finish()
 
@@ -100,6 +113,14 @@ def test_all_gather_streams(ws, seed):
 def test_shared_all_gather_streams(ws, seed):
     """Inputs in shared memory: every rank copies the peers' blocks straight out of their files."""
     run_ranks(ws, _all_gather_rank, seed, True, True, timeout=300, env=ON)
+
+
+def test_read_in_place_all_gather_streams(seed):
+    """Reading the peers' inputs with cross-memory attach (PYCOLL_CPU_PEER_READ=on): out of place,
+    this rank's own block is streamed into the output; the kernel writes the peers' blocks."""
+    env = {**ON, "PYCOLL_CPU_PEER_READ": "on", "PYCOLL_CPU_THREADS": "2", "PYCOLL_DEBUG": "INFO"}
+    run_ranks(3, _all_gather_rank, seed, True, False, PER_RANK_BYTES, [torch.float32, torch.int8, torch.float16],
+              "read in place", timeout=300, env=env)
 
 
 def test_all_gather_plain_when_off(seed):
@@ -199,3 +220,59 @@ def test_by_reference_receive_streams(seed):
 
 def test_receive_plain_when_off(seed):
     run_ranks(2, _p2p_rank, seed, False, False, timeout=300, env=OFF)
+
+
+def test_stream_copy_offsets_and_sizes():
+    """stream_copy itself: every start of dst and src within a 64-byte line, sizes that end inside
+    the head, the body and the tail; the bytes around dst untouched, every byte counted."""
+    from pycollectives import _C
+
+    pad = 128
+    src_base = torch.randint(0, 256, (1 << 14,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    for nbytes in (0, 1, 15, 16, 63, 64, 65, 127, 128, 129, 1000, 4096 + 17):
+        for dst_off in range(64):
+            src_off = (dst_off * 7 + nbytes) % 64
+            dst_base = torch.full((nbytes + 2 * pad,), 0xA5, dtype=torch.uint8)
+            src = src_base[src_off:src_off + nbytes]
+            dst = dst_base[dst_off:dst_off + nbytes]
+            before = _C._test_streamed_bytes()
+            _C._test_stream_copy(dst, src)
+            what = f"{nbytes} bytes into offset {dst_off} from offset {src_off}"
+            assert torch.equal(dst, src), what
+            assert bool((dst_base[:dst_off] == 0xA5).all()), f"{what}: bytes before dst written"
+            assert bool((dst_base[dst_off + nbytes:] == 0xA5).all()), f"{what}: bytes after dst written"
+            assert _C._test_streamed_bytes() - before == nbytes, what
+
+
+def _llc_bytes():
+    """The last-level cache as cpu_stream_store.cpp reads it: the highest sysfs level of cpu0."""
+    for index in (4, 3, 2):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        value, unit = int(text.rstrip("KMG")), text[-1]
+        return value << {"K": 10, "M": 20, "G": 30}.get(unit, 10)
+    return None
+
+
+def _threshold(ranks, setting):
+    env = {k: v for k, v in os.environ.items() if k != "PYCOLL_CPU_STREAM_STORE_MIN_BYTES"}
+    if setting is not None:
+        env["PYCOLL_CPU_STREAM_STORE_MIN_BYTES"] = setting
+    out = subprocess.run([sys.executable, "-c", f"from pycollectives import _C; print(_C._test_stream_store_min_bytes({ranks}))"],
+                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    return int(out.stdout.strip())
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4, 16])
+def test_default_threshold_is_the_ranks_share_of_the_cache_between_4_and_32_mib(ranks):
+    """Half the last-level cache over the ranks, never below 4 MiB nor above 32 MiB (a VM's sysfs
+    may report the whole socket's cache: 300 MiB on the 16-CPU Xeon; decision 0021)."""
+    llc = _llc_bytes()
+    if llc is None:
+        pytest.skip("no cache sizes in sysfs on this machine")
+    want = min(max(llc // 2 // ranks, 4 << 20), 32 << 20)
+    assert _threshold(ranks, None) == want
+    assert _threshold(ranks, "3M") == 3 << 20  # the setting wins, below the default's floor too

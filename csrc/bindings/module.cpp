@@ -17,6 +17,7 @@
 #include "common/settings_agreement.h"
 #include "common/store_wait.h"
 #include "common/test_hooks.h"
+#include "kernels/cpu_stream_store.h"
 #include "cuda/measured_choices.h"
 #include "cuda/engine_limits.h"
 #include "cuda/select.h"
@@ -239,6 +240,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Tests only: how many point-to-point messages this process received by reference (common/test_hooks.h).");
   m.def("_test_streamed_bytes", &pycoll::test_hooks::streamed_bytes,
         "Tests only: how many bytes this process wrote with streaming stores (kernels/cpu_stream_store.h).");
+  m.def(
+      "_test_stream_store_min_bytes",
+      [](int ranks) { return static_cast<int64_t>(pycoll::stream_store_min_bytes(ranks)); }, py::arg("ranks"),
+      "Tests only: the streaming stores' threshold for this many ranks on a host (kernels/cpu_stream_store.h).");
+  m.def(
+      "_test_stream_copy",
+      [](at::Tensor dst, const at::Tensor& src) {
+        TORCH_CHECK(dst.device().is_cpu() && src.device().is_cpu(), "_test_stream_copy: CPU tensors only");
+        TORCH_CHECK(dst.is_contiguous() && src.is_contiguous(), "_test_stream_copy: contiguous tensors only");
+        TORCH_CHECK(dst.nbytes() == src.nbytes(), "_test_stream_copy: ", dst.nbytes(), " bytes into ", src.nbytes());
+        pycoll::stream_copy(dst.data_ptr(), src.data_ptr(), src.nbytes());
+      },
+      py::arg("dst"), py::arg("src"),
+      "Tests only: stream_copy(dst, src) over the tensors' bytes (kernels/cpu_stream_store.h).");
   register_compression(m);
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);
