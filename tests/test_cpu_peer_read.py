@@ -143,7 +143,7 @@ def _auto_rank(rank, ws, seed, large_all_gather, large_reduce_scatter):
             cases.check("all_gather", out, torch.cat(xs))
             plans.append(("all_gather", mib, _first_plan(start)))
     # reduce_scatter input, below and above auto's size (over 3 ranks 8 MiB rounds down to 7.99)
-    rs_small, rs_large = (32, 64) if ws == 2 else (4, 8)
+    rs_small, rs_large = (8, 16) if ws == 2 else (4, 8)
     for mib in (rs_small, rs_large):
         m = (mib << 20) // 4 // ws
         ins = [gen(torch.float32, "SUM", (ws * m,), cases.seed(100 + r)) for r in range(ws)]
@@ -163,14 +163,16 @@ READ, STAGED = "read in place", "pipelined"
 
 
 @pytest.mark.parametrize("threads,all_gather,reduce_scatter", [
-    (("4", "4"), READ, READ),              # 2 ranks: a reduce_scatter from 64 MiB
+    (("4", "4"), READ, READ),              # 2 ranks: a reduce_scatter from 16 MiB
     (("4", "2"), STAGED, STAGED),          # the fewest threads any rank offers decide
+    (("3", "3"), STAGED, READ),            # 3 threads: reduce_scatter only
     (("4", "4", "4"), READ, READ),        # 3+ ranks: a reduce_scatter from 6 MiB
     (("4", "4", "4", "4"), READ, READ),
+    (("3", "3", "3", "3"), STAGED, READ),
 ])
 def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, all_gather, reduce_scatter, seed):
-    """auto reads in place, when every rank has 4 threads, an all_gather of 64 MiB or more and a
-    reduce_scatter of 64 MiB or more over 2 ranks, 6 MiB or more over 3+."""
+    """auto reads in place an all_gather of 64 MiB or more when every rank has 4 threads, and a
+    reduce_scatter of 16 MiB or more over 2 ranks, 6 MiB or more over 3+, when every rank has 3."""
     run_ranks(len(threads), _auto_rank, seed, all_gather, reduce_scatter, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
               rank_env=[{"PYCOLL_CPU_THREADS": t} for t in threads])
 
