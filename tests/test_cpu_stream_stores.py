@@ -244,11 +244,12 @@ def test_stream_copy_offsets_and_sizes():
             assert _C._test_streamed_bytes() - before == nbytes, what
 
 
-def _llc_bytes():
-    """The last-level cache as cpu_stream_store.cpp reads it: the highest sysfs level of cpu0."""
+def _llc_bytes(cpu):
+    """The last-level cache as cpu_stream_store.cpp reads it for a process whose first allowed CPU
+    is `cpu`: the highest sysfs level of that CPU."""
     for index in (4, 3, 2):
         try:
-            with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as f:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/cache/index{index}/size") as f:
                 text = f.read().strip()
         except OSError:
             continue
@@ -257,12 +258,14 @@ def _llc_bytes():
     return None
 
 
-def _threshold(ranks, setting):
+def _threshold(ranks, setting, cpus):
+    """The threshold a fresh process running on `cpus` reads, with the setting unset or `setting`."""
     env = {k: v for k, v in os.environ.items() if k != "PYCOLL_CPU_STREAM_STORE_MIN_BYTES"}
     if setting is not None:
         env["PYCOLL_CPU_STREAM_STORE_MIN_BYTES"] = setting
-    out = subprocess.run([sys.executable, "-c", f"from pycollectives import _C; print(_C._test_stream_store_min_bytes({ranks}))"],
-                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    code = f"from pycollectives import _C; print(_C._test_stream_store_min_bytes({ranks}))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     return int(out.stdout.strip())
 
 
@@ -270,9 +273,12 @@ def _threshold(ranks, setting):
 def test_default_threshold_is_the_ranks_share_of_the_cache_between_4_and_32_mib(ranks):
     """Half the last-level cache over the ranks, never below 4 MiB nor above 32 MiB (a VM's sysfs
     may report the whole socket's cache: 300 MiB on the 16-CPU Xeon; decision 0021)."""
-    llc = _llc_bytes()
-    if llc is None:
-        pytest.skip("no cache sizes in sysfs on this machine")
-    want = min(max(llc // 2 // ranks, 4 << 20), 32 << 20)
-    assert _threshold(ranks, None) == want
-    assert _threshold(ranks, "3M") == 3 << 20  # the setting wins, below the default's floor too
+    allowed = sorted(os.sched_getaffinity(0))
+    # All our CPUs, then the last alone: the cache read is the first allowed CPU's, not cpu0's.
+    for cpus in (allowed, allowed[-1:]):
+        llc = _llc_bytes(cpus[0])
+        if llc is None:
+            pytest.skip("no cache sizes in sysfs on this machine")
+        want = min(max(llc // 2 // ranks, 4 << 20), 32 << 20)
+        assert _threshold(ranks, None, cpus) == want, f"on CPUs {cpus}"
+    assert _threshold(ranks, "3M", allowed) == 3 << 20  # the setting wins, below the default's floor too

@@ -1,5 +1,6 @@
 #include "kernels/cpu_stream_store.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,12 +33,24 @@ const IntSetting kStreamStoreMinBytes(
     "per group.",
     "0 (auto)", /*bytes=*/true);
 
-// The last-level cache of the first CPU (one instance), from sysfs: inside a VM sysconf may give
-// the host's instead (320 MiB on the 2-core CI machine, whose L3 is 32 MiB). Else sysconf, else
-// 32 MiB.
+// The first CPU this process may run on (0 when the affinity cannot be read): its cache is the one
+// the rank's copies go through, where sockets or core complexes differ.
+int first_allowed_cpu() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) return cpu;
+  }
+  return 0;
+}
+
+// The last-level cache of that CPU (one instance), from sysfs: inside a VM sysconf may give the
+// host's instead (320 MiB on the 2-core CI machine, whose L3 is 32 MiB). Else sysconf, else 32 MiB.
 size_t last_level_cache_bytes() {
+  const std::string cpu_dir = "/sys/devices/system/cpu/cpu" + std::to_string(first_allowed_cpu()) + "/cache/";
   for (int index = 4; index >= 2; --index) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    const std::string dir = cpu_dir + "index" + std::to_string(index) + "/";
     unsigned long kib = 0;
     char unit = 0;
     if (FILE* f = std::fopen((dir + "size").c_str(), "r")) {
