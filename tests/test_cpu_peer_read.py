@@ -165,14 +165,15 @@ READ, STAGED = "read in place", "pipelined"
 @pytest.mark.parametrize("threads,all_gather,reduce_scatter", [
     (("4", "4"), READ, READ),              # 2 ranks: a reduce_scatter from 16 MiB
     (("4", "2"), STAGED, STAGED),          # the fewest threads any rank offers decide
-    (("3", "3"), STAGED, READ),            # 3 threads: reduce_scatter only
+    (("3", "3"), STAGED, STAGED),          # 3 threads are enough over 4+ ranks only
     (("4", "4", "4"), READ, READ),        # 3+ ranks: a reduce_scatter from 6 MiB
     (("4", "4", "4", "4"), READ, READ),
-    (("3", "3", "3", "3"), STAGED, READ),
+    (("4", "3", "3", "3"), STAGED, READ),  # 4 ranks of 3 threads (the 16-CPU Xeon): reduce_scatter only
 ])
 def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, all_gather, reduce_scatter, seed):
-    """auto reads in place an all_gather of 64 MiB or more when every rank has 4 threads, and a
-    reduce_scatter of 16 MiB or more over 2 ranks, 6 MiB or more over 3+, when every rank has 3."""
+    """auto reads in place, when every rank has 4 threads, an all_gather of 64 MiB or more and a
+    reduce_scatter of 16 MiB or more over 2 ranks, 6 MiB or more over 3+; over 4+ ranks a
+    reduce_scatter needs only 3 threads."""
     run_ranks(len(threads), _auto_rank, seed, all_gather, reduce_scatter, timeout=300, env={"PYCOLL_DEBUG": "INFO"},
               rank_env=[{"PYCOLL_CPU_THREADS": t} for t in threads])
 

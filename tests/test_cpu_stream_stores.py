@@ -246,39 +246,46 @@ def test_stream_copy_offsets_and_sizes():
 
 def _llc_bytes(cpu):
     """The last-level cache as cpu_stream_store.cpp reads it for a process whose first allowed CPU
-    is `cpu`: the highest sysfs level of that CPU."""
+    is `cpu`: the highest sysfs level of that CPU with a size that parses and is not 0; None where
+    none does (the library then asks sysconf, which this test cannot reproduce)."""
     for index in (4, 3, 2):
         try:
             with open(f"/sys/devices/system/cpu/cpu{cpu}/cache/index{index}/size") as f:
                 text = f.read().strip()
         except OSError:
             continue
-        value, unit = int(text.rstrip("KMG")), text[-1]
-        return value << {"K": 10, "M": 20, "G": 30}.get(unit, 10)
+        match = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if match and int(match.group(1)) > 0:
+            return int(match.group(1)) << {"": 10, "K": 10, "M": 20, "G": 30}[match.group(2)]
     return None
 
 
-def _threshold(ranks, setting, cpus):
-    """The threshold a fresh process running on `cpus` reads, with the setting unset or `setting`."""
+def _child(ranks, setting, cpus):
+    """(cache CPU, threshold) that a fresh process pinned to `cpus` reads, with the setting unset or
+    `setting`; it pins itself before the library reads the cache."""
     env = {k: v for k, v in os.environ.items() if k != "PYCOLL_CPU_STREAM_STORE_MIN_BYTES"}
     if setting is not None:
         env["PYCOLL_CPU_STREAM_STORE_MIN_BYTES"] = setting
-    code = f"from pycollectives import _C; print(_C._test_stream_store_min_bytes({ranks}))"
+    code = (f"import os; os.sched_setaffinity(0, {sorted(cpus)}); from pycollectives import _C; "
+            f"print(_C._test_cache_cpu(), _C._test_stream_store_min_bytes({ranks}))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         check=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
-    return int(out.stdout.strip())
+                         check=True)
+    cpu, threshold = out.stdout.split()
+    return int(cpu), int(threshold)
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4, 16])
 def test_default_threshold_is_the_ranks_share_of_the_cache_between_4_and_32_mib(ranks):
     """Half the last-level cache over the ranks, never below 4 MiB nor above 32 MiB (a VM's sysfs
-    may report the whole socket's cache: 300 MiB on the 16-CPU Xeon; decision 0021)."""
+    may report the whole socket's cache: 300 MiB on the 16-CPU Xeon; decision 0021); the cache is
+    that of the first CPU the process may run on, not cpu0's."""
     allowed = sorted(os.sched_getaffinity(0))
-    # All our CPUs, then the last alone: the cache read is the first allowed CPU's, not cpu0's.
+    assert _child(ranks, "3M", allowed)[1] == 3 << 20  # the setting wins, below the default's floor too
     for cpus in (allowed, allowed[-1:]):
-        llc = _llc_bytes(cpus[0])
+        cpu, threshold = _child(ranks, None, cpus)
+        assert cpu == cpus[0], f"cache read for CPU {cpu}, the process runs on {cpus}"
+        llc = _llc_bytes(cpu)
         if llc is None:
-            pytest.skip("no cache sizes in sysfs on this machine")
+            continue
         want = min(max(llc // 2 // ranks, 4 << 20), 32 << 20)
-        assert _threshold(ranks, None, cpus) == want, f"on CPUs {cpus}"
-    assert _threshold(ranks, "3M", allowed) == 3 << 20  # the setting wins, below the default's floor too
+        assert threshold == want, f"on CPUs {cpus}"

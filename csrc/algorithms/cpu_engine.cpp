@@ -38,10 +38,11 @@ const IntSetting kP2PChannelBytes("PYCOLL_P2P_CHANNEL_BYTES", 4 << 20, 1 << 12, 
 const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cpu engine", false, Audience::User,
                             "Large CPU all_gather, reduce_scatter and broadcast: read each peer's buffer in place "
                             "with cross-memory attach (on) or stage it through shared memory (off); auto reads in "
-                            "place an all_gather of 64 MiB or more when every rank has at least 4 threads "
-                            "(PYCOLL_CPU_THREADS), and a reduce_scatter of 16 MiB or more over 2 ranks, 6 MiB or "
-                            "more over 3 or more, when every rank has at least 3. Ranks that differ use the least (off, then auto, then on). Where the OS "
-                            "forbids cross-memory attach, ops stage and the debug log says so once.");
+                            "place, when every rank has at least 4 threads (PYCOLL_CPU_THREADS), an all_gather of "
+                            "64 MiB or more and a reduce_scatter of 16 MiB or more over 2 ranks, 6 MiB or more over "
+                            "3 or more (over 4 or more, 3 threads are enough for a reduce_scatter). Ranks that "
+                            "differ use the least (off, then auto, then on). Where the OS forbids cross-memory "
+                            "attach, ops stage and the debug log says so once.");
 const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
                                  "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
                                  "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
@@ -85,15 +86,17 @@ constexpr int kBroadcastRootWritesMaxLanes = 2;
 //   3 ranks (10 threads) 1.97 at 4 MiB, 0.91 at 8, 0.79 at 16, 0.67 at 32 (sizes a multiple of 3
 //   elements, just under these; 6 MiB sits between); 2 ranks (15 threads) 1.33 at 8 MiB, 1.06 at
 //   16, 1.02 at 32, 0.88 at 64; 16 CPUs, 2 ranks (7 threads) 0.82 / 0.72 / 0.83 at 16 / 32 /
-//   64 MiB on a quiet host, more in two launches on a busy one (1.15-1.45); on 2026-12-02, three
-//   launches each, 1.64 at 4 MiB, 0.83 at 8, 0.85 at 16, 0.67 at 32, 0.90 at 64, and 4 ranks
-//   (3 threads) 0.96 / 0.82 / 0.68 / 0.80 / 1.09 at 4 / 8 / 16 / 32 / 64 MiB. So 2 ranks from
-//   16 MiB (at most 6% slower on 32 CPUs, 15-33% faster on 16) and 3 threads are enough.
+//   64 MiB on a quiet host, more in two launches on a busy one (1.15-1.45); on 2026-12-02, quiet,
+//   three launches each, 1.64 at 4 MiB, 0.83 at 8, 0.85 at 16, 0.67 at 32, 0.90 at 64, and 4
+//   ranks (3 threads) 0.96 / 0.82 / 0.68 / 0.80 / 1.09 at 4 / 8 / 16 / 32 / 64 MiB. So 2 ranks
+//   from 16 MiB (at most 6% slower on 32 CPUs, 15-33% faster on a quiet 16), and 3 threads are
+//   enough over 4+ ranks (2 or 3 ranks were measured with 7 threads or more only).
 bool auto_reads_in_place(OpCode op, size_t bytes, int ranks, int threads) {
   constexpr size_t MiB = size_t(1) << 20;
   switch (op) {
     case OpCode::AllGather: return bytes >= 64 * MiB && threads >= 4;
-    case OpCode::ReduceScatter: return bytes >= (ranks <= 2 ? 16 : 6) * MiB && threads >= 3;
+    case OpCode::ReduceScatter:
+      return bytes >= (ranks <= 2 ? 16 : 6) * MiB && threads >= (ranks >= 4 ? 3 : 4);
     default: return false;
   }
 }

@@ -244,12 +244,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_test_stream_store_min_bytes",
       [](int ranks) { return static_cast<int64_t>(pycoll::stream_store_min_bytes(ranks)); }, py::arg("ranks"),
       "Tests only: the streaming stores' threshold for this many ranks on a host (kernels/cpu_stream_store.h).");
+  m.def("_test_cache_cpu", &pycoll::cache_cpu,
+        "Tests only: the CPU whose cache sizes the streaming stores' threshold (kernels/cpu_stream_store.h).");
   m.def(
       "_test_stream_copy",
       [](at::Tensor dst, const at::Tensor& src) {
         TORCH_CHECK(dst.device().is_cpu() && src.device().is_cpu(), "_test_stream_copy: CPU tensors only");
         TORCH_CHECK(dst.is_contiguous() && src.is_contiguous(), "_test_stream_copy: contiguous tensors only");
-        TORCH_CHECK(dst.nbytes() == src.nbytes(), "_test_stream_copy: ", dst.nbytes(), " bytes into ", src.nbytes());
+        TORCH_CHECK(dst.nbytes() == src.nbytes(), "_test_stream_copy: ", src.nbytes(), " bytes into ", dst.nbytes());
         pycoll::stream_copy(dst.data_ptr(), src.data_ptr(), src.nbytes());
       },
       py::arg("dst"), py::arg("src"),

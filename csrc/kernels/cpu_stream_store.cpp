@@ -33,22 +33,10 @@ const IntSetting kStreamStoreMinBytes(
     "per group.",
     "0 (auto)", /*bytes=*/true);
 
-// The first CPU this process may run on (0 when the affinity cannot be read): its cache is the one
-// the rank's copies go through, where sockets or core complexes differ.
-int first_allowed_cpu() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) return cpu;
-  }
-  return 0;
-}
-
-// The last-level cache of that CPU (one instance), from sysfs: inside a VM sysconf may give the
+// The last-level cache of cache_cpu() (one instance), from sysfs: inside a VM sysconf may give the
 // host's instead (320 MiB on the 2-core CI machine, whose L3 is 32 MiB). Else sysconf, else 32 MiB.
 size_t last_level_cache_bytes() {
-  const std::string cpu_dir = "/sys/devices/system/cpu/cpu" + std::to_string(first_allowed_cpu()) + "/cache/";
+  const std::string cpu_dir = "/sys/devices/system/cpu/cpu" + std::to_string(cache_cpu()) + "/cache/";
   for (int index = 4; index >= 2; --index) {
     const std::string dir = cpu_dir + "index" + std::to_string(index) + "/";
     unsigned long kib = 0;
@@ -104,6 +92,16 @@ void store_fence() {
 }
 
 }  // namespace
+
+int cache_cpu() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) return cpu;
+  }
+  return 0;
+}
 
 size_t stream_store_min_bytes(int ranks) {
   if (const int64_t set = kStreamStoreMinBytes.get(); set > 0) return static_cast<size_t>(set);

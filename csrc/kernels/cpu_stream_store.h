@@ -23,6 +23,10 @@ namespace pycoll {
 // to stay in the cache, where plain stores win). Reads the setting: call it once per engine.
 size_t stream_store_min_bytes(int ranks);
 
+// The CPU whose last-level cache that default is a share of: the first this process may run on
+// (0 when the affinity cannot be read), where sockets or core complexes differ.
+int cache_cpu();
+
 // memcpy(dst, src, bytes) with streaming stores for the aligned middle of dst; dst and src must not
 // overlap. Ends with a store fence, so the bytes are visible to whoever is told after it returns.
 void stream_copy(void* dst, const void* src, size_t bytes);
