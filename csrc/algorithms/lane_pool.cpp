@@ -1,11 +1,10 @@
 #include "algorithms/lane_pool.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 
 #include "common/brief_spin.h"
+#include "common/cpu_affinity.h"
 #include "common/owned_thread.h"
 #include "common/setting.h"
 #include "transport/transport.h"
@@ -27,13 +26,6 @@ bool spin_for(Pred pred) {
   return spin_briefly(pred, kSpin);
 }
 
-int affinity_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
-}
-
 }  // namespace
 
 // One CPU of the host stays free: lanes spin on each other's counters, so a lane that the OS
@@ -46,11 +38,12 @@ int auto_threads_per_rank(int cpus, int ranks_on_host) {
   return std::max(1, (cpus - 1) / std::max(1, ranks_on_host));
 }
 
-bool cpu_to_spare_per_rank(int ranks_on_host) { return affinity_cpus() >= 2 * std::max(1, ranks_on_host); }
+bool cpu_to_spare_per_rank(int ranks_on_host) { return allowed_cpu_count() >= 2 * std::max(1, ranks_on_host); }
 
 int cpu_threads_per_rank(int ranks_on_host) {
   const int64_t configured = kCpuThreads.get();
-  const int threads = configured > 0 ? static_cast<int>(configured) : auto_threads_per_rank(affinity_cpus(), ranks_on_host);
+  const int threads =
+      configured > 0 ? static_cast<int>(configured) : auto_threads_per_rank(allowed_cpu_count(), ranks_on_host);
   return std::clamp(threads, 1, kMaxLanes);
 }
 

@@ -14,6 +14,7 @@
 #include "bindings/host_form_bindings.h"
 #include "bindings/layout_bindings.h"
 #include "common/setting.h"
+#include "common/cpu_affinity.h"
 #include "common/settings_agreement.h"
 #include "common/store_wait.h"
 #include "common/test_hooks.h"
@@ -244,8 +245,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_test_stream_store_min_bytes",
       [](int ranks) { return static_cast<int64_t>(pycoll::stream_store_min_bytes(ranks)); }, py::arg("ranks"),
       "Tests only: the streaming stores' threshold for this many ranks on a host (kernels/cpu_stream_store.h).");
-  m.def("_test_cache_cpu", &pycoll::cache_cpu,
-        "Tests only: the CPU whose cache sizes the streaming stores' threshold (kernels/cpu_stream_store.h).");
+  m.def("_test_cache_cpu", &pycoll::first_allowed_cpu,
+        "Tests only: the CPU whose cache sizes the streaming stores' threshold (common/cpu_affinity.h).");
   m.def(
       "_test_stream_copy",
       [](at::Tensor dst, const at::Tensor& src) {

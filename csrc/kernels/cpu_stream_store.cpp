@@ -1,6 +1,5 @@
 #include "kernels/cpu_stream_store.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "common/cpu_affinity.h"
 #include "common/setting.h"
 #include "common/test_hooks.h"
 
@@ -33,10 +33,11 @@ const IntSetting kStreamStoreMinBytes(
     "per group.",
     "0 (auto)", /*bytes=*/true);
 
-// The last-level cache of cache_cpu() (one instance), from sysfs: inside a VM sysconf may give the
-// host's instead (320 MiB on the 2-core CI machine, whose L3 is 32 MiB). Else sysconf, else 32 MiB.
+// The last-level cache of the first CPU this process may run on (one instance; sockets or core
+// complexes can differ), from sysfs: inside a VM sysconf may give the host's instead (320 MiB on
+// the 2-core CI machine, whose L3 is 32 MiB). Else sysconf, else 32 MiB.
 size_t last_level_cache_bytes() {
-  const std::string cpu_dir = "/sys/devices/system/cpu/cpu" + std::to_string(cache_cpu()) + "/cache/";
+  const std::string cpu_dir = "/sys/devices/system/cpu/cpu" + std::to_string(first_allowed_cpu()) + "/cache/";
   for (int index = 4; index >= 2; --index) {
     const std::string dir = cpu_dir + "index" + std::to_string(index) + "/";
     unsigned long kib = 0;
@@ -92,16 +93,6 @@ void store_fence() {
 }
 
 }  // namespace
-
-int cache_cpu() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) return cpu;
-  }
-  return 0;
-}
 
 size_t stream_store_min_bytes(int ranks) {
   if (const int64_t set = kStreamStoreMinBytes.get(); set > 0) return static_cast<size_t>(set);

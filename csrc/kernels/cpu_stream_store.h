@@ -19,13 +19,10 @@ namespace pycoll {
 
 // The least output tensor, in bytes (a receive: the message), that an op over `ranks` ranks of
 // this host writes with streaming stores (PYCOLL_CPU_STREAM_STORE_MIN_BYTES; by default half the
-// last-level cache divided among the ranks, between 4 and 32 MiB: below that the output is likely
-// to stay in the cache, where plain stores win). Reads the setting: call it once per engine.
+// last-level cache of the first CPU the process may run on, divided among the ranks, between 4 and
+// 32 MiB: below that the output is likely to stay in the cache, where plain stores win). Reads the
+// setting: call it once per engine.
 size_t stream_store_min_bytes(int ranks);
-
-// The CPU whose last-level cache that default is a share of: the first this process may run on
-// (0 when the affinity cannot be read), where sockets or core complexes differ.
-int cache_cpu();
 
 // memcpy(dst, src, bytes) with streaming stores for the aligned middle of dst; dst and src must not
 // overlap. Ends with a store fence, so the bytes are visible to whoever is told after it returns.
