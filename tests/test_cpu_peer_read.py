@@ -100,7 +100,7 @@ def _ops_rank(rank, ws, seed, deny_on, expected_plan):
 
 
 @pytest.mark.parametrize("ws", [2, 3, 4])
-def test_peer_read_all_gather_and_broadcast(ws, seed):
+def test_peer_read_all_gather_and_broadcast(ws, seed, needs_cross_memory_attach):
     run_ranks(ws, _ops_rank, seed, None, "read in place", timeout=300,
               env={"PYCOLL_CPU_PEER_READ": "on", "PYCOLL_CPU_THREADS": "3", "PYCOLL_DEBUG": "INFO"})
 
@@ -170,7 +170,8 @@ READ, STAGED = "read in place", "pipelined"
     (("4", "4", "4", "4"), READ, READ),
     (("4", "3", "3", "3"), STAGED, READ),  # 4 ranks of 3 threads (the 16-CPU Xeon): reduce_scatter only
 ])
-def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, all_gather, reduce_scatter, seed):
+def test_peer_read_auto_only_for_large_ops_with_threads_to_spare(threads, all_gather, reduce_scatter, seed,
+                                                                 needs_cross_memory_attach):
     """auto reads in place, when every rank has 4 threads, an all_gather of 64 MiB or more and a
     reduce_scatter of 16 MiB or more over 2 ranks, 6 MiB or more over 3+; over 4+ ranks a
     reduce_scatter needs only 3 threads."""
@@ -210,6 +211,6 @@ def _dies_rank(rank, ws, op):
 
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
 @pytest.mark.parametrize("ws", [2, 3])
-def test_peer_dying_during_peer_read_raises(ws, op):
+def test_peer_dying_during_peer_read_raises(ws, op, needs_cross_memory_attach):
     run_ranks(ws, _dies_rank, op, pg_timeout=datetime.timedelta(seconds=5), expect_exit={ws - 1: 17}, timeout=60,
               env={"PYCOLL_CPU_PEER_READ": "on"})

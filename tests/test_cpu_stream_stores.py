@@ -115,7 +115,7 @@ def test_shared_all_gather_streams(ws, seed):
     run_ranks(ws, _all_gather_rank, seed, True, True, timeout=300, env=ON)
 
 
-def test_read_in_place_all_gather_streams(seed):
+def test_read_in_place_all_gather_streams(seed, needs_cross_memory_attach):
     """Reading the peers' inputs with cross-memory attach (PYCOLL_CPU_PEER_READ=on): out of place,
     this rank's own block is streamed into the output; the kernel writes the peers' blocks."""
     env = {**ON, "PYCOLL_CPU_PEER_READ": "on", "PYCOLL_CPU_THREADS": "2", "PYCOLL_DEBUG": "INFO"}

@@ -15,6 +15,7 @@
 #include "algorithms/tree.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "common/ptracer.h"
 #include "common/setting.h"
 #include "common/test_hooks.h"
 #include "kernels/cpu_stream_store.h"
@@ -41,8 +42,10 @@ const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cp
                             "place, when every rank has at least 4 threads (PYCOLL_CPU_THREADS), an all_gather of "
                             "64 MiB or more and a reduce_scatter of 16 MiB or more over 2 ranks, 6 MiB or more over "
                             "3 or more (over 4 or more, 3 threads are enough for a reduce_scatter). Ranks that "
-                            "differ use the least (off, then auto, then on). Where the OS forbids cross-memory "
-                            "attach, ops stage and the debug log says so once.");
+                            "differ use the least (off, then auto, then on). Under Yama's ptrace_scope=1 (Ubuntu's "
+                            "default), a rank that may read in place names the ranks' nearest common ancestor (their "
+                            "launcher) as its tracer, so that its sibling ranks may read it; off names none. Where "
+                            "the OS forbids cross-memory attach, ops stage and the debug log says so once.");
 const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
                                  "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
                                  "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
@@ -382,6 +385,21 @@ void CpuEngine::ensure_transport() {
   if (transport_) return;
   transport_ = std::make_unique<ShmTransport>(rv_, rank_, size_, shm_data_bytes(), p2p_channel_bytes(), timeout_);
   p2p_ = std::make_unique<PointToPoint>(*transport_, timeout_, &abort_, shared_tensors_on_);
+  // Before this rank's first op header, the earliest a peer may probe it (reads_in_place).
+  if (may_ever_read_in_place()) {
+    std::vector<int64_t> pids(size_);
+    for (int r = 0; r < size_; ++r) pids[r] = transport_->control(r).pid;
+    const PtracerDeclaration d = declare_ptracer_for(pids);
+    if (!d.what.empty() && debug_info_enabled()) std::fprintf(stderr, "[pycoll %d/%d] %s\n", rank_, size_, d.what.c_str());
+  }
+}
+
+bool CpuEngine::may_ever_read_in_place() const {
+  if (size_ < 2 || peer_read_mode_ == PeerRead::Off) return false;
+  if (peer_read_mode_ == PeerRead::On) return true;
+  constexpr size_t kAnySize = size_t(1) << 62;
+  return auto_reads_in_place(OpCode::AllGather, kAnySize, size_, threads_) ||
+         auto_reads_in_place(OpCode::ReduceScatter, kAnySize, size_, threads_);
 }
 
 PointToPoint& CpuEngine::p2p() {

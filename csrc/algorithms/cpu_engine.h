@@ -74,6 +74,9 @@ class CpuEngine {
 
  private:
   void ensure_transport();
+  // Whether this rank's setting and threads let any op read its peers in place (auto's rule at
+  // any size, or on): only then does it name a tracer for them (common/ptracer.h).
+  bool may_ever_read_in_place() const;
   // Publishes this rank's header (and, for one-shot, the first chunk), one
   // barrier, then compares every peer's header: throws the same error on
   // every rank if they differ, leaving all ranks in step for the next op.

@@ -15,6 +15,7 @@
 #include "bindings/layout_bindings.h"
 #include "common/setting.h"
 #include "common/cpu_affinity.h"
+#include "common/ptracer.h"
 #include "common/settings_agreement.h"
 #include "common/store_wait.h"
 #include "common/test_hooks.h"
@@ -245,6 +246,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_test_stream_store_min_bytes",
       [](int ranks) { return static_cast<int64_t>(pycoll::stream_store_min_bytes(ranks)); }, py::arg("ranks"),
       "Tests only: the streaming stores' threshold for this many ranks on a host (kernels/cpu_stream_store.h).");
+  m.def("_test_nearest_common_ancestor", &pycoll::nearest_common_ancestor, py::arg("pids"),
+        "Tests only: the nearest process that is an ancestor of, or one of, every pid; 0 if none (common/ptracer.h).");
+  m.def(
+      "_test_choose_ptracer",
+      [](const std::vector<int64_t>& pids, int scope) {
+        const pycoll::PtracerDeclaration d = pycoll::choose_ptracer(pids, scope);
+        return py::make_tuple(d.tracer, d.what);
+      },
+      py::arg("pids"), py::arg("scope"),
+      "Tests only: (tracer, message) that a CPU engine would name for these ranks' pids under Yama ptrace_scope "
+      "`scope`, without naming it (common/ptracer.h).");
+  m.def("_yama_ptrace_scope", &pycoll::yama_ptrace_scope,
+        "Yama's ptrace_scope on this host, or -1 where Yama is not loaded (common/ptracer.h).");
   m.def("_test_cache_cpu", &pycoll::first_allowed_cpu,
         "Tests only: the CPU whose cache sizes the streaming stores' threshold (common/cpu_affinity.h).");
   m.def(
