@@ -99,8 +99,8 @@ void PointToPoint::post_send(int dst, int64_t tag, const char* data, int64_t byt
   post(send_lanes_, dst, Request{tag, const_cast<char*>(data), bytes, std::move(done), nullptr, shared}, true);
 }
 
-void PointToPoint::post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done) {
-  post(recv_lanes_, src, Request{tag, data, bytes, std::move(done), nullptr}, false);
+void PointToPoint::post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done, SharedStorageRef into) {
+  post(recv_lanes_, src, Request{tag, data, bytes, std::move(done), nullptr, into}, false);
 }
 
 void PointToPoint::post_recv_any(int64_t tag, char* data, int64_t bytes, DoneFrom done) {
@@ -191,8 +191,15 @@ void PointToPoint::send_message(int dst, Lane& lane, const Request& req) {
   // again because a smaller message must complete without its receiver.
   const bool by_reference =
       !lane.streams_only && req.shared.valid() && static_cast<uint64_t>(req.bytes) > t_.channel_bytes();
-  const MessageHeader h{req.tag, req.bytes, by_reference ? 1 : 0};
+  // A private buffer (or one the receiver cannot map) as large: offer to write it into the
+  // receive's buffer, should that live in a shared file.
+  const bool offer = !by_reference && !lane.offers_refused && may_send_by_reference(req.bytes);
+  const MessageHeader h{req.tag, req.bytes, by_reference ? 1 : (offer ? kOffer : 0)};
   write_stream(dst, reinterpret_cast<const char*>(&h), sizeof(h));
+  if (offer) {
+    if (!write_into_receiver(dst, lane, req)) write_stream(dst, req.data, req.bytes);
+    return;
+  }
   if (by_reference) {
     write_stream(dst, reinterpret_cast<const char*>(&req.shared), sizeof(req.shared));
     const uint64_t k = lane.by_reference++;
@@ -225,6 +232,104 @@ void PointToPoint::send_message(int dst, Lane& lane, const Request& req) {
   write_stream(dst, req.data, req.bytes);
 }
 
+bool PointToPoint::write_into_receiver(int dst, Lane& lane, const Request& req) {
+  const int me = t_.rank();
+  const uint64_t k = lane.offers++;
+  const uint64_t base = kReplyStride * k;
+  auto& answer = t_.control(dst).p2p_answer[me].value;
+  auto& filled = t_.control(me).p2p_filled[dst].value;
+  uint64_t outcome = 0;
+  try {
+    // Asleep: the receiver may post its receive much later.
+    Waiter w(t_, timeout_, abort_, str("pycoll::send to rank ", dst));
+    w.until_ge_asleep(dst, answer, base + 1, "receiver taking the message");
+  } catch (...) {
+    settle(filled, k, kGivenUp, &outcome);  // or the receiver gave up first: failed either way
+    wake_sleepers(filled);
+    throw;
+  }
+  auto receiver_gave_up = [&] {
+    return GroupBroken(str("pycoll::send to rank ", dst, ": the receiver gave up on the message (its receive ",
+                           "failed: timed out, aborted or destroyed)"));
+  };
+  const uint64_t a = answer.load(std::memory_order_acquire) - base;
+  if (a == kWriteInto) {
+    const SharedStorageRef into = t_.control(dst).p2p_into[me];  // published before the answer
+    const char* why = nullptr;
+    char* target = nullptr;
+    if (into.offset < 0 || into.offset + req.bytes > into.file_bytes) {
+      why = "the receive's buffer does not lie inside the file it names";
+    } else {
+      lane.maps.begin_op();
+      int err = 0;
+      bool evicted = false;
+      target = lane.maps.map(dst, t_.control(dst).pid, into, /*writable=*/true, &err, &evicted);
+      if (target == nullptr) {
+        why = std::strerror(err);
+        if (PeerFileMaps::lasting(err)) lane.offers_refused = true;
+      }
+    }
+    if (target != nullptr) {
+      if (!settle(filled, k, kWriting, &outcome)) throw receiver_gave_up();
+      wake_sleepers(filled);
+      copy_to_output(streams_into(req.bytes), target, req.data, static_cast<size_t>(req.bytes));
+      filled.store(base + kWritten, std::memory_order_release);
+      wake_sleepers(filled);
+      test_hooks::count_p2p_into_receiver();
+      return true;
+    }
+    if (debug_info_enabled()) {
+      std::fprintf(stderr, "[pycoll %d/%d] rank %d's shared-memory receive buffer cannot be mapped here (%s): %s\n",
+                   me, t_.size(), dst, why,
+                   lane.offers_refused ? "messages to it go through the channel" : "this message goes through the channel");
+    }
+  } else if (a == kSendBytesAlways) {
+    lane.offers_refused = true;
+  }
+  if (!settle(filled, k, kBytesFollow, &outcome)) throw receiver_gave_up();
+  wake_sleepers(filled);
+  return false;
+}
+
+void PointToPoint::receive_offer(int src, Lane& lane, const MessageHeader& h, char* p, const SharedStorageRef& into,
+                                 bool stream) {
+  const int me = t_.rank();
+  const uint64_t k = lane.offers++;
+  const uint64_t base = kReplyStride * k;
+  auto& answer = t_.control(me).p2p_answer[src].value;
+  auto& filled = t_.control(src).p2p_filled[me].value;
+  const bool take = shared_tensors_ && into.valid();
+  if (take) t_.control(me).p2p_into[src] = into;
+  answer.store(base + (take ? kWriteInto : shared_tensors_ ? kSendBytes : kSendBytesAlways), std::memory_order_release);
+  wake_sleepers(answer);
+  uint64_t outcome = 0;
+  try {
+    Waiter w(t_, timeout_, abort_, str("pycoll::recv from rank ", src));
+    w.until_ge_asleep(src, filled, base + 1, "sender writing the message into this rank's buffer");
+    outcome = filled.load(std::memory_order_acquire) - base;
+  } catch (...) {
+    if (settle(filled, k, kGivenUp, &outcome)) throw;  // withdrawn before the sender claimed it
+  }
+  // Claimed: the sender is writing into the buffer, so the receive ends only once it has finished
+  // (or exited), whatever this side's deadline; the copy takes milliseconds.
+  while (outcome == kWriting) {
+    try {
+      Waiter w(t_, timeout_, abort_, str("pycoll::recv from rank ", src));
+      w.until_ge_asleep(src, filled, base + kWritten, "sender writing the message into this rank's buffer");
+    } catch (...) {
+      if (!t_.peer_alive(src)) throw;
+    }
+    outcome = filled.load(std::memory_order_acquire) - base;
+  }
+  if (outcome == kWritten) return;
+  if (outcome == kBytesFollow) {
+    read_stream(src, p, h.bytes, stream);
+    return;
+  }
+  throw GroupBroken(str("pycoll::recv from rank ", src, ": the sender gave up on the message (its send failed: ",
+                        "timed out, aborted or destroyed)"));
+}
+
 bool PointToPoint::settle(std::atomic<uint64_t>& word, uint64_t k, uint64_t outcome, uint64_t* winner) {
   const uint64_t base = kReplyStride * k;  // earlier messages' replies are all below base
   uint64_t seen = word.load(std::memory_order_acquire);
@@ -247,9 +352,14 @@ PointToPoint::MessageHeader PointToPoint::read_header(int src) {
   return h;
 }
 
-void PointToPoint::receive_body(int src, Lane& lane, const MessageHeader& h, char* p, bool into_user_buffer) {
+void PointToPoint::receive_body(int src, Lane& lane, const MessageHeader& h, char* p, bool into_user_buffer,
+                                const SharedStorageRef& into) {
   // Only the user's buffer is streamed: a buffer of ours is read again soon, from the cache.
   const bool stream = into_user_buffer && streams_into(h.bytes);
+  if (h.by_reference == kOffer) {
+    receive_offer(src, lane, h, p, into_user_buffer ? into : SharedStorageRef{}, stream);
+    return;
+  }
   if (!h.by_reference) {
     read_stream(src, p, h.bytes, stream);
     return;
@@ -421,7 +531,7 @@ void PointToPoint::recv_loop(int src, Lane& lane) {
                 receive_body(src, lane, h, sink.data(), false);
                 err = size_error(h.bytes);
               } else {
-                receive_body(src, lane, h, req.data, true);
+                receive_body(src, lane, h, req.data, true, req.shared);
               }
               break;
             }

@@ -31,6 +31,16 @@
 // reference: their send waits for the receiver either way, so no program that progressed before
 // can block now. And only where the ranks have no CPU to spare (may_send_by_reference).
 //
+// Into the receiver's shared tensor: the same message from a private buffer, where the receive's
+// buffer lives in a shared file, is written by the sender straight into it: one copy again. The
+// sender's header offers it and carries no bytes; the receiver, once a receive takes the message,
+// answers in its p2p_answer[src] word (with its buffer's file in p2p_into[src]) or asks for the
+// bytes (a buffer not in a shared file, an unexpected message, a receive from any source). The
+// sender maps the file writable, claims the message in its p2p_filled[dst] word (Fill), copies,
+// and marks it written; or marks that the bytes follow through the channel. Either side may
+// withdraw the message in that word before the sender claims it (compare-and-swap, as for
+// Reply); once claimed, the receiver waits for the copy while the sender lives.
+//
 // A lane thread may destroy this object itself (its finished request held the
 // last reference to the group): lanes are shared with their threads, and the
 // destructor detaches the calling thread instead of joining it.
@@ -69,7 +79,9 @@ class PointToPoint {
   // holds `data` (engines/shared_storage_ref.h), where may_send_by_reference(bytes) said yes: the
   // message then goes by reference.
   void post_send(int dst, int64_t tag, const char* data, int64_t bytes, Done done, SharedStorageRef shared = {});
-  void post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done);
+  // `into`: the shared file that holds `data`, where may_receive_into_shared(bytes) said yes: a
+  // sender of a private buffer may then write the message straight into it.
+  void post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done, SharedStorageRef into = {});
   // Whether a message of `bytes` goes by reference when its bytes live in a shared file: the
   // caller looks the file up only then, and passes it to post_send. Only where the calling
   // thread's ranks have no CPU to spare (cpu_to_spare_per_rank, algorithms/lane_pool.h): with
@@ -78,6 +90,8 @@ class PointToPoint {
   bool may_send_by_reference(int64_t bytes) const {
     return shared_tensors_ && static_cast<uint64_t>(bytes) > t_.channel_bytes() && !cpu_to_spare_per_rank(t_.size());
   }
+  // Whether a receive of `bytes` may take the message into its own shared file: by the same rule.
+  bool may_receive_into_shared(int64_t bytes) const { return may_send_by_reference(bytes); }
   // A receive from whichever peer first sends a message with `tag`; `done` gets that peer.
   using DoneFrom = std::function<void(int src, std::exception_ptr)>;
   void post_recv_any(int64_t tag, char* data, int64_t bytes, DoneFrom done);
@@ -90,7 +104,7 @@ class PointToPoint {
     int64_t bytes;
     Done done;
     std::shared_ptr<AnySource> any;  // set for a receive from any source (then `done` is unused)
-    SharedStorageRef shared;         // a send's: where `data` lives, if in a shared file
+    SharedStorageRef shared;         // where `data` lives, if in a shared file (and may be used)
   };
   struct Lane {  // one peer, one direction
     std::mutex mu;
@@ -102,7 +116,9 @@ class PointToPoint {
     std::map<int64_t, std::deque<std::vector<char>>> early;  // receive lanes: messages nobody asked for yet
     uint64_t by_reference = 0;       // messages by reference sent (send lane) or read (receive lane)
     bool streams_only = false;       // send lane: the peer cannot map this rank's files, send bytes from now on
-    PeerFileMaps maps;               // receive lane: the peer's files mapped here
+    uint64_t offers = 0;             // messages offered to write into the receiver's file, sent or read
+    bool offers_refused = false;     // send lane: the peer never takes them, or its files cannot be mapped here
+    PeerFileMaps maps;               // the peer's files mapped here (receive lane: read; send lane: written)
   };
   using Lanes = std::vector<std::shared_ptr<Lane>>;
   void post(Lanes& lanes, int peer, Request req, bool send);
@@ -117,8 +133,26 @@ class PointToPoint {
   struct MessageHeader {
     int64_t tag;
     int64_t bytes;
-    int64_t by_reference;  // 1: a SharedStorageRef follows instead of the bytes
+    int64_t by_reference;  // 1: a SharedStorageRef follows instead of the bytes; 2: an offer (file comment)
   };
+  static constexpr int64_t kOffer = 2;
+  // The receiver's answer to offer k: its word holds kReplyStride * k + one of these.
+  enum Answer : uint64_t {
+    kWriteInto = 1,    // write it into my buffer, whose file is in p2p_into
+    kSendBytes = 2,    // send the bytes through the channel this time
+    kSendBytesAlways = 3,  // and every later message (PYCOLL_CPU_SHARED_TENSORS off here)
+  };
+  // How offer k ended, in the sender's p2p_filled[dst]: kReplyStride * k + one of these.
+  enum Fill : uint64_t {
+    kWriting = 1,   // the sender claimed it and is writing (never withdrawn from here)
+    kWritten = 2,   // the bytes are in the receiver's buffer
+    kBytesFollow = 3,  // the bytes follow through the channel
+    kGivenUp = 4,   // withdrawn by either side: the send and the receive fail
+  };
+  // The sender's side of an offer; false when the bytes must follow through the channel.
+  bool write_into_receiver(int dst, Lane& lane, const Request& req);
+  // The receiver's side: answers offer k with `into` (or asks for the bytes) and takes the message.
+  void receive_offer(int src, Lane& lane, const MessageHeader& h, char* p, const SharedStorageRef& into, bool stream);
   // How message k by reference ended: its reply word holds kReplyStride * k + one of these.
   enum Reply : uint64_t {
     kCopied = 1,        // the receiver copied it: the send is done
@@ -132,7 +166,9 @@ class PointToPoint {
   // Reads the next message's header, then (receive_body) its bytes into p, which holds h.bytes.
   MessageHeader read_header(int src);
   // into_user_buffer: p is the receive's own tensor (streamed where large), not a buffer of ours.
-  void receive_body(int src, Lane& lane, const MessageHeader& h, char* p, bool into_user_buffer);
+  // into: the receive's shared file, where the sender may write the message straight into p.
+  void receive_body(int src, Lane& lane, const MessageHeader& h, char* p, bool into_user_buffer,
+                    const SharedStorageRef& into = {});
   // Copies a message sent by reference into p from the peer's mapped file: kCopied, or the Reply
   // that asks for the bytes (nothing copied) where the file cannot be mapped here.
   uint64_t copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes, bool stream);

@@ -169,7 +169,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
         shared);
   } else {
     auto held = std::make_shared<HeldRequest>(work, buf, t);
-    cpu_->p2p().post_recv(peer, tag, data, bytes, [held, stream](std::exception_ptr err) {
+    PointToPoint& p2p = cpu_->p2p();
+    const SharedStorageRef into = p2p.may_receive_into_shared(bytes) ? shared_storage_of(buf) : SharedStorageRef{};
+    p2p.post_recv(peer, tag, data, bytes, [held, stream](std::exception_ptr err) {
       const auto& work = held->work;
       const auto& buf = held->buf;
       const auto& t = held->t;
@@ -183,7 +185,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
         }
       }
       work->mark_done_and_settle(err);
-    });
+    }, into);
   }
   return work;
 }

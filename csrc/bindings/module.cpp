@@ -238,6 +238,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Tests only: the wait for one Store key per rank (common/store_wait.h).");
   m.def("_test_shared_votes", &pycoll::test_hooks::shared_votes,
         "Tests only: how many times this process voted on mapping peers' shared files (common/test_hooks.h).");
+  m.def("_test_p2p_into_receiver", &pycoll::test_hooks::p2p_into_receiver,
+        "Tests only: how many point-to-point messages this process wrote straight into their receiver's shared "
+        "buffer (algorithms/p2p.h).");
   m.def("_test_p2p_by_reference", &pycoll::test_hooks::p2p_by_reference,
         "Tests only: how many point-to-point messages this process received by reference (common/test_hooks.h).");
   m.def("_test_streamed_bytes", &pycoll::test_hooks::streamed_bytes,

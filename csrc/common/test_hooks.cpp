@@ -11,6 +11,7 @@ std::atomic<bool> g_deny_peer_read{false};
 std::atomic<bool> g_deny_shared_open{false};
 std::atomic<int64_t> g_shared_votes{0};
 std::atomic<int64_t> g_p2p_by_reference{0};
+std::atomic<int64_t> g_p2p_into_receiver{0};
 std::atomic<int64_t> g_streamed_bytes{0};
 }  // namespace
 
@@ -38,6 +39,10 @@ int64_t shared_votes() { return g_shared_votes.load(std::memory_order_relaxed); 
 void count_p2p_by_reference() { g_p2p_by_reference.fetch_add(1, std::memory_order_relaxed); }
 
 int64_t p2p_by_reference() { return g_p2p_by_reference.load(std::memory_order_relaxed); }
+
+void count_p2p_into_receiver() { g_p2p_into_receiver.fetch_add(1, std::memory_order_relaxed); }
+
+int64_t p2p_into_receiver() { return g_p2p_into_receiver.load(std::memory_order_relaxed); }
 
 void count_streamed_bytes(int64_t bytes) { g_streamed_bytes.fetch_add(bytes, std::memory_order_relaxed); }
 

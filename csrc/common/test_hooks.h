@@ -36,6 +36,11 @@ int64_t shared_votes();
 void count_p2p_by_reference();
 int64_t p2p_by_reference();
 
+// How many point-to-point messages this process wrote straight into their receiver's shared
+// buffer (algorithms/p2p.h): tests read it.
+void count_p2p_into_receiver();
+int64_t p2p_into_receiver();
+
 // How many bytes this process wrote with streaming stores (kernels/cpu_stream_store.h): tests read it.
 void count_streamed_bytes(int64_t bytes);
 int64_t streamed_bytes();

@@ -84,6 +84,12 @@ struct alignas(64) ControlBlock {
   // How rank r's messages sent by reference ended (PointToPoint::Reply, algorithms/p2p.h): set by
   // me once I copied the message or could not map it, or by r when it gave up waiting.
   Counter p2p_taken[kMaxRanks];
+  // Messages that rank r offered to write into my receive buffer (PointToPoint::Answer): my answer
+  // to r's offer k (and, where it is yes, my buffer's file in p2p_into[r]), and r's outcome of it
+  // (PointToPoint::Fill) in p2p_filled[me] of r's block; either side may withdraw the offer there.
+  Counter p2p_answer[kMaxRanks];
+  SharedStorageRef p2p_into[kMaxRanks];
+  Counter p2p_filled[kMaxRanks];
 };
 
 class Transport {
