@@ -54,7 +54,9 @@ const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "
                                  "which is faster there) or stage them like any tensor (off). A send larger than "
                                  "PYCOLL_P2P_CHANNEL_BYTES from such a tensor, where the ranks have fewer than two CPUs "
                                  "each, goes by reference: the receiver copies it straight out of the sender's file (on) "
-                                 "instead of through the channel. Where the OS forbids opening a peer's file, ops stage "
+                                 "instead of through the channel; a private send as large into such a tensor is written "
+                                 "by the sender straight into the receiver's file. Where the OS forbids opening a peer's "
+                                 "file, ops stage "
                                  "and the debug log says so once.");
 // A one-lane all_gather of 16 MiB or more, or broadcast of 64 MiB or more, stages even where it
 // could read shared tensors in place. Staged, each input is read from memory once, by its owner,
