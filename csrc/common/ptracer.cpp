@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "common/check.h"
@@ -19,28 +20,32 @@ namespace {
 // the host's init, not a container's launcher.
 constexpr const char* kInitialPidNamespace = "pid:[4026531836]";
 
-// The parent of `pid` from /proc/<pid>/stat ("pid (comm) state ppid ..."; comm may hold spaces
-// and parentheses, so the fields are read after the last ')'); -1 when it cannot be read.
+// The parent of `pid` from /proc/<pid>/stat ("pid (comm) state ppid ..."; comm may hold spaces,
+// parentheses and newlines, so the whole file is read and the fields taken after the last ')');
+// 0 for a process whose parent lies outside this PID namespace (docker exec, nsenter); -1 when it
+// cannot be read.
 int64_t parent_of(int64_t pid) {
   std::ifstream f(str("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(f, line)) return -1;
-  const size_t close = line.rfind(')');
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
   if (close == std::string::npos) return -1;
-  std::istringstream rest(line.substr(close + 1));
+  std::istringstream rest(text.substr(close + 1));
   std::string state;
   int64_t ppid = -1;
   if (!(rest >> state >> ppid)) return -1;
   return ppid;
 }
 
-// pid, its parent, its parent's parent, ... up to 1; empty when a link cannot be read.
+// pid, its parent, its parent's parent, ... up to 1 or to the last ancestor inside this PID
+// namespace; empty when a link cannot be read.
 std::vector<int64_t> lineage(int64_t pid) {
   std::vector<int64_t> chain;
-  for (int64_t p = pid; p > 0; p = parent_of(p)) {
+  for (int64_t p = pid; p > 0;) {
     chain.push_back(p);
     if (p == 1) return chain;
-    if (chain.size() > 4096) break;  // a cycle can only come from pids reused while we walk
+    if (chain.size() > 4096) return {};  // a cycle can only come from pids reused while we walk
+    p = parent_of(p);
+    if (p == 0) return chain;
   }
   return {};
 }
@@ -94,6 +99,17 @@ PtracerDeclaration choose_ptracer(const std::vector<int64_t>& host_pids, int sco
   if (ancestor == 1 && in_initial_pid_namespace()) {
     return {0, "Yama ptrace_scope=1, and the ranks on this host share no ancestor but init: not named as their tracer "
                "(that would let any process of the user read this rank), so no peer may read it in place"};
+  }
+  // Only a launcher: one of the ranks, or the parent of one. Ranks started apart (separate
+  // terminals, tmux panes, ssh sessions) share only a session manager or server, whose
+  // descendants are most of the user's processes.
+  const bool launcher = std::any_of(host_pids.begin(), host_pids.end(), [&](int64_t pid) {
+    return pid == ancestor || parent_of(pid) == ancestor;
+  });
+  if (!launcher) {
+    return {0, str("Yama ptrace_scope=1, and the nearest common ancestor of the ranks on this host, process ", ancestor,
+                   " (", comm_of(ancestor), "), neither is a rank nor started one (ranks started apart): not named as "
+                   "their tracer, so no peer may read this rank in place")};
   }
   return {ancestor, str("Yama ptrace_scope=1: named process ", ancestor, " (", comm_of(ancestor),
                         "), the nearest common ancestor of the ranks on this host, as this rank's tracer, so that its "

@@ -10,8 +10,10 @@
 // only that process's descendants gain access, which are the job's own processes.
 //
 // Never named: the init process of the host's initial PID namespace (that would let every process
-// of the user read the rank, what ptrace_scope=1 exists to prevent), or an ancestor that cannot be
-// found (a peer's /proc entry unreadable: another PID namespace, /proc mounted with hidepid). Scopes
+// of the user read the rank, what ptrace_scope=1 exists to prevent); an ancestor that is neither a
+// rank nor the parent of one (ranks started apart, whose common ancestor is a session manager,
+// tmux or sshd: as wide); or one that cannot be found (a peer's /proc entry unreadable: another
+// PID namespace, /proc mounted with hidepid). Scopes
 // 0 (no restriction) and 2-3 (attach needs CAP_SYS_PTRACE, which a declaration does not replace)
 // need no declaration and get none. A process holds one declaration: this replaces any earlier one.
 #pragma once
