@@ -301,3 +301,25 @@ def check_one_all_reduce(cases, rank, ws, dtype, op, n):
     ref, bound = reduce_ref(xs, op, dtype)
     cases.check("result", t, ref, bound)
     cases.check_identical(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# point-to-point helpers (run inside the ranks)
+
+
+def no_cpu_to_spare(ws):
+    """Large shared sends skip the channel only where the ranks have no CPU to spare (fewer than 2
+    per rank, decision 0020): this rank runs on at most `ws` CPUs, as on the 2-core CI machine."""
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:ws])
+
+
+def elems(dtype, nbytes):
+    """How many elements of `dtype` fit in `nbytes`."""
+    return nbytes // torch.empty((), dtype=dtype).element_size()
+
+
+def rank_log():
+    """This rank's output so far (its stdout and stderr, ranks.run_ranks)."""
+    sys.stderr.flush()
+    with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
+        return f.read()

@@ -9,13 +9,12 @@ so that messages of a few hundred KiB are "larger than the channel".
 """
 import datetime
 import os
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from cpu_collectives_util import Cases
+from cpu_collectives_util import Cases, elems, no_cpu_to_spare, rank_log
 from ranks import quiet, run_ranks
 from reference import DTYPES, filler, gen
 
@@ -27,38 +26,22 @@ SENDER_REFUSED = "cannot map this rank's shared-memory tensors"
 RECEIVER_REFUSED = "point-to-point messages from it go through the channel"
 
 
-def _no_cpu_to_spare(ws):
-    """Sends go by reference only where the ranks have no CPU to spare (fewer than 2 per rank):
-    this rank runs on at most `ws` CPUs, as on the 2-core CI machine."""
-    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:ws])
-
-
-def _elems(dtype, nbytes):
-    return nbytes // torch.empty((), dtype=dtype).element_size()
-
-
 def _by_reference():
     from pycollectives import _C
 
     return _C._test_p2p_by_reference()
 
 
-def _log():
-    sys.stderr.flush()
-    with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
-        return f.read()
-
-
 def _ring_rank(rank, ws, seed):
     """Every rank sends to the next round a ring and receives from the previous: every dtype, the
     receiver's tensor private, shared or strided; sizes just above the channel and odd ones."""
     quiet()
-    _no_cpu_to_spare(ws)
+    no_cpu_to_spare(ws)
     cases = Cases("p2p by reference, ring", rank, ws, seed)
     nxt, prv = (rank + 1) % ws, (rank - 1) % ws
     for dtype in DTYPES:
         for nbytes in (CHANNEL + 8, 5 * CHANNEL + 24):
-            n = _elems(dtype, nbytes) + 3
+            n = elems(dtype, nbytes) + 3
             for into in ("private", "shared", "strided"):
                 with cases.case(dtype=dtype, n=n, into=into):
                     mine = gen(dtype, "data", (n,), cases.keyed_seed(rank))
@@ -84,7 +67,7 @@ def _ring_rank(rank, ws, seed):
     # The send completes only once the receiver has copied: writing the tensor after wait() does
     # not reach the receiver.
     with cases.case(kind="sender writes after wait"):
-        n = _elems(torch.float32, 3 * CHANNEL)
+        n = elems(torch.float32, 3 * CHANNEL)
         mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
         theirs = gen(torch.float32, "data", (n,), cases.keyed_seed(prv))
         src = mine.clone().share_memory_()
@@ -97,7 +80,7 @@ def _ring_rank(rank, ws, seed):
         cases.check("received the bytes as they were at the send", got, theirs)
     # A view inside a larger shared tensor: the message starts at its offset in the file.
     with cases.case(kind="view at an offset"):
-        n = _elems(torch.float32, 2 * CHANNEL) + 1
+        n = elems(torch.float32, 2 * CHANNEL) + 1
         base = gen(torch.float32, "data", (3 * n,), cases.keyed_seed(rank)).share_memory_()
         theirs = gen(torch.float32, "data", (3 * n,), cases.keyed_seed(prv))[n + 5:2 * n + 5]
         got = filler(torch.float32, (n,))
@@ -110,7 +93,7 @@ def _ring_rank(rank, ws, seed):
     # A receive of the wrong size fails; the next message by reference still arrives (the two
     # ranks' counts of such messages stay in step).
     with cases.case(kind="size mismatch, then a good message"):
-        n = _elems(torch.float32, 2 * CHANNEL)
+        n = elems(torch.float32, 2 * CHANNEL)
         first = gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 1)).share_memory_()
         second = gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 2)).share_memory_()
         works = [dist.isend(first, dst=nxt, tag=9), dist.isend(second, dst=nxt, tag=10)]
@@ -125,8 +108,8 @@ def _ring_rank(rank, ws, seed):
             w.wait()
         cases.check("received after the mismatch", got, gen(torch.float32, "data", (n,), cases.keyed_seed(prv, 2)))
     # Private, small (fits the channel) and empty shared messages stream as before.
-    for kind, n, share in (("private", _elems(torch.float32, 3 * CHANNEL), False),
-                           ("small", _elems(torch.float32, CHANNEL // 2), True), ("empty", 0, True)):
+    for kind, n, share in (("private", elems(torch.float32, 3 * CHANNEL), False),
+                           ("small", elems(torch.float32, CHANNEL // 2), True), ("empty", 0, True)):
         with cases.case(kind=kind):
             mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
             src = mine.clone().share_memory_() if share else mine.clone()
@@ -151,9 +134,9 @@ def _order_rank(rank, ws, seed):
     3, 1, 2: the ones it does not want yet are copied out of the file into a buffer (the sender is
     waiting on them); then the same from any source."""
     quiet()
-    _no_cpu_to_spare(ws)
+    no_cpu_to_spare(ws)
     cases = Cases("p2p by reference, tag order", rank, ws, seed)
-    n = _elems(torch.float32, 4 * CHANNEL) + 1
+    n = elems(torch.float32, 4 * CHANNEL) + 1
     msgs = {tag: gen(torch.float32, "data", (n,), cases.keyed_seed(tag)) for tag in (1, 2, 3)}
     for any_source in (False, True):
         with cases.case(any_source=any_source):
@@ -187,9 +170,9 @@ def _any_source_rank(rank, ws, seed):
     """Ranks 1..n-1 each send rank 0 a large shared message with the same tag; rank 0 receives
     them from any source: one lane claims each receive, the others buffer what they read."""
     quiet()
-    _no_cpu_to_spare(ws)
+    no_cpu_to_spare(ws)
     cases = Cases("p2p by reference, any source", rank, ws, seed)
-    n = _elems(torch.float32, 3 * CHANNEL) + 7
+    n = elems(torch.float32, 3 * CHANNEL) + 7
     msgs = {r: gen(torch.float32, "data", (n,), cases.keyed_seed(r)) for r in range(1, ws)}
     with cases.case():
         if rank == 0:
@@ -223,13 +206,13 @@ def _refused_rank(rank, ws, seed, how):
     "off", its PYCOLL_CPU_SHARED_TENSORS is off): the first message falls back to the channel, and
     every later one streams; both ranks say so once in the debug log (the sender only when refused)."""
     quiet()
-    _no_cpu_to_spare(ws)
+    no_cpu_to_spare(ws)
     from pycollectives import _C
 
     if rank == 1 and how == "denied":
         _C._set_test_deny_shared_open(True)
     cases = Cases("p2p by reference, refused", rank, ws, seed)
-    n = _elems(torch.float32, 3 * CHANNEL) + 5
+    n = elems(torch.float32, 3 * CHANNEL) + 5
     for i in range(3):
         with cases.case(message=i):
             m = gen(torch.float32, "data", (n,), cases.keyed_seed(i))
@@ -244,7 +227,7 @@ def _refused_rank(rank, ws, seed, how):
                 cases.check("received", got, m)
                 cases.expect(_by_reference() == before, "a refused message came by reference")
     dist.barrier()
-    log = _log()
+    log = rank_log()
     if rank == 0:
         cases.expect(log.count(SENDER_REFUSED) == 1, f"{log.count(SENDER_REFUSED)} lines say rank 1 cannot map, expected 1")
     elif how == "denied":
@@ -262,12 +245,12 @@ def _allocator_rank(rank, ws, seed):
     """With the shared CPU allocator every large tensor is shared: a send of a fresh tensor goes by
     reference with no share_memory_()."""
     quiet()
-    _no_cpu_to_spare(ws)
+    no_cpu_to_spare(ws)
     import pycollectives
 
     pycollectives.use_shared_cpu_memory()
     cases = Cases("p2p by reference, shared allocator", rank, ws, seed)
-    n = _elems(torch.float32, 1 << 20) + 3
+    n = elems(torch.float32, 1 << 20) + 3
     with cases.case():
         mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank)) * 1.0  # allocated after the switch
         got = torch.empty(n)
@@ -290,8 +273,8 @@ def _dead_receiver_rank(rank, ws):
     import time
 
     quiet()
-    _no_cpu_to_spare(ws)
-    n = _elems(torch.float32, 3 * CHANNEL)
+    no_cpu_to_spare(ws)
+    n = elems(torch.float32, 3 * CHANNEL)
     if rank == 1:
         dist.barrier()
         os._exit(3)  # never receives
@@ -320,8 +303,8 @@ def _withdrawn_rank(rank, ws):
     import time
 
     quiet()
-    _no_cpu_to_spare(ws)
-    n = _elems(torch.float32, 3 * CHANNEL)
+    no_cpu_to_spare(ws)
+    n = elems(torch.float32, 3 * CHANNEL)
     dist.barrier()
     if rank == 0:
         src = torch.ones(n).share_memory_()
@@ -355,7 +338,7 @@ def _spare_cpus_rank(rank, ws, seed):
     copies then run on two cores at once (faster there than one copy by reference)."""
     quiet()
     cases = Cases("p2p by reference, spare CPUs", rank, ws, seed)
-    n = _elems(torch.float32, 3 * CHANNEL) + 1
+    n = elems(torch.float32, 3 * CHANNEL) + 1
     with cases.case():
         mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
         got = filler(torch.float32, (n,))

@@ -11,14 +11,13 @@ machine (with CPUs to spare the channel's two copies run at once and are faster,
 """
 import datetime
 import os
-import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from cpu_collectives_util import Cases
+from cpu_collectives_util import Cases, elems, no_cpu_to_spare, rank_log
 from ranks import quiet, run_ranks
 from reference import DTYPES, filler, gen
 
@@ -29,36 +28,22 @@ ENV = {"PYCOLL_P2P_CHANNEL_BYTES": str(CHANNEL), "PYCOLL_DEBUG": "INFO"}
 UNMAPPABLE = "shared-memory receive buffer cannot be mapped here"
 
 
-def _no_cpu_to_spare(ws):
-    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:ws])
-
-
-def _elems(dtype, nbytes):
-    return nbytes // torch.empty((), dtype=dtype).element_size()
-
-
 def _written():
     from pycollectives import _C
 
     return _C._test_p2p_into_receiver()
 
 
-def _log():
-    sys.stderr.flush()
-    with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
-        return f.read()
-
-
 def _ring_rank(rank, ws, seed):
     """Every rank sends its private tensor to the next round a ring and receives from the previous
     into a tensor that is shared, a view at an offset in a shared tensor, private, or strided."""
     quiet()
-    _no_cpu_to_spare(ws)
+    no_cpu_to_spare(ws)
     cases = Cases("p2p into the receiver", rank, ws, seed)
     nxt, prv = (rank + 1) % ws, (rank - 1) % ws
     for dtype in DTYPES:
         for nbytes in (CHANNEL + 8, 5 * CHANNEL + 24):
-            n = _elems(dtype, nbytes) + 3
+            n = elems(dtype, nbytes) + 3
             for into in ("shared", "shared view", "private", "strided"):
                 with cases.case(dtype=dtype, n=n, into=into):
                     mine = gen(dtype, "data", (n,), cases.keyed_seed(rank))
@@ -90,7 +75,7 @@ def _ring_rank(rank, ws, seed):
                     cases.expect(got == want, f"{got} messages written into the receiver, expected {want}")
     # The send completes only once its bytes are in the receiver's tensor.
     with cases.case(kind="sender writes after wait"):
-        n = _elems(torch.float32, 3 * CHANNEL)
+        n = elems(torch.float32, 3 * CHANNEL)
         mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
         src = mine.clone()
         got = filler(torch.float32, (n,)).share_memory_()
@@ -104,7 +89,7 @@ def _ring_rank(rank, ws, seed):
     # A receive of the wrong size fails; the next offer is still taken (both sides' counts of
     # offers stay in step).
     with cases.case(kind="size mismatch, then a good message"):
-        n = _elems(torch.float32, 2 * CHANNEL)
+        n = elems(torch.float32, 2 * CHANNEL)
         first = gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 1))
         second = gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 2))
         before = _written()  # counts this rank's sends: the first arrives through the channel
@@ -122,7 +107,7 @@ def _ring_rank(rank, ws, seed):
         dist.barrier()
         cases.expect(_written() - before == 1, f"{_written() - before} messages written into the receiver, expected 1")
     # Small (fits the channel) and empty messages into shared tensors stream as before.
-    for kind, n in (("small", _elems(torch.float32, CHANNEL // 2)), ("empty", 0)):
+    for kind, n in (("small", elems(torch.float32, CHANNEL // 2)), ("empty", 0)):
         with cases.case(kind=kind):
             got = filler(torch.float32, (n,)).share_memory_()
             before = _written()
@@ -145,9 +130,9 @@ def _order_rank(rank, ws, seed):
     tensors as 3, 1, 2: the two it reads before it wants them come through the channel into a buffer,
     the third is written into its tensor; then all three from any source, through the channel."""
     quiet()
-    _no_cpu_to_spare(ws)
+    no_cpu_to_spare(ws)
     cases = Cases("p2p into the receiver, tag order", rank, ws, seed)
-    n = _elems(torch.float32, 4 * CHANNEL) + 1
+    n = elems(torch.float32, 4 * CHANNEL) + 1
     msgs = {tag: gen(torch.float32, "data", (n,), cases.keyed_seed(tag)) for tag in (1, 2, 3)}
     for any_source in (False, True):
         with cases.case(any_source=any_source):
@@ -178,13 +163,13 @@ def _refused_rank(rank, ws, seed, how):
     peers' files fail as where the OS forbids them; "off", rank 1's PYCOLL_CPU_SHARED_TENSORS is
     off): every message arrives through the channel; the sender says so once where it was denied."""
     quiet()
-    _no_cpu_to_spare(ws)
+    no_cpu_to_spare(ws)
     from pycollectives import _C
 
     if rank == 0 and how == "denied":
         _C._set_test_deny_shared_open(True)
     cases = Cases("p2p into the receiver, refused", rank, ws, seed)
-    n = _elems(torch.float32, 3 * CHANNEL) + 5
+    n = elems(torch.float32, 3 * CHANNEL) + 5
     for i in range(3):
         with cases.case(message=i):
             m = gen(torch.float32, "data", (n,), cases.keyed_seed(i))
@@ -199,7 +184,7 @@ def _refused_rank(rank, ws, seed, how):
     dist.barrier()
     if rank == 0:
         want = 1 if how == "denied" else 0
-        cases.expect(_log().count(UNMAPPABLE) == want, f"{_log().count(UNMAPPABLE)} lines say so, expected {want}")
+        cases.expect(rank_log().count(UNMAPPABLE) == want, f"{rank_log().count(UNMAPPABLE)} lines say so, expected {want}")
     return cases.finish()
 
 
@@ -216,8 +201,8 @@ def _withdrawn_rank(rank, ws):
     """Rank 0's send times out before rank 1 posts its receive into a shared tensor: the send raises,
     and the receive posted afterwards fails instead of waiting for bytes that never come."""
     quiet()
-    _no_cpu_to_spare(ws)
-    n = _elems(torch.float32, 3 * CHANNEL)
+    no_cpu_to_spare(ws)
+    n = elems(torch.float32, 3 * CHANNEL)
     dist.barrier()
     if rank == 0:
         try:
@@ -245,14 +230,14 @@ def test_withdrawn_send_fails_its_receive():
 
 def _dead_receiver_rank(rank, ws):
     quiet()
-    _no_cpu_to_spare(ws)
+    no_cpu_to_spare(ws)
     if rank == 1:
         dist.barrier()
         os._exit(3)  # never receives
     dist.barrier()
     t0 = time.monotonic()
     try:
-        dist.send(torch.ones(_elems(torch.float32, 3 * CHANNEL)), dst=1)
+        dist.send(torch.ones(elems(torch.float32, 3 * CHANNEL)), dst=1)
     except RuntimeError as e:
         took = time.monotonic() - t0
         assert took < 15, f"raised only after {took:.1f}s: {e}"
@@ -271,7 +256,7 @@ def _spare_cpus_rank(rank, ws, seed):
     """With two CPUs or more per rank, a large send into a shared tensor streams through the channel."""
     quiet()
     cases = Cases("p2p into the receiver, spare CPUs", rank, ws, seed)
-    n = _elems(torch.float32, 3 * CHANNEL) + 1
+    n = elems(torch.float32, 3 * CHANNEL) + 1
     with cases.case():
         got = filler(torch.float32, (n,)).share_memory_()
         before = _written()

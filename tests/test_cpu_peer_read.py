@@ -17,13 +17,13 @@ import torch
 import torch.distributed as dist
 
 from cpu_collectives_util import Cases
+from cross_memory_attach import DENIED
 from ranks import quiet, run_ranks
 from reference import dist_op, gen, reduce_ref
 
 pytestmark = pytest.mark.pycoll_only
 
 PLAN_LINE = re.compile(r"\[pycoll \d+/\d+\] (allgather|reduce_scatter|broadcast) .*plan=(read in place|pipelined) lanes=(\d+)")
-DENIED = "cross-memory attach (process_vm_readv) is not allowed"
 
 
 def _log():

@@ -256,19 +256,9 @@ bool PointToPoint::write_into_receiver(int dst, Lane& lane, const Request& req) 
   if (a == kWriteInto) {
     const SharedStorageRef into = t_.control(dst).p2p_into[me];  // published before the answer
     const char* why = nullptr;
-    char* target = nullptr;
-    if (into.offset < 0 || into.offset + req.bytes > into.file_bytes) {
-      why = "the receive's buffer does not lie inside the file it names";
-    } else {
-      lane.maps.begin_op();
-      int err = 0;
-      bool evicted = false;
-      target = lane.maps.map(dst, t_.control(dst).pid, into, /*writable=*/true, &err, &evicted);
-      if (target == nullptr) {
-        why = std::strerror(err);
-        if (PeerFileMaps::lasting(err)) lane.offers_refused = true;
-      }
-    }
+    bool lasting = false;
+    char* target = map_message(dst, lane, into, req.bytes, /*writable=*/true, &why, &lasting);
+    if (lasting) lane.offers_refused = true;
     if (target != nullptr) {
       if (!settle(filled, k, kWriting, &outcome)) throw receiver_gave_up();
       wake_sleepers(filled);
@@ -382,20 +372,9 @@ uint64_t PointToPoint::copy_by_reference(int src, Lane& lane, const SharedStorag
                                          bool stream) {
   if (!shared_tensors_) return kStreamAlways;
   const char* why = nullptr;
-  uint64_t refusal = kStreamThis;
-  const char* peer = nullptr;
-  int err = 0;
-  if (ref.offset < 0 || bytes < 0 || ref.offset + bytes > ref.file_bytes) {
-    why = "the message does not lie inside the file it names";
-  } else {
-    lane.maps.begin_op();
-    bool evicted = false;
-    peer = lane.maps.map(src, t_.control(src).pid, ref, /*writable=*/false, &err, &evicted);
-    if (peer == nullptr) {
-      why = std::strerror(err);
-      if (PeerFileMaps::lasting(err)) refusal = kStreamAlways;
-    }
-  }
+  bool lasting = false;
+  const char* peer = map_message(src, lane, ref, bytes, /*writable=*/false, &why, &lasting);
+  const uint64_t refusal = lasting ? kStreamAlways : kStreamThis;
   if (peer == nullptr) {
     if (debug_info_enabled()) {
       std::fprintf(stderr, "[pycoll %d/%d] rank %d's shared-memory tensor cannot be mapped (%s): %s\n", t_.rank(),
@@ -408,6 +387,24 @@ uint64_t PointToPoint::copy_by_reference(int src, Lane& lane, const SharedStorag
   copy_to_output(stream, p, peer, static_cast<size_t>(bytes));
   test_hooks::count_p2p_by_reference();
   return kCopied;
+}
+
+char* PointToPoint::map_message(int peer, Lane& lane, const SharedStorageRef& ref, int64_t bytes, bool writable,
+                                const char** why, bool* lasting) {
+  *lasting = false;
+  if (ref.offset < 0 || bytes < 0 || ref.offset + bytes > ref.file_bytes) {
+    *why = "the message does not lie inside the file it names";
+    return nullptr;
+  }
+  lane.maps.begin_op();
+  int err = 0;
+  bool evicted = false;
+  char* p = lane.maps.map(peer, t_.control(peer).pid, ref, writable, &err, &evicted);
+  if (p == nullptr) {
+    *why = std::strerror(err);
+    *lasting = PeerFileMaps::lasting(err);
+  }
+  return p;
 }
 
 void PointToPoint::write_stream(int dst, const char* p, int64_t n) {

@@ -172,6 +172,11 @@ class PointToPoint {
   // Copies a message sent by reference into p from the peer's mapped file: kCopied, or the Reply
   // that asks for the bytes (nothing copied) where the file cannot be mapped here.
   uint64_t copy_by_reference(int src, Lane& lane, const SharedStorageRef& ref, char* p, int64_t bytes, bool stream);
+  // The `bytes` of rank `peer`'s buffer `ref`, mapped through the lane's cache (writable, if asked);
+  // nullptr with *why, and *lasting where the failure will not pass, where it lies outside its file
+  // or cannot be mapped. Both directions of a message in a shared file use it.
+  char* map_message(int peer, Lane& lane, const SharedStorageRef& ref, int64_t bytes, bool writable, const char** why,
+                    bool* lasting);
   void write_stream(int dst, const char* p, int64_t n);
   void read_stream(int src, char* p, int64_t n, bool stream);
   // Whether a received message of `bytes` is written into the user's buffer with streaming stores
