@@ -393,6 +393,19 @@ def test_sizes():
             sizes.parse_size(bad)
 
 
+def test_cpu_card_names_the_generation_behind_a_bare_family_name(monkeypatch):
+    report = _bench_module("report")
+    bare = {"model name": "AMD EPYC", "cpu family": "26", "model": "2"}
+    monkeypatch.setattr(report, "_cpuinfo_fields", lambda: bare)
+    assert report.cpu_model() == "AMD EPYC family 26 model 2"
+    assert report.slugify(report.cpu_model()) == "amd-epyc-family-26-model-2"
+    named = {"model name": "Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", "cpu family": "6", "model": "143"}
+    monkeypatch.setattr(report, "_cpuinfo_fields", lambda: named)
+    assert report.cpu_model() == named["model name"]
+    caches = report.cpu_caches()
+    assert all(k in ("L1d", "L2", "L3", "L4") for k in caches), caches
+
+
 def _package_files():
     """The files of the package directory tree, and the old calibration file's mtime (None when
     absent): --calibrate must add no file there and rewrite no calibration."""

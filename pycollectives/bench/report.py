@@ -19,15 +19,55 @@ SCHEMA = "pycoll-bench/1"
 
 
 # -- metadata --------------------------------------------------------------------------------
-def cpu_model():
+def _cpuinfo_fields():
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip().lower()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown-cpu"
+    return fields
+
+
+def cpu_model():
+    """The CPU's model name. A hypervisor may report only the vendor's family name ("AMD EPYC",
+    no number): then the family and model numbers are added, so that results from different
+    generations behind that name do not read as one card (the 2-core CI-class VM came as two
+    generations of EPYC on 2026-12-01 and 12-02, one twice as fast as the other)."""
+    fields = _cpuinfo_fields()
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown-cpu"
+    if not re.search(r"\d", name) and "cpu family" in fields:
+        name += f" family {fields['cpu family']} model {fields.get('model', '?')}"
+    return name
+
+
+def cpu_caches():
+    """{'L1d': '48K', 'L2': '1024K', 'L3': '32768K', ...} of the CPU this process runs on, from sysfs."""
+    caches = {}
+    base = f"/sys/devices/system/cpu/cpu{min(os.sched_getaffinity(0))}/cache"
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return caches
+    for entry in entries:
+        try:
+            with open(os.path.join(base, entry, "level")) as fh:
+                level = fh.read().strip()
+            with open(os.path.join(base, entry, "type")) as fh:
+                kind = fh.read().strip()
+            with open(os.path.join(base, entry, "size")) as fh:
+                size = fh.read().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        caches[f"L{level}" + ("d" if kind == "Data" else "")] = size
+    return caches
 
 
 def card_name(device):
@@ -86,6 +126,7 @@ def metadata(cfg, world):
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "cpu_caches": cpu_caches(),
         "torch_threads": torch.get_num_threads(),
         "pycollectives_version": pyc_version,
         "env": env,
