@@ -1,5 +1,6 @@
-/* What the two-process C models (cpu_peer_pull.c, cpu_broadcast_split.c, cpu_stream_stores.c) share: two processes
- * forked from one, each pinned to its own CPU, meeting at a spinning barrier in shared memory.
+/* What the two-process C models (cpu_peer_pull.c, cpu_reduce_scatter_ceiling.c, cpu_broadcast_split.c,
+ * cpu_stream_stores.c) share: two processes forked from one, each pinned to its own CPU, meeting at
+ * a spinning barrier in shared memory.
  * A header only, so each model still builds with one cc command. */
 #ifndef PYCOLL_BENCH_TWO_PROCESS_H
 #define PYCOLL_BENCH_TWO_PROCESS_H
