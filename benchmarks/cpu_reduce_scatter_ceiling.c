@@ -4,8 +4,8 @@
  * (docs/performance.md, "CPU engine: large messages").
  *
  * Each rank holds IN bytes of input: block 0 (rank 0's output) and block 1 (rank 1's).
- *   floor     both ranks at once: out = mine[me] + mine[me]' over one block, all private (the
- *             floor adds two blocks of one rank's own input; the same bytes touched).
+ *   floor     both ranks at once: out = in[block me] + in[block peer], both blocks of the rank's
+ *             own private input (pycoll-bench's floor: the same bytes touched, nothing crossing).
  *   staged    the least a staged reduce_scatter does, pipelined: per chunk, copy my block for the
  *             peer into my shared slot, publish it, wait for the peer's slot, add my own block and
  *             the peer's slot into the output; a ring of SLOTS slots, so a rank runs ahead.
@@ -23,7 +23,9 @@
  */
 #include "two_process.h" /* first: it defines _GNU_SOURCE */
 
+#ifdef __AVX512F__
 #include <immintrin.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
