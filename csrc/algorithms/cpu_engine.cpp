@@ -32,8 +32,8 @@ const IntSetting kShmBytes("PYCOLL_SHM_BYTES", 16 << 20, 1 << 16, int64_t(1) << 
                            "Shared memory per rank for the CPU engine's collectives (two halves).", nullptr,
                            /*bytes=*/true);
 const IntSetting kP2PChannelBytes("PYCOLL_P2P_CHANNEL_BYTES", 4 << 20, 1 << 12, int64_t(1) << 32, "cpu engine", true,
-                                  Audience::User,
-                                  "Shared memory per peer for the CPU engine's send/recv channel.", nullptr,
+                                  Audience::User, "Shared memory per peer for the CPU engine's send/recv channel.",
+                                  nullptr,
                                   /*bytes=*/true);
 
 const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cpu engine", false, Audience::User,
@@ -46,18 +46,19 @@ const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cp
                             "default), a rank that may read in place names the ranks' nearest common ancestor (their "
                             "launcher) as its tracer, so that its sibling ranks may read it; off names none. Where "
                             "the OS forbids cross-memory attach, ops stage and the debug log says so once.");
-const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
-                                 "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
-                                 "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
-                                 "map the peers' files and read them in place (on; with one thread per rank an "
-                                 "all_gather of 16 MiB or more and a broadcast of 64 MiB or more still stage, "
-                                 "which is faster there) or stage them like any tensor (off). A send larger than "
-                                 "PYCOLL_P2P_CHANNEL_BYTES from such a tensor, where the ranks have fewer than two CPUs "
-                                 "each, goes by reference: the receiver copies it straight out of the sender's file (on) "
-                                 "instead of through the channel; a private send as large into such a tensor is written "
-                                 "by the sender straight into the receiver's file. Where the OS forbids opening a peer's "
-                                 "file, ops stage "
-                                 "and the debug log says so once.");
+const TextSetting kSharedTensors(
+    "PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
+    "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
+    "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
+    "map the peers' files and read them in place (on; with one thread per rank an "
+    "all_gather of 16 MiB or more and a broadcast of 64 MiB or more still stage, "
+    "which is faster there) or stage them like any tensor (off). A send larger than "
+    "PYCOLL_P2P_CHANNEL_BYTES from such a tensor, where the ranks have fewer than two CPUs "
+    "each, goes by reference: the receiver copies it straight out of the sender's file (on) "
+    "instead of through the channel; a private send as large into such a tensor is written "
+    "by the sender straight into the receiver's file. Where the OS forbids opening a peer's "
+    "file, ops stage "
+    "and the debug log says so once.");
 // A one-lane all_gather of 16 MiB or more, or broadcast of 64 MiB or more, stages even where it
 // could read shared tensors in place. Staged, each input is read from memory once, by its owner,
 // and reaches the peers through slots that stay in cache, with the copying spread over every
@@ -100,8 +101,7 @@ bool auto_reads_in_place(OpCode op, size_t bytes, int ranks, int threads) {
   constexpr size_t MiB = size_t(1) << 20;
   switch (op) {
     case OpCode::AllGather: return bytes >= 64 * MiB && threads >= 4;
-    case OpCode::ReduceScatter:
-      return bytes >= (ranks <= 2 ? 16 : 6) * MiB && threads >= (ranks >= 4 ? 3 : 4);
+    case OpCode::ReduceScatter: return bytes >= (ranks <= 2 ? 16 : 6) * MiB && threads >= (ranks >= 4 ? 3 : 4);
     default: return false;
   }
 }
@@ -226,7 +226,7 @@ bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
   return peer_read_allowed_ == PeerReadAllowed::Yes;
 }
 
-CpuEngine::Vote CpuEngine::vote(CpuContext& c, Counter ControlBlock::*slot, uint64_t code) {
+CpuEngine::Vote CpuEngine::vote(CpuContext& c, Counter ControlBlock::* slot, uint64_t code) {
   // seq * 8 + code: counters only grow, so an older op's vote never reads as this one's.
   (transport_->control(rank_).*slot).value.store(seq_ * 8 + code, std::memory_order_release);
   Vote v{code, rank_};
@@ -247,9 +247,8 @@ bool CpuEngine::worth_reading_shared(OpCode op, size_t bytes) const {
   return true;
 }
 
-std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c, OpCode op, int root,
-                                                                  const char* in, size_t in_bytes, char* out,
-                                                                  size_t out_bytes) {
+std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c, OpCode op, int root, const char* in,
+                                                                  size_t in_bytes, char* out, size_t out_bytes) {
   // Every rank must be willing, or a rank whose setting differs would skip the vote the others wait in.
   if (shared_open_ == SharedOpen::No) return std::nullopt;
   for (int r = 0; r < size_; ++r) {
@@ -261,8 +260,8 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
   // all of it. all_reduce: every rank writes every output and reads every input (the writes first,
   // so that an in-place buffer is mapped once, writable, and its read finds that mapping).
   constexpr int every = PeerBuffer::kEvery, nobody = PeerBuffer::kNobody;
-  bool root_writes = op == OpCode::Broadcast &&
-                     pipeline_lanes(in_bytes, size_, offered_threads()) <= kBroadcastRootWritesMaxLanes;
+  bool root_writes =
+      op == OpCode::Broadcast && pipeline_lanes(in_bytes, size_, offered_threads()) <= kBroadcastRootWritesMaxLanes;
   for (int r = 0; r < size_ && root_writes; ++r) root_writes = header_of(r).shared_in.valid();
   std::vector<PeerBuffer> uses;
   for (int r = 0; r < size_; ++r) {
@@ -320,7 +319,8 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
       if (!mine_to_map(a)) continue;
       char* p = peer_files_.cached(a.rank, *a.ref, a.write);
       if (p == nullptr) {
-        throw GroupBroken(str("pycoll: op #", seq_, ": rank ", a.rank, "'s shared-memory tensor is not mapped here "
+        throw GroupBroken(str("pycoll: op #", seq_, ": rank ", a.rank,
+                              "'s shared-memory tensor is not mapped here "
                               "although every rank agreed it was (a bug in pycollectives)"));
       }
       store(a, p);
@@ -364,9 +364,11 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
     agreed_files_.clear();
     if (worst == 4 && debug_info_enabled()) {
       const bool mine = worst_rank == rank_;
-      std::fprintf(stderr, "[pycoll %d/%d] op #%llu: rank %d could not map a peer's shared-memory tensor%s%s; the op "
-                   "stages\n", rank_, size_, static_cast<unsigned long long>(seq_), worst_rank,
-                   mine ? ": " : "", mine ? std::strerror(err) : "");
+      std::fprintf(stderr,
+                   "[pycoll %d/%d] op #%llu: rank %d could not map a peer's shared-memory tensor%s%s; the op "
+                   "stages\n",
+                   rank_, size_, static_cast<unsigned long long>(seq_), worst_rank, mine ? ": " : "",
+                   mine ? std::strerror(err) : "");
     }
     return std::nullopt;
   }
@@ -392,7 +394,8 @@ void CpuEngine::ensure_transport() {
     std::vector<int64_t> pids(size_);
     for (int r = 0; r < size_; ++r) pids[r] = transport_->control(r).pid;
     const PtracerDeclaration d = declare_ptracer_for(pids);
-    if (!d.what.empty() && debug_info_enabled()) std::fprintf(stderr, "[pycoll %d/%d] %s\n", rank_, size_, d.what.c_str());
+    if (!d.what.empty() && debug_info_enabled())
+      std::fprintf(stderr, "[pycoll %d/%d] %s\n", rank_, size_, d.what.c_str());
   }
 }
 
@@ -450,10 +453,10 @@ void CpuEngine::verify(const OpHeader& mine) {
     for (int b = a + 1; b < size_; ++b) {
       const OpHeader& ha = transport_->control(a).header[mine.seq & 1];
       const OpHeader& hb = transport_->control(b).header[mine.seq & 1];
-      const bool same = ha.seq == hb.seq && ha.op == hb.op &&
-                        (op == OpCode::Barrier ||
-                         (ha.dtype == hb.dtype && ha.reduce == hb.reduce && ha.root == hb.root && ha.algo == hb.algo &&
-                          (op == OpCode::AllToAll || ha.count == hb.count)));
+      const bool same =
+          ha.seq == hb.seq && ha.op == hb.op &&
+          (op == OpCode::Barrier || (ha.dtype == hb.dtype && ha.reduce == hb.reduce && ha.root == hb.root &&
+                                     ha.algo == hb.algo && (op == OpCode::AllToAll || ha.count == hb.count)));
       if (!same) {
         throw std::runtime_error(str("pycoll::", op_name(op), ": collective mismatch at op #", mine.seq, ": rank ", a,
                                      " called ", describe(ha), " but rank ", b, " called ", describe(hb)));
@@ -463,9 +466,9 @@ void CpuEngine::verify(const OpHeader& mine) {
         const int s = ab ? a : b, d = ab ? b : a;
         const OpHeader& hs = ab ? ha : hb;
         const OpHeader& hd = ab ? hb : ha;
-        throw std::runtime_error(str("pycoll::alltoall: split size mismatch at op #", mine.seq, ": rank ", s,
-                                     " sends ", hs.split_bytes[d], " bytes to rank ", d, " but rank ", d,
-                                     " expects ", hd.recv_bytes[s], " bytes from rank ", s));
+        throw std::runtime_error(str("pycoll::alltoall: split size mismatch at op #", mine.seq, ": rank ", s, " sends ",
+                                     hs.split_bytes[d], " bytes to rank ", d, " but rank ", d, " expects ",
+                                     hd.recv_bytes[s], " bytes from rank ", s));
       }
     }
   }

@@ -111,7 +111,7 @@ class CpuEngine {
     uint64_t worst;
     int worst_rank;
   };
-  Vote vote(CpuContext& c, Counter ControlBlock::*slot, uint64_t code);
+  Vote vote(CpuContext& c, Counter ControlBlock::* slot, uint64_t code);
   // Whether the op begun last is worth reading shared tensors in place at all (cpu_engine.cpp:
   // a one-lane all_gather or broadcast of many MiB stages); the same answer on every rank.
   bool worth_reading_shared(OpCode op, size_t bytes) const;
@@ -174,8 +174,8 @@ class CpuEngine {
   };
   std::vector<AgreedFile> agreed_files_;
   enum class PeerRead { Off, Auto, On };  // ordered: ranks that differ use the least (OpHeader::peer_read)
-  static PeerRead parse_peer_read();  // PYCOLL_CPU_PEER_READ
-  static bool parse_shared_tensors();  // PYCOLL_CPU_SHARED_TENSORS
+  static PeerRead parse_peer_read();      // PYCOLL_CPU_PEER_READ
+  static bool parse_shared_tensors();     // PYCOLL_CPU_SHARED_TENSORS
   PeerRead peer_read_mode_;
   size_t stream_min_bytes_;  // stream_store_min_bytes(size_), read once
   enum class PeerReadAllowed { Unknown, Yes, No } peer_read_allowed_ = PeerReadAllowed::Unknown;

@@ -8,9 +8,7 @@ namespace {
 inline size_t esize(DType t) { return dtype_size(t); }
 }  // namespace
 
-int64_t oneshot_chunk_elems(const CpuContext& c, DType t) {
-  return static_cast<int64_t>(c.half_bytes() / esize(t));
-}
+int64_t oneshot_chunk_elems(const CpuContext& c, DType t) { return static_cast<int64_t>(c.half_bytes() / esize(t)); }
 
 void oneshot_all_reduce(CpuContext& c, const ReduceSpec& spec, const char* in, char* out, int64_t count,
                         bool first_published) {

@@ -123,9 +123,9 @@ void PointToPoint::post_recv_any(int64_t tag, char* data, int64_t bytes, DoneFro
 
 void PointToPoint::serve_any(int src, Lane& lane, const std::shared_ptr<AnySource>& any) {
   auto size_error = [&](int64_t sent) {
-    return std::make_exception_ptr(std::runtime_error(str("pycoll::recv: rank ", src, " sent ", sent,
-                                                          " bytes with tag ", any->tag, " but this receive expects ",
-                                                          any->bytes, " bytes")));
+    return std::make_exception_ptr(
+        std::runtime_error(str("pycoll::recv: rank ", src, " sent ", sent, " bytes with tag ", any->tag,
+                               " but this receive expects ", any->bytes, " bytes")));
   };
   // A message that arrived before this receive was posted.
   auto it = lane.early.find(any->tag);
@@ -269,9 +269,10 @@ bool PointToPoint::write_into_receiver(int dst, Lane& lane, const Request& req) 
       return true;
     }
     if (debug_info_enabled()) {
-      std::fprintf(stderr, "[pycoll %d/%d] rank %d's shared-memory receive buffer cannot be mapped here (%s): %s\n",
-                   me, t_.size(), dst, why,
-                   lane.offers_refused ? "messages to it go through the channel" : "this message goes through the channel");
+      std::fprintf(
+          stderr, "[pycoll %d/%d] rank %d's shared-memory receive buffer cannot be mapped here (%s): %s\n", me,
+          t_.size(), dst, why,
+          lane.offers_refused ? "messages to it go through the channel" : "this message goes through the channel");
     }
   } else if (a == kSendBytesAlways) {
     lane.offers_refused = true;
@@ -316,8 +317,8 @@ void PointToPoint::receive_offer(int src, Lane& lane, const MessageHeader& h, ch
     read_stream(src, p, h.bytes, stream);
     return;
   }
-  throw GroupBroken(str("pycoll::recv from rank ", src, ": the sender gave up on the message (its send failed: ",
-                        "timed out, aborted or destroyed)"));
+  throw GroupBroken(str("pycoll::recv from rank ", src,
+                        ": the sender gave up on the message (its send failed: ", "timed out, aborted or destroyed)"));
 }
 
 bool PointToPoint::settle(std::atomic<uint64_t>& word, uint64_t k, uint64_t outcome, uint64_t* winner) {
@@ -504,9 +505,9 @@ void PointToPoint::recv_loop(int src, Lane& lane) {
     }
     std::exception_ptr err = lane.broken;
     auto size_error = [&](int64_t sent) {
-      return std::make_exception_ptr(std::runtime_error(
-          str("pycoll::recv: rank ", src, " sent ", sent, " bytes with tag ", req.tag, " but this receive expects ",
-              req.bytes, " bytes")));
+      return std::make_exception_ptr(
+          std::runtime_error(str("pycoll::recv: rank ", src, " sent ", sent, " bytes with tag ", req.tag,
+                                 " but this receive expects ", req.bytes, " bytes")));
     };
     if (!err) {
       try {

@@ -112,13 +112,13 @@ class PointToPoint {
     std::deque<Request> queue;
     std::thread thread;
     bool stop = false;
-    std::exception_ptr broken;                              // first stream error
+    std::exception_ptr broken;                               // first stream error
     std::map<int64_t, std::deque<std::vector<char>>> early;  // receive lanes: messages nobody asked for yet
-    uint64_t by_reference = 0;       // messages by reference sent (send lane) or read (receive lane)
-    bool streams_only = false;       // send lane: the peer cannot map this rank's files, send bytes from now on
-    uint64_t offers = 0;             // messages offered to write into the receiver's file, sent or read
-    bool offers_refused = false;     // send lane: the peer never takes them, or its files cannot be mapped here
-    PeerFileMaps maps;               // the peer's files mapped here (receive lane: read; send lane: written)
+    uint64_t by_reference = 0;    // messages by reference sent (send lane) or read (receive lane)
+    bool streams_only = false;    // send lane: the peer cannot map this rank's files, send bytes from now on
+    uint64_t offers = 0;          // messages offered to write into the receiver's file, sent or read
+    bool offers_refused = false;  // send lane: the peer never takes them, or its files cannot be mapped here
+    PeerFileMaps maps;            // the peer's files mapped here (receive lane: read; send lane: written)
   };
   using Lanes = std::vector<std::shared_ptr<Lane>>;
   void post(Lanes& lanes, int peer, Request req, bool send);
@@ -138,16 +138,16 @@ class PointToPoint {
   static constexpr int64_t kOffer = 2;
   // The receiver's answer to offer k: its word holds kReplyStride * k + one of these.
   enum Answer : uint64_t {
-    kWriteInto = 1,    // write it into my buffer, whose file is in p2p_into
-    kSendBytes = 2,    // send the bytes through the channel this time
+    kWriteInto = 1,        // write it into my buffer, whose file is in p2p_into
+    kSendBytes = 2,        // send the bytes through the channel this time
     kSendBytesAlways = 3,  // and every later message (PYCOLL_CPU_SHARED_TENSORS off here)
   };
   // How offer k ended, in the sender's p2p_filled[dst]: kReplyStride * k + one of these.
   enum Fill : uint64_t {
-    kWriting = 1,   // the sender claimed it and is writing (never withdrawn from here)
-    kWritten = 2,   // the bytes are in the receiver's buffer
+    kWriting = 1,      // the sender claimed it and is writing (never withdrawn from here)
+    kWritten = 2,      // the bytes are in the receiver's buffer
     kBytesFollow = 3,  // the bytes follow through the channel
-    kGivenUp = 4,   // withdrawn by either side: the send and the receive fail
+    kGivenUp = 4,      // withdrawn by either side: the send and the receive fail
   };
   // The sender's side of an offer; false when the bytes must follow through the channel.
   bool write_into_receiver(int dst, Lane& lane, const Request& req);

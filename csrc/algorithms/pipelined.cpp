@@ -31,9 +31,7 @@ constexpr int kSlots = 4;
 // 32 CPUs, 64-128 KiB lanes made 1 MiB ops 2-12x slower than 512 KiB (docs/algorithms.md).
 // Below kOneLaneBelowBytes an op keeps one lane, as with 512 KiB lanes: more was not measured there.
 constexpr size_t kOneLaneBelowBytes = 1 << 20;
-size_t min_lane_bytes(int ranks) {
-  return ranks <= 2 ? size_t(128) << 10 : size_t(512) << 10;
-}
+size_t min_lane_bytes(int ranks) { return ranks <= 2 ? size_t(128) << 10 : size_t(512) << 10; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -59,13 +57,13 @@ class LaneRing {
   char* sub(int r, uint64_t g, int k) const {
     return t_.data(r) + lane_ * lane_bytes_ + (g % kSlots) * slot_bytes_ + static_cast<size_t>(k) * sub_bytes_;
   }
-  void publish(Counter LaneCounters::*which, uint64_t value) {
+  void publish(Counter LaneCounters::* which, uint64_t value) {
     (t_.control(me_).lanes[lane_].*which).value.store(value, std::memory_order_release);
   }
-  void wait_peer(int r, Counter LaneCounters::*which, uint64_t value, const char* stage) {
+  void wait_peer(int r, Counter LaneCounters::* which, uint64_t value, const char* stage) {
     w_.until_ge(r, (t_.control(r).lanes[lane_].*which).value, value, stage);
   }
-  void wait_peers(Counter LaneCounters::*which, uint64_t value, const char* stage) {
+  void wait_peers(Counter LaneCounters::* which, uint64_t value, const char* stage) {
     for (int r = 0; r < n_; ++r) {
       if (r != me_) wait_peer(r, which, value, stage);
     }
@@ -170,18 +168,18 @@ void pipelined_reduce_scatter(Pipeline& p, const ReduceSpec& spec, const char* i
     LaneRing ring(p, lane, n, E);  // sub-slot q: my block q for rank q
     std::vector<Operand> srcs(n);
     const uint64_t g0 = p.lane_step[lane];
-    const uint64_t end = for_each_step(p, lane, lane_span(0, m, p.lanes, lane), ring.chunk(),
-                                       [&](uint64_t g, int64_t at, int64_t len) {
-      ring.wait_slot_free(g);
-      for (int q = 0; q < n; ++q) {
-        if (q != me) std::memcpy(ring.sub(me, g, q), in + (q * m + at) * E, len * E);
-      }
-      ring.publish(&LaneCounters::staged, g + 1);
-      ring.wait_peers(&LaneCounters::staged, g + 1, "pipeline: peers' inputs");
-      for (int r = 0; r < n; ++r) srcs[r] = {r == me ? in + (me * m + at) * E : ring.sub(r, g, me), false};
-      reduce_operands(spec, out + at * E, false, srcs.data(), n, len, true);
-      ring.publish(&LaneCounters::consumed, g + 1);
-    });
+    const uint64_t end =
+        for_each_step(p, lane, lane_span(0, m, p.lanes, lane), ring.chunk(), [&](uint64_t g, int64_t at, int64_t len) {
+          ring.wait_slot_free(g);
+          for (int q = 0; q < n; ++q) {
+            if (q != me) std::memcpy(ring.sub(me, g, q), in + (q * m + at) * E, len * E);
+          }
+          ring.publish(&LaneCounters::staged, g + 1);
+          ring.wait_peers(&LaneCounters::staged, g + 1, "pipeline: peers' inputs");
+          for (int r = 0; r < n; ++r) srcs[r] = {r == me ? in + (me * m + at) * E : ring.sub(r, g, me), false};
+          reduce_operands(spec, out + at * E, false, srcs.data(), n, len, true);
+          ring.publish(&LaneCounters::consumed, g + 1);
+        });
     if (end > g0) ring.wait_peers(&LaneCounters::consumed, end, "pipeline: peers finishing");
   });
 }
@@ -193,22 +191,22 @@ void pipelined_all_gather(Pipeline& p, DType t, const char* in, char* out, int64
   run_lanes(p, [&](int lane) {
     LaneRing ring(p, lane, 1, E);
     const uint64_t g0 = p.lane_step[lane];
-    const uint64_t end = for_each_step(p, lane, lane_span(0, m, p.lanes, lane), ring.chunk(),
-                                       [&](uint64_t g, int64_t at, int64_t len) {
-      ring.wait_slot_free(g);
-      std::memcpy(ring.sub(me, g, 0), in + at * E, len * E);
-      ring.publish(&LaneCounters::staged, g + 1);
-      // My own block from my input, not from the slot: the peers read the slot at the same moment,
-      // and sharing its lines with them made 1-4 MiB all_gathers 1.2-2.9x slower on the CI-class machine
-      // and 1.0-1.6x slower on the 16-CPU host (docs/algorithms.md).
-      if (!in_place) copy_to_output(p.stream_out, out + (me * m + at) * E, in + at * E, len * E);
-      for (int q = 0; q < n; ++q) {
-        if (q == me) continue;
-        ring.wait_peer(q, &LaneCounters::staged, g + 1, "pipeline: peers' blocks");
-        copy_to_output(p.stream_out, out + (q * m + at) * E, ring.sub(q, g, 0), len * E);
-      }
-      ring.publish(&LaneCounters::consumed, g + 1);
-    });
+    const uint64_t end =
+        for_each_step(p, lane, lane_span(0, m, p.lanes, lane), ring.chunk(), [&](uint64_t g, int64_t at, int64_t len) {
+          ring.wait_slot_free(g);
+          std::memcpy(ring.sub(me, g, 0), in + at * E, len * E);
+          ring.publish(&LaneCounters::staged, g + 1);
+          // My own block from my input, not from the slot: the peers read the slot at the same moment,
+          // and sharing its lines with them made 1-4 MiB all_gathers 1.2-2.9x slower on the CI-class machine
+          // and 1.0-1.6x slower on the 16-CPU host (docs/algorithms.md).
+          if (!in_place) copy_to_output(p.stream_out, out + (me * m + at) * E, in + at * E, len * E);
+          for (int q = 0; q < n; ++q) {
+            if (q == me) continue;
+            ring.wait_peer(q, &LaneCounters::staged, g + 1, "pipeline: peers' blocks");
+            copy_to_output(p.stream_out, out + (q * m + at) * E, ring.sub(q, g, 0), len * E);
+          }
+          ring.publish(&LaneCounters::consumed, g + 1);
+        });
     if (end > g0) ring.wait_peers(&LaneCounters::consumed, end, "pipeline: peers finishing");
   });
 }
@@ -219,19 +217,19 @@ void pipelined_broadcast(Pipeline& p, DType t, char* buf, int64_t count, int roo
   run_lanes(p, [&](int lane) {
     LaneRing ring(p, lane, 1, E);
     const uint64_t g0 = p.lane_step[lane];
-    const uint64_t end = for_each_step(p, lane, lane_span(0, count, p.lanes, lane), ring.chunk(),
-                                       [&](uint64_t g, int64_t at, int64_t len) {
-      if (me == root) {
-        ring.wait_slot_free(g);
-        std::memcpy(ring.sub(me, g, 0), buf + at * E, len * E);
-        ring.publish(&LaneCounters::staged, g + 1);
-        ring.publish(&LaneCounters::consumed, g + 1);  // the root reads nothing; later steps wait on this
-      } else {
-        ring.wait_peer(root, &LaneCounters::staged, g + 1, "pipeline: root's data");
-        std::memcpy(buf + at * E, ring.sub(root, g, 0), len * E);
-        ring.publish(&LaneCounters::consumed, g + 1);
-      }
-    });
+    const uint64_t end = for_each_step(
+        p, lane, lane_span(0, count, p.lanes, lane), ring.chunk(), [&](uint64_t g, int64_t at, int64_t len) {
+          if (me == root) {
+            ring.wait_slot_free(g);
+            std::memcpy(ring.sub(me, g, 0), buf + at * E, len * E);
+            ring.publish(&LaneCounters::staged, g + 1);
+            ring.publish(&LaneCounters::consumed, g + 1);  // the root reads nothing; later steps wait on this
+          } else {
+            ring.wait_peer(root, &LaneCounters::staged, g + 1, "pipeline: root's data");
+            std::memcpy(buf + at * E, ring.sub(root, g, 0), len * E);
+            ring.publish(&LaneCounters::consumed, g + 1);
+          }
+        });
     if (me == root && end > g0) ring.wait_peers(&LaneCounters::consumed, end, "pipeline: peers finishing");
   });
 }

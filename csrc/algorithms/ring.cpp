@@ -11,8 +11,12 @@ struct Ring {
   int n, me, left, right;
   size_t slot_bytes;
   explicit Ring(CpuContext& ctx)
-      : c(ctx), n(ctx.size()), me(ctx.rank()), left((ctx.rank() - 1 + ctx.size()) % ctx.size()),
-        right((ctx.rank() + 1) % ctx.size()), slot_bytes((ctx.half_bytes() / 2) & ~size_t(63)) {}
+      : c(ctx),
+        n(ctx.size()),
+        me(ctx.rank()),
+        left((ctx.rank() - 1 + ctx.size()) % ctx.size()),
+        right((ctx.rank() + 1) % ctx.size()),
+        slot_bytes((ctx.half_bytes() / 2) & ~size_t(63)) {}
   char* slot(int r, uint64_t g) const { return c.half(r) + (g & 1) * slot_bytes; }
   int mod(int x) const { return ((x % n) + n) % n; }
   // Before writing my slot for step g, the right neighbour must have read step g-2.

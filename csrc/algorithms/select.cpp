@@ -18,18 +18,12 @@ std::mutex& table_mutex() {
 // Ring and tree are never cheaper on shared memory; they exist to be compared.
 std::vector<CostEntry>& table() {
   static std::vector<CostEntry> t = {
-      {OpCode::AllReduce, Algo::OneShot, 4.0, 4.0e-4},
-      {OpCode::AllReduce, Algo::TwoShot, 8.0, 2.5e-4},
-      {OpCode::AllReduce, Algo::Ring, 16.0, 3.5e-4},
-      {OpCode::AllReduce, Algo::Tree, 16.0, 5.0e-4},
-      {OpCode::AllGather, Algo::OneShot, 4.0, 1.5e-4},
-      {OpCode::AllGather, Algo::Ring, 16.0, 2.5e-4},
-      {OpCode::ReduceScatter, Algo::TwoShot, 4.0, 2.0e-4},
-      {OpCode::ReduceScatter, Algo::Ring, 16.0, 3.0e-4},
-      {OpCode::Broadcast, Algo::OneShot, 4.0, 1.0e-4},
-      {OpCode::Broadcast, Algo::Tree, 16.0, 2.0e-4},
-      {OpCode::Reduce, Algo::OneShot, 4.0, 2.0e-4},
-      {OpCode::Reduce, Algo::Tree, 16.0, 3.0e-4},
+      {OpCode::AllReduce, Algo::OneShot, 4.0, 4.0e-4},     {OpCode::AllReduce, Algo::TwoShot, 8.0, 2.5e-4},
+      {OpCode::AllReduce, Algo::Ring, 16.0, 3.5e-4},       {OpCode::AllReduce, Algo::Tree, 16.0, 5.0e-4},
+      {OpCode::AllGather, Algo::OneShot, 4.0, 1.5e-4},     {OpCode::AllGather, Algo::Ring, 16.0, 2.5e-4},
+      {OpCode::ReduceScatter, Algo::TwoShot, 4.0, 2.0e-4}, {OpCode::ReduceScatter, Algo::Ring, 16.0, 3.0e-4},
+      {OpCode::Broadcast, Algo::OneShot, 4.0, 1.0e-4},     {OpCode::Broadcast, Algo::Tree, 16.0, 2.0e-4},
+      {OpCode::Reduce, Algo::OneShot, 4.0, 2.0e-4},        {OpCode::Reduce, Algo::Tree, 16.0, 3.0e-4},
   };
   return t;
 }
@@ -38,17 +32,12 @@ std::vector<CostEntry>& table() {
 
 bool algorithm_available(OpCode op, Algo algo) {
   switch (op) {
-    case OpCode::AllReduce:
-      return algo != Algo::Auto;
-    case OpCode::AllGather:
-      return algo == Algo::OneShot || algo == Algo::TwoShot || algo == Algo::Ring;
-    case OpCode::ReduceScatter:
-      return algo == Algo::OneShot || algo == Algo::TwoShot || algo == Algo::Ring;
+    case OpCode::AllReduce: return algo != Algo::Auto;
+    case OpCode::AllGather: return algo == Algo::OneShot || algo == Algo::TwoShot || algo == Algo::Ring;
+    case OpCode::ReduceScatter: return algo == Algo::OneShot || algo == Algo::TwoShot || algo == Algo::Ring;
     case OpCode::Broadcast:
-    case OpCode::Reduce:
-      return algo == Algo::OneShot || algo == Algo::TwoShot || algo == Algo::Tree;
-    default:
-      return algo == Algo::OneShot;
+    case OpCode::Reduce: return algo == Algo::OneShot || algo == Algo::TwoShot || algo == Algo::Tree;
+    default: return algo == Algo::OneShot;
   }
 }
 

@@ -61,8 +61,7 @@ char* PeerFileMaps::cached(int peer, const SharedStorageRef& ref, bool writable)
   return nullptr;
 }
 
-char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref, bool writable, int* err,
-                        bool* evicted) {
+char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref, bool writable, int* err, bool* evicted) {
   *evicted = false;
   if (char* p = cached(peer, ref, writable)) return p;
   if (test_hooks::deny_shared_open()) {
@@ -75,7 +74,7 @@ char* PeerFileMaps::map(int peer, int64_t pid, const SharedStorageRef& ref, bool
     *err = errno;
     return nullptr;
   }
-  struct stat st {};
+  struct stat st{};
   // Another file under that name means /proc shows another process than the peer (ranks in
   // different PID namespaces): never read it.
   if (fstat(fd, &st) != 0) {
@@ -125,8 +124,8 @@ void shared_broadcast(Pipeline& p, DType t, const char* root_buf, const std::vec
   // copies itself.
   const auto copy_part = [&](char* dst, int part, int lane) {
     const int64_t s = part_begin(count, n, part), s_len = part_end(count, n, part) - s;
-    const int64_t b = s + part_begin(s_len, p.lanes, lane), len = part_end(s_len, p.lanes, lane) -
-                                                                 part_begin(s_len, p.lanes, lane);
+    const int64_t b = s + part_begin(s_len, p.lanes, lane),
+                  len = part_end(s_len, p.lanes, lane) - part_begin(s_len, p.lanes, lane);
     if (len > 0) std::memcpy(dst + b * E, root_buf + b * E, len * E);
   };
   run_lanes(p, [&](int lane) {

@@ -78,7 +78,7 @@ void Waiter::until_ge_asleep(int peer, std::atomic<uint64_t>& counter, uint64_t 
     if (seen >= target) return;
     // Not FUTEX_PRIVATE: the waker is another process. The kernel sleeps only if the word still
     // holds what we saw, so a store and wake between our load and this call cannot be missed.
-    struct timespec nap {0, 20 * 1000 * 1000};
+    struct timespec nap{0, 20 * 1000 * 1000};
     if (syscall(SYS_futex, futex_word(counter), FUTEX_WAIT, static_cast<uint32_t>(seen), &nap, nullptr, 0) != 0 &&
         errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) {
       std::this_thread::sleep_for(std::chrono::microseconds(20));  // no futex here (seccomp, say): poll

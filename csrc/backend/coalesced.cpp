@@ -11,7 +11,6 @@ namespace pycoll {
 
 namespace {
 
-
 int64_t total_bytes(const std::vector<at::Tensor>& ts) {
   int64_t n = 0;
   for (const auto& t : ts) n += static_cast<int64_t>(t.nbytes());
@@ -70,8 +69,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce_coalesced(std::vect
   }
   const ReduceKind rk = to_reduce(kOp, opts.reduceOp, tensors[0].scalar_type());
   const std::vector<at::Tensor> ts = tensors;
-  OpCall call = new_call(c10d::OpType::ALLREDUCE_COALESCED, OpCode::AllReduce, kOp, "allreduce_coalesced", ts[0],
-                         opts.asyncOp);
+  OpCall call =
+      new_call(c10d::OpType::ALLREDUCE_COALESCED, OpCode::AllReduce, kOp, "allreduce_coalesced", ts[0], opts.asyncOp);
   call.tensors = call.outputs = ts;
   call.premul_factor = rk == ReduceKind::PremulSum ? premul_factor(opts.reduceOp) : at::Tensor();
   call.logged_bytes = total_bytes(ts);
@@ -105,8 +104,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_coalesced(
   if (inputs.empty()) return nothing_to_do(c10d::OpType::ALLGATHER_COALESCED, kOp);
   const std::vector<at::Tensor> ins = inputs;
   const auto lists = output_lists;
-  OpCall call = new_call(c10d::OpType::ALLGATHER_COALESCED, OpCode::AllGather, kOp, "allgather_coalesced", ins[0],
-                         opts.asyncOp);
+  OpCall call =
+      new_call(c10d::OpType::ALLGATHER_COALESCED, OpCode::AllGather, kOp, "allgather_coalesced", ins[0], opts.asyncOp);
   for (const auto& l : lists) call.outputs.insert(call.outputs.end(), l.begin(), l.end());
   call.tensors = call.outputs;
   call.tensors.insert(call.tensors.end(), ins.begin(), ins.end());
@@ -114,7 +113,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_coalesced(
   const int n = size_;
   call.prepare = [ins, n] {
     std::vector<Collective> parts;
-    for (const auto& in : ins) parts.push_back(engine_call(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options())));
+    for (const auto& in : ins)
+      parts.push_back(engine_call(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options())));
     return parts;
   };
   call.finish = [lists](const std::vector<Collective>& p) {
@@ -127,13 +127,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_coalesced(
   return run(std::move(call));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                   std::vector<at::Tensor>& inputs,
+                                                                                   const c10d::AllgatherOptions& opts) {
   static constexpr const char* kOp = "pycoll::allgather_into_tensor_coalesced";
   check_pairs(kOp, outputs, inputs, size_, /*output_is_bigger=*/true);
   if (inputs.empty()) return nothing_to_do(c10d::OpType::COALESCED, kOp);
-  return run(pairwise_call(c10d::OpType::COALESCED, OpCode::AllGather, kOp, "allgather_coalesced", inputs, outputs,
-                           {}, opts.asyncOp));
+  return run(pairwise_call(c10d::OpType::COALESCED, OpCode::AllGather, kOp, "allgather_coalesced", inputs, outputs, {},
+                           opts.asyncOp));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter_tensor_coalesced(

@@ -13,7 +13,6 @@ at::Tensor premul_factor_of(const c10d::ReduceOp& op, ReduceKind rk) {
   return rk == ReduceKind::PremulSum ? premul_factor(op) : at::Tensor();
 }
 
-
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allreduce(std::vector<at::Tensor>& tensors,
@@ -112,7 +111,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::allgather(std::vector<std::ve
     return run(std::move(call));
   }
   call.prepare = [in, n] {
-    return std::vector<Collective>{engine_call(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options()))};
+    return std::vector<Collective>{
+        engine_call(OpCode::AllGather, dense(in), at::empty({in.numel() * n}, in.options()))};
   };
   call.finish = [outs](const std::vector<Collective>& p) { split_into(p[0].output, outs); };
   return run(std::move(call));
@@ -156,8 +156,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::gather(std::vector<std::vecto
                         " elements but the input has ", in.numel());
     }
   } else {
-    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), kOp,
-                      ": only the root (rank ", root, ") takes output tensors");
+    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), kOp, ": only the root (rank ",
+                      root, ") takes output tensors");
   }
   OpCall call = new_call(c10d::OpType::GATHER, OpCode::Gather, kOp, "gather", in, opts.asyncOp);
   call.tensors = outs;
@@ -208,8 +208,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::scatter(std::vector<at::Tenso
                         " elements but the output has ", out.numel());
     }
   } else {
-    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), kOp,
-                      ": only the root (rank ", root, ") takes input tensors");
+    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), kOp, ": only the root (rank ", root,
+                      ") takes input tensors");
   }
   OpCall call = new_call(c10d::OpType::SCATTER, OpCode::Scatter, kOp, "scatter", out, opts.asyncOp);
   call.tensors = ins;
@@ -244,8 +244,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter(std::vector<at
                     rank_, ") has ", inputs[0][rank_].numel(), " elements but the output has ", out.numel());
   const ReduceKind rk = to_reduce(kOp, opts.reduceOp, out.scalar_type());
   const std::vector<at::Tensor> ins = inputs[0];
-  OpCall call = new_call(c10d::OpType::REDUCE_SCATTER, OpCode::ReduceScatter, kOp, "reduce_scatter", out,
-                         opts.asyncOp);
+  OpCall call = new_call(c10d::OpType::REDUCE_SCATTER, OpCode::ReduceScatter, kOp, "reduce_scatter", out, opts.asyncOp);
   call.tensors = ins;
   call.tensors.push_back(out);
   call.outputs = {out};
@@ -277,8 +276,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::_reduce_scatter_base(at::Tens
                     " elements but must have world_size * output = ", output.numel() * size_);
   const ReduceKind rk = to_reduce(kOp, opts.reduceOp, input.scalar_type());
   const at::Tensor in = input, out = output;
-  OpCall call = new_call(c10d::OpType::_REDUCE_SCATTER_BASE, OpCode::ReduceScatter, kOp, "reduce_scatter", in,
-                         opts.asyncOp);
+  OpCall call =
+      new_call(c10d::OpType::_REDUCE_SCATTER_BASE, OpCode::ReduceScatter, kOp, "reduce_scatter", in, opts.asyncOp);
   call.tensors = {in, out};
   call.outputs = {out};
   call.premul_factor = premul_factor_of(opts.reduceOp, rk);

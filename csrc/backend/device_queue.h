@@ -36,8 +36,8 @@ class DeviceQueue {
   using Body = std::function<void(const c10::Stream&)>;
   virtual c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* op, uint64_t seq,
                                                 const std::vector<at::Tensor>& tensors,
-                                                const std::vector<at::Tensor>& outputs, bool async_op,
-                                                const Body& body, Lane lane) = 0;
+                                                const std::vector<at::Tensor>& outputs, bool async_op, const Body& body,
+                                                Lane lane) = 0;
 
   // Point-to-point on the CUDA engine (matched per peer in issue order).
   virtual c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, uint64_t seq) = 0;

@@ -85,10 +85,9 @@ void ProcessGroupPycoll::monitoredBarrier(const c10d::BarrierOptions& opts, bool
     if (appears_by(*store_, arrived(n, r), deadline)) continue;
     missing.push_back(r);
     if (wait_all_ranks) continue;
-    failure = late_before_waiting
-                  ? str("Rank 0 timed out in monitoredBarrier after ", timeout.count(), " ms; rank ", r,
-                        " had not arrived")
-                  : str("Rank ", r, " failed to pass monitoredBarrier in ", timeout.count(), " ms");
+    failure = late_before_waiting ? str("Rank 0 timed out in monitoredBarrier after ", timeout.count(), " ms; rank ", r,
+                                        " had not arrived")
+                                  : str("Rank ", r, " failed to pass monitoredBarrier in ", timeout.count(), " ms");
   }
   if (failure.empty() && !missing.empty()) {
     failure = str("Ranks ", joined(missing), " failed to pass monitoredBarrier in ", timeout.count(), " ms");

@@ -64,8 +64,7 @@ inline void unpad_rows(const at::Tensor& flat, int64_t row, const std::vector<at
 }
 
 // One engine call; the runner sets its algorithm from OpCall::algo.
-inline Collective engine_call(OpCode op, at::Tensor in, at::Tensor out, ReduceKind rk = ReduceKind::Sum,
-                              int root = 0) {
+inline Collective engine_call(OpCode op, at::Tensor in, at::Tensor out, ReduceKind rk = ReduceKind::Sum, int root = 0) {
   Collective c;
   c.op = op;
   c.input = std::move(in);

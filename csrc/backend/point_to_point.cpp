@@ -76,8 +76,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
   // source watches the CPU engine's channels, so it serves CPU tensors in a group on one host.
   TORCH_CHECK(t.is_cpu(), "pycoll::recv: receiving from any source (no src=) supports CPU tensors; got a ",
               t.device().str(), " tensor: pass src=");
-  TORCH_CHECK(!hosts_, "pycoll::recv: receiving from any source (no src=) is not supported in a group across hosts: "
-                       "pass src=");
+  TORCH_CHECK(!hosts_,
+              "pycoll::recv: receiving from any source (no src=) is not supported in a group across hosts: "
+              "pass src=");
   const bool in_place = t.is_contiguous();
   at::Tensor buf = in_place ? t : at::empty(t.sizes(), t.options());
   auto work = c10::make_intrusive<PycollWork>(rank_, c10d::OpType::RECVANYSOURCE, op, ++issued_,
@@ -134,8 +135,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::inter_host_p2p(bool is_send, 
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const char* op, const at::Tensor& t,
-                                                            int peer, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const char* op, const at::Tensor& t, int peer,
+                                                            int tag) {
   if (hosts_) {
     const int local_peer = hosts_->local_rank(peer);
     if (local_peer < 0) return inter_host_p2p(is_send, t, peer, tag);
@@ -149,8 +150,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
   if (is_send && !in_place) buf.copy_(t);
   std::optional<c10::Stream> stream;
   if (!t.is_cpu()) stream = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
-  auto work = c10::make_intrusive<PycollWork>(rank_, is_send ? c10d::OpType::SEND : c10d::OpType::RECV, op,
-                                              ++issued_, std::vector<at::Tensor>{t}, std::vector<c10::Device>{});
+  auto work = c10::make_intrusive<PycollWork>(rank_, is_send ? c10d::OpType::SEND : c10d::OpType::RECV, op, ++issued_,
+                                              std::vector<at::Tensor>{t}, std::vector<c10::Device>{});
   work->poll_before_sleep = poll_before_sleep_;
   const int64_t bytes = static_cast<int64_t>(buf.nbytes());
   char* data = static_cast<char*>(buf.data_ptr());
@@ -171,21 +172,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
     auto held = std::make_shared<HeldRequest>(work, buf, t);
     PointToPoint& p2p = cpu_->p2p();
     const SharedStorageRef into = p2p.may_receive_into_shared(bytes) ? shared_storage_of(buf) : SharedStorageRef{};
-    p2p.post_recv(peer, tag, data, bytes, [held, stream](std::exception_ptr err) {
-      const auto& work = held->work;
-      const auto& buf = held->buf;
-      const auto& t = held->t;
-      if (!err && !buf.is_same(t)) {
-        try {
-          std::optional<c10::StreamGuard> on_stream;
-          if (stream) on_stream.emplace(*stream);
-          t.copy_(buf);
-        } catch (...) {
-          err = std::current_exception();
-        }
-      }
-      work->mark_done_and_settle(err);
-    }, into);
+    p2p.post_recv(
+        peer, tag, data, bytes,
+        [held, stream](std::exception_ptr err) {
+          const auto& work = held->work;
+          const auto& buf = held->buf;
+          const auto& t = held->t;
+          if (!err && !buf.is_same(t)) {
+            try {
+              std::optional<c10::StreamGuard> on_stream;
+              if (stream) on_stream.emplace(*stream);
+              t.copy_(buf);
+            } catch (...) {
+              err = std::current_exception();
+            }
+          }
+          work->mark_done_and_settle(err);
+        },
+        into);
   }
   return work;
 }

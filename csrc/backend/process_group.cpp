@@ -62,8 +62,7 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
       timeout_(timeout),
       hosts_(std::move(hosts)) {
   if (!hosts_) {
-    cpu_ = std::make_unique<CpuEngine>(make_rendezvous(store_, "pycoll/" + group_name_ + "/cpu/"), rank, size,
-                                       timeout);
+    cpu_ = std::make_unique<CpuEngine>(make_rendezvous(store_, "pycoll/" + group_name_ + "/cpu/"), rank, size, timeout);
   } else {
     // The shared-memory engine spans this host's ranks only; its Store keys (and so its segment
     // names' token) are the host's own.
@@ -157,7 +156,8 @@ void ProcessGroupPycoll::check_bound_device(const at::Tensor& t) const {
   // init_process_group(device_id=...) binds the group before its first op.
   const auto bound = getBoundDeviceId();
   TORCH_CHECK_VALUE(!bound || !bound->is_cuda() || *bound == t.device(), "pycoll: wrong device: this rank's group is ",
-                    "bound to ", bound ? bound->str() : std::string(), " (device_id), got a tensor on ", t.device().str());
+                    "bound to ", bound ? bound->str() : std::string(), " (device_id), got a tensor on ",
+                    t.device().str());
 }
 
 bool ProcessGroupPycoll::on_cuda_engine(const at::Tensor& t) {
@@ -235,9 +235,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
       Engine* engine;
     } job{this, &call, &engine};
     const Job* j = &job;
-    return in_block(cuda_->launch(call.type, call.name, seq, call.tensors, call.outputs, call.async,
-                                  [j](const c10::Stream& s) { j->pg->execute(*j->call, *j->engine, s); },
-                                  DeviceQueue::Lane::Collective));
+    return in_block(cuda_->launch(
+        call.type, call.name, seq, call.tensors, call.outputs, call.async,
+        [j](const c10::Stream& s) { j->pg->execute(*j->call, *j->engine, s); }, DeviceQueue::Lane::Collective));
   }
   // Host-side engines run on the executor; a staged op's copies follow the caller's stream as it was now.
   const c10::Stream stream = current_stream(call.device);
@@ -245,10 +245,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   const char* name = call.name;
   const bool async = call.async;
   auto outputs = call.outputs;
-  return in_block(launch_on_executor(type, name, seq, std::move(outputs), async,
-                                     [this, call = std::move(call), &engine, stream]() mutable {
-                                       execute(call, engine, stream);
-                                     }));
+  return in_block(
+      launch_on_executor(type, name, seq, std::move(outputs), async,
+                         [this, call = std::move(call), &engine, stream]() mutable { execute(call, engine, stream); }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,
@@ -256,8 +255,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpTy
                                                                       std::function<void()> body) {
   std::vector<c10::Device> devices;
   for (const auto& t : outputs) {
-    if (t.defined() && t.is_cuda() &&
-        std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+    if (t.defined() && t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
       devices.push_back(t.device());
     }
   }

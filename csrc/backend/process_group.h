@@ -87,8 +87,8 @@ class ProcessGroupPycoll : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
@@ -109,8 +109,7 @@ class ProcessGroupPycoll : public c10d::Backend {
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits,
-                                               std::vector<int64_t>& input_splits,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
@@ -169,8 +168,8 @@ class ProcessGroupPycoll : public c10d::Backend {
   std::string group_name_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<CpuEngine> cpu_;
-  std::unique_ptr<Engine> cpu_tensors_;     // CPU tensors, on cpu_ (this host's ranks)
-  std::unique_ptr<Engine> hierarchical_;    // a group across hosts: CPU tensors, on cpu_tensors_ + Gloo
+  std::unique_ptr<Engine> cpu_tensors_;   // CPU tensors, on cpu_ (this host's ranks)
+  std::unique_ptr<Engine> hierarchical_;  // a group across hosts: CPU tensors, on cpu_tensors_ + Gloo
   // split(): ProcessGroup::splitGroup calls it once per device type (cpu, cuda) with the same
   // group name, and both must get the one child (it owns Store keys and shared memory). Keyed by
   // torch's name for the child; `index` counts the splits of this group (backend/split.cpp).
@@ -182,8 +181,8 @@ class ProcessGroupPycoll : public c10d::Backend {
   uint64_t splits_ = 0;
   std::map<std::string, SplitChild> split_children_;
   std::optional<HostLayout> hosts_;
-  std::unique_ptr<Engine> staged_;          // CUDA tensors through host memory, on the CPU tensors' engine
-  std::unique_ptr<DeviceQueue> cuda_;       // nullptr in a build without CUDA (or across hosts without NCCL)
+  std::unique_ptr<Engine> staged_;     // CUDA tensors through host memory, on the CPU tensors' engine
+  std::unique_ptr<DeviceQueue> cuda_;  // nullptr in a build without CUDA (or across hosts without NCCL)
   std::mutex device_hierarchical_mu_;
   std::unique_ptr<Engine> device_hierarchical_;  // across hosts: CUDA tensors on cuda_'s engine + NCCL
   std::unique_ptr<SerialExecutor> executor_;

@@ -8,7 +8,8 @@
 namespace pycoll {
 
 namespace {
-const TextSetting kAlgo("PYCOLL_ALGO", "auto", "auto, ring, tree, oneshot, twoshot, hierarchical, flat", "backend", true, Audience::User,
+const TextSetting kAlgo("PYCOLL_ALGO", "auto", "auto, ring, tree, oneshot, twoshot, hierarchical, flat", "backend",
+                        true, Audience::User,
                         "The algorithm of every collective that has a choice; auto asks the cost model. "
                         "hierarchical and flat choose the form of a group across hosts. "
                         "pycollectives.set_algo() changes it at run time. Checked across ranks per op.");

@@ -76,10 +76,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupPycoll::split(const c10::intrusive
   {
     py::gil_scoped_acquire gil;
     py::object native = py::module::import("pycollectives._C").attr("ProcessGroupPycoll");
-    py::object made = py::module::import("pycollectives.hosts")
-                          .attr("make_backend")(native, c10::intrusive_ptr<c10d::Store>(child_store),
-                                                static_cast<int>(me - ranks.begin()),
-                                                static_cast<int>(ranks.size()), timeout, name);
+    py::object made =
+        py::module::import("pycollectives.hosts")
+            .attr("make_backend")(native, c10::intrusive_ptr<c10d::Store>(child_store),
+                                  static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), timeout, name);
     child = made.cast<c10::intrusive_ptr<c10d::Backend>>();
   }
   it->second.backend.emplace(child);

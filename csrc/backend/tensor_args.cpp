@@ -58,8 +58,7 @@ void check_same_type(const char* op, const at::Tensor& ref, const at::Tensor& t,
 }
 
 void check_rank(const char* op, int64_t rank, int size, const char* what) {
-  TORCH_CHECK_VALUE(rank >= 0 && rank < size, op, ": ", what, " ", rank, " is out of range for a group of size ",
-                    size);
+  TORCH_CHECK_VALUE(rank >= 0 && rank < size, op, ": ", what, " ", rank, " is out of range for a group of size ", size);
 }
 
 }  // namespace pycoll

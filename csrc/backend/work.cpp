@@ -83,16 +83,16 @@ int PycollWork::sourceRank() const {
 }
 
 bool PycollWork::wait(std::chrono::milliseconds timeout) {
-  spin_briefly([&] { return done_.load(std::memory_order_acquire); },
-               timeout == kNoTimeout ? poll_before_sleep
-                                     : std::min(poll_before_sleep, std::chrono::microseconds(timeout)));
+  spin_briefly(
+      [&] { return done_.load(std::memory_order_acquire); },
+      timeout == kNoTimeout ? poll_before_sleep : std::min(poll_before_sleep, std::chrono::microseconds(timeout)));
   {
     std::unique_lock<std::mutex> lk(mutex_);
     if (timeout == kNoTimeout) {
       cv_.wait(lk, [&] { return completed_; });
     } else if (!cv_.wait_for(lk, timeout, [&] { return completed_; })) {
-      TORCH_CHECK(false, op_name_, ": Work.wait timed out: not done within its timeout (", timeout.count(),
-                  " ms, op #", seq_, "); a peer may not have called this collective yet");
+      TORCH_CHECK(false, op_name_, ": Work.wait timed out: not done within its timeout (", timeout.count(), " ms, op #",
+                  seq_, "); a peer may not have called this collective yet");
     }
     if (exception_) std::rethrow_exception(exception_);
   }

@@ -78,8 +78,8 @@ at::Tensor unpack_signs(const at::Tensor& packed, int64_t numel, double scale, c
   check_words(packed, op, "packed");
   TORCH_CHECK_VALUE(packed.dim() == 1, op, ": packed must be 1-D, got shape ", packed.sizes());
   TORCH_CHECK_VALUE(numel >= 0, op, ": numel must be >= 0, got ", numel);
-  TORCH_CHECK_VALUE(packed.numel() >= pycoll::sign_words(numel), op, ": packed has ", packed.numel(),
-                    " words, numel ", numel, " needs ", pycoll::sign_words(numel));
+  TORCH_CHECK_VALUE(packed.numel() >= pycoll::sign_words(numel), op, ": packed has ", packed.numel(), " words, numel ",
+                    numel, " needs ", pycoll::sign_words(numel));
   const bool cuda = on_cuda(packed, op, "packed");
   at::Tensor result = result_tensor(out, packed, numel, op);
   const py::gil_scoped_release nogil;
@@ -146,8 +146,8 @@ bool check_bucket_args(const std::vector<at::Tensor>& tensors, const at::Tensor&
     const at::Tensor& t = tensors[i];
     TORCH_CHECK_TYPE(t.scalar_type() == bucket.scalar_type(), op, ": tensors[", i, "] is ", t.scalar_type(),
                      ", the bucket is ", bucket.scalar_type(), " (all must match)");
-    TORCH_CHECK_VALUE(t.device() == bucket.device(), op, ": tensors[", i, "] is on ", t.device(),
-                      ", the bucket on ", bucket.device());
+    TORCH_CHECK_VALUE(t.device() == bucket.device(), op, ": tensors[", i, "] is on ", t.device(), ", the bucket on ",
+                      bucket.device());
     total += t.numel();
   }
   TORCH_CHECK_VALUE(total <= bucket.numel(), op, ": the tensors hold ", total, " elements, the bucket only ",
@@ -201,8 +201,8 @@ void check_ends(const std::vector<int64_t>& ends, int64_t numel, const char* op)
 void check_scales(const at::Tensor& scales, size_t k, const char* op) {
   TORCH_CHECK_VALUE(scales.device().is_cpu(), op, ": scales must be a CPU tensor");
   TORCH_CHECK_TYPE(scales.scalar_type() == at::kFloat, op, ": scales must be float32, got ", scales.scalar_type());
-  TORCH_CHECK_VALUE(scales.dim() == 1 && scales.numel() == static_cast<int64_t>(k), op, ": scales must be 1-D with ",
-                    k, " values (one per segment), got shape ", scales.sizes());
+  TORCH_CHECK_VALUE(scales.dim() == 1 && scales.numel() == static_cast<int64_t>(k), op, ": scales must be 1-D with ", k,
+                    " values (one per segment), got shape ", scales.sizes());
 }
 
 std::tuple<at::Tensor, at::Tensor> signsgd_encode_(const at::Tensor& e, const std::optional<at::Tensor>& g,
@@ -225,8 +225,8 @@ void signsgd_sub_signs_(const at::Tensor& e, const at::Tensor& words, const std:
   constexpr const char* op = "pycoll::signsgd_sub_signs_";
   check_fast_path_tensor(e, op, "e");
   check_words(words, op, "words");
-  TORCH_CHECK_VALUE(words.device().is_cpu() && words.dim() == 1 && words.numel() >= pycoll::sign_words(e.numel()),
-                    op, ": words must be a 1-D CPU tensor of at least ", pycoll::sign_words(e.numel()), " words");
+  TORCH_CHECK_VALUE(words.device().is_cpu() && words.dim() == 1 && words.numel() >= pycoll::sign_words(e.numel()), op,
+                    ": words must be a 1-D CPU tensor of at least ", pycoll::sign_words(e.numel()), " words");
   check_ends(ends, e.numel(), op);
   check_scales(scales, ends.size(), op);
   const py::gil_scoped_release nogil;
@@ -260,8 +260,7 @@ void register_compression(pybind11::module& m) {
         "Signs of a float tensor as int32 words: bit i%32 of word i/32 is 1 where tensor.flatten()[i] < 0");
   m.def("unpack_signs", &unpack_signs, arg("packed"), arg("numel"), arg("scale") = 1.0, arg("out") = py::none(),
         "float32 [numel] (into `out` when given): -scale where the bit is 1, +scale where it is 0");
-  m.def("majority_vote", &majority_vote, arg("gathered"), arg("numel"), arg("scale") = 1.0,
-        arg("out") = py::none(),
+  m.def("majority_vote", &majority_vote, arg("gathered"), arg("numel"), arg("scale") = 1.0, arg("out") = py::none(),
         "float32 [numel] (into `out` when given): scale * the majority sign of gathered [world, words] (0 on a tie)");
   m.def("signsgd_encode_", &signsgd_encode_, arg("e"), arg("g"), arg("ends"),
         "CPU float32: e += g (g may be None), then (sign words of e, float64 L1 norm of each segment of e)");

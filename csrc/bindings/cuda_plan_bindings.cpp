@@ -103,8 +103,8 @@ void register_cuda_plan(py::module_& m) {
         if (p.protocol == gpu::Protocol::Registered) {
           // What the engine checks before it launches: the plan within the region its limits give.
           const cuda_ipc::ProtocolRegion region = gpu::protocol_regions(l).at(size_t(p.registered));
-          d["fits_region"] = region.bytes > 0 &&
-                             gpu::all_reduce_protocols()[p.registered].fits(p, count, elem_bytes, world, region);
+          d["fits_region"] =
+              region.bytes > 0 && gpu::all_reduce_protocols()[p.registered].fits(p, count, elem_bytes, world, region);
         }
         return d;
       },
@@ -168,7 +168,8 @@ void register_cuda_plan(py::module_& m) {
       "cuda_all_to_all_roles",
       [](int world, int rank, int coll_channels, int sms) {
         if (world < 1 || world > cuda_ipc::kMaxRanks || rank < 0 || rank >= world || coll_channels < world || sms < 1)
-          throw py::value_error("cuda_all_to_all_roles: world 1..8, rank in 0..world-1, coll_channels >= world, sms >= 1");
+          throw py::value_error(
+              "cuda_all_to_all_roles: world 1..8, rank in 0..world-1, coll_channels >= world, sms >= 1");
         const int grid = 2 * gpu::all_to_all_channels(world, coll_channels, sms);
         py::list roles;
         for (int b = 0; b < grid; ++b) {

@@ -52,15 +52,14 @@ void register_host_forms(py::module_& m) {
     for (const HostFormTable& t : host_form_tables()) {
       py::list steps;
       for (const HostFormStep& s : t.steps) steps.append(py::make_tuple(s.from_bytes, host_form_name(s.form)));
-      out.append(py::make_tuple(t.on_device ? "cuda" : "cpu", op_name(t.op), t.num_hosts, t.local_size, steps,
-                                t.max_bytes));
+      out.append(
+          py::make_tuple(t.on_device ? "cuda" : "cpu", op_name(t.op), t.num_hosts, t.local_size, steps, t.max_bytes));
     }
     return out;
   });
   m.def(
       "host_form",
-      [](const std::string& device, const std::string& op, int num_hosts, int local_size, int64_t bytes,
-         bool builtin) {
+      [](const std::string& device, const std::string& op, int num_hosts, int local_size, int64_t bytes, bool builtin) {
         const bool d = parse_device(device);
         const OpCode o = parse_form_op(op);
         return std::string(host_form_name(builtin ? builtin_host_form(d, o, bytes)

@@ -124,14 +124,27 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
     ranges["trace"].push_back({L.trace.event_offset(c, 0), L.trace.event_offset(c, cuda_ipc::kTraceEvents - 1) + 8});
   }
   // Where make_layout placed each region (a region may use anything up to the next one).
-  const std::vector<std::pair<std::string, int64_t>> starts = {
-      {"abort", L.off_abort},          {"claim", L.off_claim},          {"coll.tail", L.coll.off_tail},
-      {"coll.head", L.coll.off_head},  {"coll.check", L.coll.off_check}, {"coll.sent", L.coll.off_sent},
-      {"coll.recvd", L.coll.off_recvd}, {"p2p.tail", L.p2p.off_tail},   {"p2p.head", L.p2p.off_head},
-      {"p2p.check", L.p2p.off_check},  {"p2p.sent", L.p2p.off_sent},    {"p2p.recvd", L.p2p.off_recvd},
-      {"coll.data", L.coll.off_data},  {"p2p.data", L.p2p.off_data},    {"ll.epoch", L.ll.off_epoch},
-      {"ll.data", L.ll.off_data},      {"split", L.split.off},          {"split.claim", L.split.off_claim},
-      {"split.tag", L.split.off_tag},  {"split.ready", L.split.off_ready}, {"trace", L.trace.off}};
+  const std::vector<std::pair<std::string, int64_t>> starts = {{"abort", L.off_abort},
+                                                               {"claim", L.off_claim},
+                                                               {"coll.tail", L.coll.off_tail},
+                                                               {"coll.head", L.coll.off_head},
+                                                               {"coll.check", L.coll.off_check},
+                                                               {"coll.sent", L.coll.off_sent},
+                                                               {"coll.recvd", L.coll.off_recvd},
+                                                               {"p2p.tail", L.p2p.off_tail},
+                                                               {"p2p.head", L.p2p.off_head},
+                                                               {"p2p.check", L.p2p.off_check},
+                                                               {"p2p.sent", L.p2p.off_sent},
+                                                               {"p2p.recvd", L.p2p.off_recvd},
+                                                               {"coll.data", L.coll.off_data},
+                                                               {"p2p.data", L.p2p.off_data},
+                                                               {"ll.epoch", L.ll.off_epoch},
+                                                               {"ll.data", L.ll.off_data},
+                                                               {"split", L.split.off},
+                                                               {"split.claim", L.split.off_claim},
+                                                               {"split.tag", L.split.off_tag},
+                                                               {"split.ready", L.split.off_ready},
+                                                               {"trace", L.trace.off}};
   std::vector<std::pair<std::string, int64_t>> all_starts = starts;
   all_starts.insert(all_starts.end(), region_starts.begin(), region_starts.end());
   py::dict d;
@@ -150,9 +163,8 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
 }  // namespace
 
 void register_layout(py::module_& m) {
-  m.def("cuda_workspace_layout", &layout_report, py::arg("nranks"), py::arg("rank") = 0,
-        py::arg("coll_slot_bytes") = 0, py::arg("coll_blocks") = cuda_ipc::kCollBlocks,
-        py::arg("protocols") = std::map<std::string, int64_t>{},
+  m.def("cuda_workspace_layout", &layout_report, py::arg("nranks"), py::arg("rank") = 0, py::arg("coll_slot_bytes") = 0,
+        py::arg("coll_blocks") = cuda_ipc::kCollBlocks, py::arg("protocols") = std::map<std::string, int64_t>{},
         "The CUDA IPC workspace layout of `rank` in a group of `nranks`: region start offsets, every byte "
         "range the layout's offset functions address in that rank's workspace, and the sizes. `protocols`: "
         "the limit in bytes of each registered all_reduce protocol with a region (by name; absent: none).");

@@ -116,8 +116,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
       "Waits (at most `seconds`) until no engine thread or completion thread holds work; False if it "
       "gave up. Called at interpreter exit (backend/executor.h says why).");
-  m.def("set_algo", [](const std::string& name) { pycoll::set_algo_override(pycoll::parse_algo(name)); },
-        "Force an algorithm for every later op of this process (ring, tree, oneshot, twoshot, auto)");
+  m.def(
+      "set_algo", [](const std::string& name) { pycoll::set_algo_override(pycoll::parse_algo(name)); },
+      "Force an algorithm for every later op of this process (ring, tree, oneshot, twoshot, auto)");
   m.def("algorithm_names", &pycoll::forcible_algorithm_names,
         "The algorithms PYCOLL_ALGO and set_algo accept, auto first (csrc/common/types.h)");
   m.def("get_algo", []() { return std::string(pycoll::algo_name(pycoll::algo_override())); });
@@ -132,21 +133,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
   m.def("reset_stats", &pycoll::reset_op_stats);
-  m.def("settings", []() {
-    py::list out;
-    for (const auto& s : pycoll::registered_settings()) {
-      py::dict d;
-      d["name"] = s.name;
-      d["default"] = s.default_text;
-      d["range"] = s.range_text;
-      d["doc"] = s.doc;
-      d["scope"] = s.scope;
-      d["ranks_agree"] = s.ranks_agree;
-      d["audience"] = s.audience == pycoll::Audience::User ? "user" : "developer";
-      out.append(d);
-    }
-    return out;
-  }, "Every PYCOLL_* setting the extension reads (common/setting.h), sorted by name.");
+  m.def(
+      "settings",
+      []() {
+        py::list out;
+        for (const auto& s : pycoll::registered_settings()) {
+          py::dict d;
+          d["name"] = s.name;
+          d["default"] = s.default_text;
+          d["range"] = s.range_text;
+          d["doc"] = s.doc;
+          d["scope"] = s.scope;
+          d["ranks_agree"] = s.ranks_agree;
+          d["audience"] = s.audience == pycoll::Audience::User ? "user" : "developer";
+          out.append(d);
+        }
+        return out;
+      },
+      "Every PYCOLL_* setting the extension reads (common/setting.h), sorted by name.");
   m.def("read_setting", &pycoll::read_setting, py::arg("name"),
         "A setting's value now (the default when unset), parsed and range-checked; ValueError when bad.");
   m.def("settings_disagreement", &pycoll::settings_disagreement, py::arg("encoded_per_rank"),
@@ -175,8 +179,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("waves"), py::arg("max_blocks"), py::arg("wide_blocks"),
         "CTAs a two-shot all_reduce of `bytes` may use on the CUDA engine (csrc/cuda/select.h).");
   m.def("cuda_two_shot_chunk_bytes", &pycoll::gpu::two_shot_chunk_bytes, py::arg("bytes"), py::arg("seg_bytes"),
-        py::arg("world"),
-        py::arg("waves"), py::arg("wide_blocks"), py::arg("chunk_bytes"), py::arg("chunk_set"),
+        py::arg("world"), py::arg("waves"), py::arg("wide_blocks"), py::arg("chunk_bytes"), py::arg("chunk_set"),
         "Chunk cap of a two-shot all_reduce of `bytes` on the CUDA engine (csrc/cuda/select.h).");
   m.def(
       "cuda_algorithm",
@@ -224,8 +227,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_set_test_deny_peer_read", [](bool deny) { pycoll::test_hooks::set_deny_peer_read(deny); }, py::arg("deny"),
       "Tests only: this process's cross-memory attach reads fail as if the OS forbade them (common/test_hooks.h).");
   m.def(
-      "_set_test_deny_shared_open", [](bool deny) { pycoll::test_hooks::set_deny_shared_open(deny); },
-      py::arg("deny"),
+      "_set_test_deny_shared_open", [](bool deny) { pycoll::test_hooks::set_deny_shared_open(deny); }, py::arg("deny"),
       "Tests only: opening peers' shared-memory files fails as if the OS forbade it (common/test_hooks.h).");
   m.def(
       "_test_wait_for_every_rank",

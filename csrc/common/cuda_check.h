@@ -6,8 +6,8 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
-#define PYCOLL_CUDA_CHECK(expr, ...)                                                      \
-  do {                                                                                    \
-    const cudaError_t pycoll_err_ = (expr);                                               \
+#define PYCOLL_CUDA_CHECK(expr, ...)                                                                    \
+  do {                                                                                                  \
+    const cudaError_t pycoll_err_ = (expr);                                                             \
     TORCH_CHECK(pycoll_err_ == cudaSuccess, __VA_ARGS__, " failed: ", cudaGetErrorString(pycoll_err_)); \
   } while (0)

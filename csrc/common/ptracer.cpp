@@ -93,22 +93,24 @@ PtracerDeclaration choose_ptracer(const std::vector<int64_t>& host_pids, int sco
   if (scope != 1 || host_pids.size() < 2) return {};
   const int64_t ancestor = nearest_common_ancestor(host_pids);
   if (ancestor == 0) {
-    return {0, "Yama ptrace_scope=1, and no common ancestor of the ranks on this host was found in /proc (another PID "
-               "namespace, or /proc mounted with hidepid): no tracer named, so no peer may read this rank in place"};
+    return {0,
+            "Yama ptrace_scope=1, and no common ancestor of the ranks on this host was found in /proc (another PID "
+            "namespace, or /proc mounted with hidepid): no tracer named, so no peer may read this rank in place"};
   }
   if (ancestor == 1 && in_initial_pid_namespace()) {
-    return {0, "Yama ptrace_scope=1, and the ranks on this host share no ancestor but init: not named as their tracer "
-               "(that would let any process of the user read this rank), so no peer may read it in place"};
+    return {0,
+            "Yama ptrace_scope=1, and the ranks on this host share no ancestor but init: not named as their tracer "
+            "(that would let any process of the user read this rank), so no peer may read it in place"};
   }
   // Only a launcher: one of the ranks, or the parent of one. Ranks started apart (separate
   // terminals, tmux panes, ssh sessions) share only a session manager or server, whose
   // descendants are most of the user's processes.
-  const bool launcher = std::any_of(host_pids.begin(), host_pids.end(), [&](int64_t pid) {
-    return pid == ancestor || parent_of(pid) == ancestor;
-  });
+  const bool launcher = std::any_of(host_pids.begin(), host_pids.end(),
+                                    [&](int64_t pid) { return pid == ancestor || parent_of(pid) == ancestor; });
   if (!launcher) {
     return {0, str("Yama ptrace_scope=1, and the nearest common ancestor of the ranks on this host, process ", ancestor,
-                   " (", comm_of(ancestor), "), neither is a rank nor started one (ranks started apart): not named as "
+                   " (", comm_of(ancestor),
+                   "), neither is a rank nor started one (ranks started apart): not named as "
                    "their tracer, so no peer may read this rank in place")};
   }
   return {ancestor, str("Yama ptrace_scope=1: named process ", ancestor, " (", comm_of(ancestor),

@@ -38,9 +38,8 @@ const char* raw(const char* name) {
 
 }  // namespace
 
-IntSetting::IntSetting(const char* name, int64_t fallback, int64_t lo, int64_t hi, const char* scope,
-                       bool ranks_agree, Audience audience, const char* doc, const char* default_text, bool bytes,
-                       int64_t multiple_of)
+IntSetting::IntSetting(const char* name, int64_t fallback, int64_t lo, int64_t hi, const char* scope, bool ranks_agree,
+                       Audience audience, const char* doc, const char* default_text, bool bytes, int64_t multiple_of)
     : name_(name), fallback_(fallback), lo_(lo), hi_(hi), multiple_of_(multiple_of), bytes_(bytes) {
   std::string range = std::to_string(lo) + ".." + std::to_string(hi);
   if (multiple_of > 1) range += ", a multiple of " + std::to_string(multiple_of);

@@ -88,12 +88,12 @@ void plan_two_shot(AllReducePlan& p, int64_t count, int64_t es, const EngineLimi
     p.flags = kernels::kArgWaves;
     p.variant = wide_two_shot(bytes, l.nranks, true, l.two_shot_wide_blocks) ? "wide-waves" : "waves";
   }
-  use_geometry(p, plan_geometry(p.seg, es,
-                                two_shot_chunk_bytes(bytes, p.seg * es, l.nranks, l.two_shot_waves,
-                                                     l.two_shot_wide_blocks, l.chunk_bytes, l.chunk_set),
-                                two_shot_max_blocks(bytes, l.nranks, l.two_shot_waves, l.max_blocks,
-                                                    l.two_shot_wide_blocks),
-                                l.small_max_blocks));
+  use_geometry(
+      p, plan_geometry(p.seg, es,
+                       two_shot_chunk_bytes(bytes, p.seg * es, l.nranks, l.two_shot_waves, l.two_shot_wide_blocks,
+                                            l.chunk_bytes, l.chunk_set),
+                       two_shot_max_blocks(bytes, l.nranks, l.two_shot_waves, l.max_blocks, l.two_shot_wide_blocks),
+                       l.small_max_blocks));
 }
 
 // A registered protocol of the plan's algorithm that takes the call (the first by priority).
@@ -120,8 +120,8 @@ int64_t two_shot_segment(int64_t count, int64_t es, int nranks) { return round_u
 AllReducePlan plan_all_reduce(int64_t count, int64_t es, Algo requested, const EngineLimits& l) {
   AllReducePlan p;
   const int64_t bytes = count * es;
-  p.algo = requested == Algo::Auto ? choose_all_reduce(bytes, l.nranks, registered_max_bytes(l, Algo::TwoShot))
-                                   : requested;
+  p.algo =
+      requested == Algo::Auto ? choose_all_reduce(bytes, l.nranks, registered_max_bytes(l, Algo::TwoShot)) : requested;
   if (count == 0 || l.nranks == 1) return p;  // Protocol::None
   p.protocol = Protocol::Channel;
   if (plan_registered(p, count, es, l)) return p;

@@ -20,25 +20,25 @@ namespace gpu {
 
 // How the ranks signal that data has arrived.
 enum class Protocol : int32_t {
-  None = 0,     // nothing to launch (an empty tensor, or one rank: a local copy)
-  Channel = 1,  // slots with separate flags and credits (kernels/channel.cuh)
-  LL = 2,       // 16-byte lines with the flag inside the data (kernels/ll_all_reduce.cuh)
+  None = 0,        // nothing to launch (an empty tensor, or one rank: a local copy)
+  Channel = 1,     // slots with separate flags and credits (kernels/channel.cuh)
+  LL = 2,          // 16-byte lines with the flag inside the data (kernels/ll_all_reduce.cuh)
   Registered = 3,  // a protocol of the registry (all_reduce_registry.h), e.g. the LL128 two-shot
 };
 
 struct AllReducePlan {
-  Algo algo = Algo::Auto;           // OneShot, TwoShot, Ring or Tree (the double binary tree)
+  Algo algo = Algo::Auto;  // OneShot, TwoShot, Ring or Tree (the double binary tree)
   Protocol protocol = Protocol::None;
-  int registered = -1;              // Registered: its index in all_reduce_protocols()
-  const char* variant = "";         // "split", "split-claimed", "waves", "wide-waves" or ""
+  int registered = -1;       // Registered: its index in all_reduce_protocols()
+  const char* variant = "";  // "split", "split-claimed", "waves", "wide-waves" or ""
   kernels::ReduceMode mode = kernels::ReduceMode::AllReduceOneShot;  // Channel protocol only
-  int32_t flags = 0;                // kernels::kArg* bits (the engine adds kArgTrace)
+  int32_t flags = 0;                                                 // kernels::kArg* bits (the engine adds kArgTrace)
   cuda_ipc::CheckPlan check = cuda_ipc::CheckPlan::Unspecified;
-  int grid = 0;                     // CTAs launched
-  int64_t chunk = 0;                // elements per chunk (kernels/args.h)
+  int grid = 0;       // CTAs launched
+  int64_t chunk = 0;  // elements per chunk (kernels/args.h)
   int64_t nchunks = 0;
-  int64_t seg = 0;                  // elements per segment (two-shot, ring, LL128) or split channel
-  bool early_ok = true;             // may start before the previous kernel ends (early launch)
+  int64_t seg = 0;       // elements per segment (two-shot, ring, LL128) or split channel
+  bool early_ok = true;  // may start before the previous kernel ends (early launch)
 
   // "none", "channel", "ll", or the registered protocol's name ("ll128").
   const char* protocol_name() const;

@@ -67,8 +67,8 @@ KernelType kernel_type(DType d, ReduceKind r, int nranks, const char* op) {
     case ReduceKind::BAnd:
     case ReduceKind::BOr:
     case ReduceKind::BXor: {
-      TORCH_CHECK(!is_floating(d), "pycoll::", op, ": ", reduce_name(r),
-                  " needs an integer or bool tensor, got ", dtype_name(d));
+      TORCH_CHECK(!is_floating(d), "pycoll::", op, ": ", reduce_name(r), " needs an integer or bool tensor, got ",
+                  dtype_name(d));
       const DType kd = d == DType::Int8 ? DType::UInt8 : d;
       const KOp k = r == ReduceKind::BAnd ? KOp::And : (r == ReduceKind::BOr ? KOp::Or : KOp::Xor);
       return {kd, k, 1};
@@ -198,8 +198,8 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   int major = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "engine",
                  "compute capability");
-  early_launch_ = cuda_settings::kEarlyLaunch.get_or(major >= 9 ? 1 : 0) != 0 && major >= 9 &&
-                  gpu::kernels_support_early_launch();
+  early_launch_ =
+      cuda_settings::kEarlyLaunch.get_or(major >= 9 ? 1 : 0) != 0 && major >= 9 && gpu::kernels_support_early_launch();
   // A protocol that can be planned must have its kernel in this build (a launcher registered
   // under another name would otherwise fail only at its first call).
   for (size_t i = 0; i < gpu::all_reduce_protocols().size(); ++i) {
@@ -284,8 +284,8 @@ void launch_reduce_checked(const gpu::Geometry& g, cudaStream_t stream, kernels:
                            const char* op) {
   a.chunk = g.chunk;
   a.nchunks = g.nchunks;
-  TORCH_CHECK(g.blocks >= 1 && g.blocks <= a.h.layout.coll.nblocks, "pycoll::", op, ": bad launch geometry (",
-              g.blocks, " CTAs)");
+  TORCH_CHECK(g.blocks >= 1 && g.blocks <= a.h.layout.coll.nblocks, "pycoll::", op, ": bad launch geometry (", g.blocks,
+              " CTAs)");
   PYCOLL_CUDA_OK(gpu::launch_reduce(g.blocks, stream, a, early), op, "kernel launch");
 }
 
@@ -355,8 +355,7 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
     TORCH_CHECK(region.bytes > 0 && proto.fits(p, count, es, size_, region), "pycoll::allreduce: ", count * es,
                 " bytes do not fit the workspace's ", p.protocol_name(), " region (", region.bytes, " bytes)");
     a.region = p.registered;
-    PYCOLL_CUDA_OK(static_cast<cudaError_t>(launcher->launch(p.grid, stream, a, early_launch_)), kOp,
-                   "kernel launch");
+    PYCOLL_CUDA_OK(static_cast<cudaError_t>(launcher->launch(p.grid, stream, a, early_launch_)), kOp, "kernel launch");
     return p.algo;
   }
   if (p.mode == kernels::ReduceMode::AllReduceTwoShot || p.mode == kernels::ReduceMode::AllReduceRing) {
@@ -428,9 +427,9 @@ Algo CudaEngine::all_gather(const at::Tensor& in, at::Tensor& out, Algo algo, cu
     return chosen;
   }
   check_usable(kOp);
-  kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::AllGather,
-                                       chosen == Algo::Ring ? kernels::CopyMode::AllGatherRing
-                                                            : kernels::CopyMode::AllGatherDirect);
+  kernels::CopyArgs a =
+      make_copy_args(ws_->handle(), OpCode::AllGather,
+                     chosen == Algo::Ring ? kernels::CopyMode::AllGatherRing : kernels::CopyMode::AllGatherDirect);
   a.in = in.data_ptr();
   a.out = out.data_ptr();
   a.bytes = bytes;
@@ -470,8 +469,7 @@ void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceK
     check_tensor(out, kOp, "output", device_);
     TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::reduce: output dtype ", out.scalar_type(),
                 " differs from input dtype ", in.scalar_type());
-    TORCH_CHECK(in.numel() == out.numel(), "pycoll::reduce: output has ", out.numel(), " elements, input ",
-                in.numel());
+    TORCH_CHECK(in.numel() == out.numel(), "pycoll::reduce: output has ", out.numel(), " elements, input ", in.numel());
   }
   const KernelType kt = kernel_type(kernel_dtype(in, kOp), op, size_, kOp);
   const int64_t count = in.numel();
@@ -483,8 +481,8 @@ void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceK
     return;
   }
   check_usable(kOp);
-  kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::Reduce, in.data_ptr(),
-                                           rank_ == root ? out.data_ptr() : nullptr, kt);
+  kernels::ReduceArgs a =
+      make_reduce_args(ws_->handle(), OpCode::Reduce, in.data_ptr(), rank_ == root ? out.data_ptr() : nullptr, kt);
   a.mode = kernels::ReduceMode::ReduceDirect;
   a.count = count;
   a.root = root;
@@ -500,8 +498,7 @@ void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::ve
   check_tensor(in, kOp, "input", device_);
   check_tensor(out, kOp, "output", device_);
   const size_t n = size_t(size_);
-  TORCH_CHECK(send_bytes.size() == n && send_offsets.size() == n && recv_bytes.size() == n &&
-                  recv_offsets.size() == n,
+  TORCH_CHECK(send_bytes.size() == n && send_offsets.size() == n && recv_bytes.size() == n && recv_offsets.size() == n,
               "pycoll::alltoall: byte counts and offsets need one entry per rank (", size_, ")");
   const int64_t in_bytes = int64_t(in.nbytes());
   const int64_t out_bytes = int64_t(out.nbytes());
@@ -536,7 +533,8 @@ void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::ve
     a.recv_bytes[q] = recv_bytes[q];
     a.recv_off[q] = recv_offsets[q];
   }
-  launch_copy_checked(2 * gpu::all_to_all_channels(size_, ws_->layout().coll.nblocks, sms_), stream, a, early_launch_, kOp);
+  launch_copy_checked(2 * gpu::all_to_all_channels(size_, ws_->layout().coll.nblocks, sms_), stream, a, early_launch_,
+                      kOp);
 }
 
 namespace {
@@ -575,8 +573,8 @@ gpu::Geometry CudaEngine::plan_p2p(int64_t bytes) const {
 void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
   const char* kOp = "send";
   check_tensor(t, kOp, "tensor", device_);
-  TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::send: peer ", peer,
-              " must be another rank in 0..", size_ - 1);
+  TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::send: peer ", peer, " must be another rank in 0..",
+              size_ - 1);
   const int64_t bytes = int64_t(t.nbytes());  // 0 too: the receiver checks the length (plan_p2p)
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
@@ -587,8 +585,8 @@ void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
 void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
   const char* kOp = "recv";
   check_tensor(t, kOp, "tensor", device_);
-  TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::recv: peer ", peer,
-              " must be another rank in 0..", size_ - 1);
+  TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::recv: peer ", peer, " must be another rank in 0..",
+              size_ - 1);
   const int64_t bytes = int64_t(t.nbytes());  // 0 too: the receiver checks the length (plan_p2p)
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);

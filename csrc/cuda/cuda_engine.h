@@ -67,7 +67,8 @@ class CudaEngine {
                       cudaStream_t stream);
   Algo all_gather(const at::Tensor& in /* m */, at::Tensor& out /* size*m */, Algo algo, cudaStream_t stream);
   void broadcast(at::Tensor& t, int root, cudaStream_t stream);
-  void reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceKind op, cudaStream_t stream);  // out meaningful on root
+  void reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceKind op,
+              cudaStream_t stream);  // out meaningful on root
   // Byte counts/offsets per peer, into in/out viewed as bytes.
   void all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& send_bytes,
                   const std::vector<int64_t>& send_offsets, const std::vector<int64_t>& recv_bytes,
@@ -114,8 +115,8 @@ class CudaEngine {
   int max_blocks_;            // = limits_.max_blocks (the ops other than all_reduce plan inline)
   int small_max_blocks_;
   int64_t chunk_bytes_ = 0;
-  int sms_ = 0;               // the GPU's SM count: every CTA of a collective must be resident
-  bool trace_ = false;        // PYCOLL_CUDA_TRACE: kernels record their timeline
+  int sms_ = 0;         // the GPU's SM count: every CTA of a collective must be resident
+  bool trace_ = false;  // PYCOLL_CUDA_TRACE: kernels record their timeline
   // The registered protocols' launchers by protocol index (all_reduce_registry.h), looked up once
   // here rather than by name on every launch; null for a protocol off on this engine.
   std::vector<const gpu::AllReduceLauncher*> launchers_;

@@ -52,10 +52,10 @@ const IntSetting kTwoShotBlocks("PYCOLL_CUDA_TWO_SHOT_BLOCKS", gpu::kTwoRankWide
                                 "gpu::kTwoRankWideTwoShotMaxBytes; 0 = the PYCOLL_CUDA_MAX_BLOCKS cap.",
                                 "128 (0 when PYCOLL_CUDA_MAX_BLOCKS is set)");
 const IntSetting kP2PMaxBlocks("PYCOLL_CUDA_P2P_MAX_BLOCKS", gpu::kP2PMaxBlocks, 1, gpu::kP2PMaxBlocks, kScope, true,
-                                Audience::Developer,
-                                "CTAs one send or receive uses at most (never more than the p2p channels or half the "
-                                "SMs less 4). A receive posted before its send holds them while it waits. "
-                                "docs/decisions/0011-p2p-channels.md");
+                               Audience::Developer,
+                               "CTAs one send or receive uses at most (never more than the p2p channels or half the "
+                               "SMs less 4). A receive posted before its send holds them while it waits. "
+                               "docs/decisions/0011-p2p-channels.md");
 const IntSetting kP2PSlotKiB("PYCOLL_CUDA_P2P_SLOT_KIB", 0, 0, kMaxKiB, kScope, true, Audience::Developer,
                              "Point-to-point slot size in KiB (the largest chunk of a send/recv); 0 = by world "
                              "size (512 KiB for two ranks; transport/cuda_ipc/layout.h). "

@@ -30,8 +30,7 @@ EngineLimits read_engine_limits(int nranks, int sms) {
   l.p2p_slot_bytes = p2p_slot_kib > 0 ? p2p_slot_kib * 1024 : cuda_ipc::p2p_slot_bytes_for(nranks);
   for (const AllReduceProtocol& p : all_reduce_protocols()) l.protocols.push_back(p.read_limits(nranks, sms));
 
-  l.workspace_blocks =
-      std::max({cuda_ipc::kCollBlocks, l.max_blocks, nranks == 2 ? l.two_shot_wide_blocks : 0});
+  l.workspace_blocks = std::max({cuda_ipc::kCollBlocks, l.max_blocks, nranks == 2 ? l.two_shot_wide_blocks : 0});
   const int64_t slot_kib = kSlotKiB.get();
   l.slot_bytes = slot_kib > 0 ? slot_kib * 1024 : cuda_ipc::coll_slot_bytes_for(nranks, l.workspace_blocks);
   const int64_t chunk_kib = kChunkKiB.get();

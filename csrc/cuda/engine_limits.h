@@ -15,23 +15,23 @@ namespace gpu {
 
 struct EngineLimits {
   int nranks = 1;
-  int sms = 0;                     // every CTA of a collective must be resident at once
-  int max_blocks = 1;              // CTAs of a collective (PYCOLL_CUDA_MAX_BLOCKS, at most the SMs)
-  int small_max_blocks = 1;        // ... up to kSmallMessageBytes (PYCOLL_CUDA_SMALL_MAX_BLOCKS)
-  int workspace_blocks = 0;        // channels per peer pair the workspace holds (make_layout)
-  int64_t slot_bytes = 0;          // one collective slot (make_layout)
-  int64_t chunk_bytes = 0;         // largest chunk of one CTA step, at most a slot
-  bool chunk_set = false;          // PYCOLL_CUDA_CHUNK_KIB given
-  int64_t ll_max_bytes = 0;        // largest one-shot all_reduce run with LL
-  int64_t split_min_bytes = 0;     // two ranks: one-shot from here runs split
-  int64_t split_chunk_bytes = 0;   // ... static split's chunk
-  int64_t claimed_chunk_bytes = 0; // ... claimed split's chunk
+  int sms = 0;                      // every CTA of a collective must be resident at once
+  int max_blocks = 1;               // CTAs of a collective (PYCOLL_CUDA_MAX_BLOCKS, at most the SMs)
+  int small_max_blocks = 1;         // ... up to kSmallMessageBytes (PYCOLL_CUDA_SMALL_MAX_BLOCKS)
+  int workspace_blocks = 0;         // channels per peer pair the workspace holds (make_layout)
+  int64_t slot_bytes = 0;           // one collective slot (make_layout)
+  int64_t chunk_bytes = 0;          // largest chunk of one CTA step, at most a slot
+  bool chunk_set = false;           // PYCOLL_CUDA_CHUNK_KIB given
+  int64_t ll_max_bytes = 0;         // largest one-shot all_reduce run with LL
+  int64_t split_min_bytes = 0;      // two ranks: one-shot from here runs split
+  int64_t split_chunk_bytes = 0;    // ... static split's chunk
+  int64_t claimed_chunk_bytes = 0;  // ... claimed split's chunk
   bool split_taper = true;
   bool split_claimed = true;
   bool two_shot_waves = false;
-  int two_shot_wide_blocks = 0;    // two_shot_max_blocks()
-  int p2p_max_blocks = 1;          // CTAs of one send or receive (PYCOLL_CUDA_P2P_MAX_BLOCKS)
-  int64_t p2p_slot_bytes = 0;      // one p2p slot (make_layout; PYCOLL_CUDA_P2P_SLOT_KIB)
+  int two_shot_wide_blocks = 0;  // two_shot_max_blocks()
+  int p2p_max_blocks = 1;        // CTAs of one send or receive (PYCOLL_CUDA_P2P_MAX_BLOCKS)
+  int64_t p2p_slot_bytes = 0;    // one p2p slot (make_layout; PYCOLL_CUDA_P2P_SLOT_KIB)
   // The registered protocols' own limits, in all_reduce_protocols() order.
   std::vector<ProtocolLimits> protocols;
 };

@@ -32,7 +32,8 @@ bool supports_early_launch() {
   return compiled_with_grid_dependency(kernels::ll128_two_shot_kernel<DType::Float32, kernels::OpSum>);
 }
 
-[[maybe_unused]] const bool kRegistered = register_all_reduce_launcher(cuda_ipc::kLL128ProtocolName, {&launch, &supports_early_launch});
+[[maybe_unused]] const bool kRegistered =
+    register_all_reduce_launcher(cuda_ipc::kLL128ProtocolName, {&launch, &supports_early_launch});
 
 }  // namespace
 

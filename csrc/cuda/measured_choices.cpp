@@ -30,13 +30,11 @@ std::atomic<bool> any_table{false};
 
 bool runs_on_cuda(OpCode op, Algo a) {
   switch (op) {
-    case OpCode::AllReduce:
-      return a == Algo::OneShot || a == Algo::TwoShot || a == Algo::Ring || a == Algo::Tree;
+    case OpCode::AllReduce: return a == Algo::OneShot || a == Algo::TwoShot || a == Algo::Ring || a == Algo::Tree;
     case OpCode::AllGather:
     case OpCode::ReduceScatter:
       return a == Algo::OneShot || a == Algo::Ring;  // the engine runs anything else as direct
-    default:
-      return false;
+    default: return false;
   }
 }
 

@@ -37,7 +37,6 @@ constexpr CostConstants kCost{
     /*min_chunk_bytes=*/8192  // bytes: smallest chunk handed to one CTA (512 threads x 16 B); not tuned
 };
 
-
 int ceil_log2(int n) {
   int d = 0;
   while ((1 << d) < n) ++d;
@@ -45,7 +44,6 @@ int ceil_log2(int n) {
 }
 
 }  // namespace
-
 
 Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks,
                        int small_max_blocks) {
@@ -71,16 +69,15 @@ Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_byte
 }
 
 Geometry plan_p2p(int64_t bytes, int64_t p2p_slot_bytes, int p2p_channels, int sms, int most_blocks) {
-  const int64_t max_blocks =
-      std::max(1, std::min({most_blocks, p2p_channels, std::max(1, (sms - kSmHeadroom) / 2)}));
+  const int64_t max_blocks = std::max(1, std::min({most_blocks, p2p_channels, std::max(1, (sms - kSmHeadroom) / 2)}));
   Geometry g;
   g.chunk = p2p_slot_bytes;
   g.nchunks = 1;  // a message of no bytes is one empty chunk: it carries its length to the receiver
   g.blocks = 1;
   if (bytes <= 0) return g;
   const int64_t floor = std::min(kP2PMinChunkBytes, p2p_slot_bytes);
-  g.chunk = std::clamp(round_up(ceil_div(bytes, max_blocks * kP2PChunksPerBlock), int64_t(4096)), floor,
-                       p2p_slot_bytes);
+  g.chunk =
+      std::clamp(round_up(ceil_div(bytes, max_blocks * kP2PChunksPerBlock), int64_t(4096)), floor, p2p_slot_bytes);
   g.nchunks = ceil_div(bytes, g.chunk);
   g.blocks = int(std::min(max_blocks, g.nchunks));
   return g;
@@ -160,8 +157,7 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks) {
       // `bytes` is one rank's share: (n-1) shares leave each rank either way.
       if (algo == Algo::Ring) return L + (n - 1) * h + (n - 1) * N / link + 2 * n * N / hbm;
       return L + h + (n - 1) * N / link + 2 * n * N / hbm;
-    default:
-      break;
+    default: break;
   }
   return std::numeric_limits<double>::infinity();
 }

@@ -130,9 +130,9 @@ struct P2PBatchItem {
 };
 struct P2PBatchPlan {
   bool fits = false;
-  int grid = 0;                     // CTAs of the launch
-  std::vector<Geometry> geometry;   // per item, plan_p2p's
-  std::vector<int> first_block;     // per item, its first CTA
+  int grid = 0;                    // CTAs of the launch
+  std::vector<Geometry> geometry;  // per item, plan_p2p's
+  std::vector<int> first_block;    // per item, its first CTA
 };
 P2PBatchPlan plan_p2p_batch(const std::vector<P2PBatchItem>& items, int max_ops, int64_t p2p_slot_bytes,
                             int p2p_channels, int sms, int max_blocks = kP2PMaxBlocks);

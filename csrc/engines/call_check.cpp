@@ -85,8 +85,8 @@ void CallCheck::finish() {
   for (int i = 0; i < members; ++i) {
     for (int j = 0; j < members; ++j) {
       const int64_t sent = all[i * len + kFixed + j], received = all[j * len + kFixed + n + i];
-      TORCH_CHECK(sent == received, "pycoll::alltoall: mismatched splits across hosts: ", name_of_(i), " sends ",
-                  sent, " bytes to ", name_of_(j), ", which expects ", received);
+      TORCH_CHECK(sent == received, "pycoll::alltoall: mismatched splits across hosts: ", name_of_(i), " sends ", sent,
+                  " bytes to ", name_of_(j), ", which expects ", received);
     }
   }
 }

@@ -32,8 +32,7 @@ Algo CpuTensorEngine::run_op(const Collective& c, const c10::Stream& /*stream*/)
   const auto count = [&](const at::Tensor& t) { return moves_as_bytes(c.op) ? t.nbytes() : t.numel(); };
   const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   switch (c.op) {
-    case OpCode::AllReduce:
-    {
+    case OpCode::AllReduce: {
       const SharedStorageRef in = shared_storage_of(c.input);  // in place (the usual call): one lookup
       return cpu_.all_reduce(bytes_of(c.input), bytes_of(c.output), count(c.output), dt, c.reduce, algo,
                              {in, c.output.is_same(c.input) ? in : shared_storage_of(c.output)});
@@ -58,9 +57,7 @@ Algo CpuTensorEngine::run_op(const Collective& c, const c10::Stream& /*stream*/)
       cpu_.all_to_all(bytes_of(c.input), bytes_of(c.output), c.splits.send_bytes, c.splits.send_offsets,
                       c.splits.recv_bytes, c.splits.recv_offsets, dt);
       return Algo::Direct;
-    case OpCode::Barrier:
-      cpu_.barrier();
-      return Algo::Direct;
+    case OpCode::Barrier: cpu_.barrier(); return Algo::Direct;
   }
   TORCH_INTERNAL_ASSERT(false, "pycoll: the CPU engine got an unknown op");
 }

@@ -24,9 +24,10 @@ std::optional<DType> reducible_dtype(at::ScalarType t) {
 
 DType reducible_dtype_or_throw(const char* op, at::ScalarType t) {
   if (auto d = reducible_dtype(t)) return *d;
-  TORCH_CHECK_TYPE(false, op, ": unsupported dtype ", t, " for a reduction; reductions support float32, float64, ",
-                   "float16, bfloat16, float8_e4m3fn, float8_e5m2, int8, uint8, int16, int32, int64, bool (data-movement "
-                   "ops take any dtype)");
+  TORCH_CHECK_TYPE(
+      false, op, ": unsupported dtype ", t, " for a reduction; reductions support float32, float64, ",
+      "float16, bfloat16, float8_e4m3fn, float8_e5m2, int8, uint8, int16, int32, int64, bool (data-movement "
+      "ops take any dtype)");
 }
 
 }  // namespace pycoll

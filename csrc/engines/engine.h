@@ -32,8 +32,8 @@ struct ByteSplits {
 
 struct Collective {
   OpCode op = OpCode::AllReduce;
-  at::Tensor input;   // contiguous; may be the same tensor as output (all_reduce, reduce, broadcast)
-  at::Tensor output;  // contiguous; undefined where this rank receives nothing (gather off the root)
+  at::Tensor input;                     // contiguous; may be the same tensor as output (all_reduce, reduce, broadcast)
+  at::Tensor output;                    // contiguous; undefined where this rank receives nothing (gather off the root)
   ReduceKind reduce = ReduceKind::Sum;  // never PremulSum (the backend pre-scales)
   int root = 0;                         // broadcast, reduce, gather, scatter
   Algo algo = Algo::Auto;               // the user's request; Auto asks the engine's cost model

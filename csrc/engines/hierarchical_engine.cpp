@@ -95,9 +95,12 @@ void gathered_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::T
   finish(b->_allgather_base(all, mine, on_current_stream<c10d::AllgatherOptions>()));
   at::Tensor acc = all[0].clone();
   for (int64_t i = 1; i < all.size(0); ++i) {
-    if (op == ReduceKind::BAnd) acc.bitwise_and_(all[i]);
-    else if (op == ReduceKind::BOr) acc.bitwise_or_(all[i]);
-    else acc.bitwise_xor_(all[i]);
+    if (op == ReduceKind::BAnd)
+      acc.bitwise_and_(all[i]);
+    else if (op == ReduceKind::BOr)
+      acc.bitwise_or_(all[i]);
+    else
+      acc.bitwise_xor_(all[i]);
   }
   t.copy_(acc.view(t.sizes()));
 }
@@ -192,8 +195,8 @@ bool HierarchicalEngine::serves(OpCode op, at::ScalarType dtype, const at::Devic
   if (!reducible_dtype(dtype).has_value()) return false;
   // The local phases of a reduction run on the host's engine: a dtype its kernels do not reduce
   // goes through host memory instead (the backend's staged engine).
-  return !on_device_ || (local_.serves(OpCode::ReduceScatter, dtype, device) &&
-                         local_.serves(OpCode::AllGather, dtype, device));
+  return !on_device_ ||
+         (local_.serves(OpCode::ReduceScatter, dtype, device) && local_.serves(OpCode::AllGather, dtype, device));
 }
 
 std::optional<CallCheck> HierarchicalEngine::start_check(const Collective& c) {

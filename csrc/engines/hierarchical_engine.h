@@ -68,8 +68,8 @@ class HierarchicalEngine : public Engine {
   // PYCOLL_ALGO forces, else as host_form_model.h chooses (calibrated, else built in).
   bool hierarchical_form(const Collective& c, OpCode op, size_t bytes) const;
   // One op of the host's engine (reduce: only for the reductions).
-  void run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce,
-                 const c10::Stream& stream, int root = 0);
+  void run_local(OpCode op, const at::Tensor& in, const at::Tensor& out, ReduceKind reduce, const c10::Stream& stream,
+                 int root = 0);
   // Small all_reduce of CPU tensors: reduce to the host's first rank, all-reduce among the hosts'
   // first ranks, broadcast inside the host (one inter-host call per host, not one per rail).
   bool leader_form(size_t bytes) const;

@@ -40,15 +40,17 @@ HostForm parse_host_form(const std::string& name) {
 void set_host_form_table(const HostFormTable& t) {
   if (t.op != OpCode::AllReduce && t.op != OpCode::ReduceScatter && t.op != OpCode::AllGather)
     throw std::invalid_argument(std::string("the form across hosts is chosen for all_reduce, reduce_scatter and "
-                                            "all_gather only, not ") + op_name(t.op));
+                                            "all_gather only, not ") +
+                                op_name(t.op));
   if (t.num_hosts < 2 || t.local_size < 2)
     throw std::invalid_argument("a form across hosts needs at least 2 hosts of at least 2 ranks; got " +
                                 std::to_string(t.num_hosts) + " x " + std::to_string(t.local_size));
   if (t.steps.empty()) throw std::invalid_argument("a table of forms across hosts needs at least one step");
   for (size_t i = 0; i < t.steps.size(); ++i) {
     if (t.steps[i].from_bytes < 0 || (i > 0 && t.steps[i].from_bytes <= t.steps[i - 1].from_bytes))
-      throw std::invalid_argument("the steps of a table of forms across hosts must start at increasing, "
-                                  "non-negative sizes");
+      throw std::invalid_argument(
+          "the steps of a table of forms across hosts must start at increasing, "
+          "non-negative sizes");
   }
   if (t.max_bytes < t.steps.back().from_bytes)
     throw std::invalid_argument("max_bytes of a table of forms across hosts is below its last step");
@@ -58,7 +60,8 @@ void set_host_form_table(const HostFormTable& t) {
     *it = t;
   } else {
     tables.push_back(t);
-    std::sort(tables.begin(), tables.end(), [](const HostFormTable& a, const HostFormTable& b) { return key(a) < key(b); });
+    std::sort(tables.begin(), tables.end(),
+              [](const HostFormTable& a, const HostFormTable& b) { return key(a) < key(b); });
   }
 }
 

@@ -33,7 +33,7 @@ struct HostFormTable {
   bool on_device = false;  // CUDA tensors (NCCL between hosts) or CPU tensors (Gloo)
   OpCode op = OpCode::AllReduce;
   int num_hosts = 0;
-  int local_size = 0;  // ranks per host
+  int local_size = 0;               // ranks per host
   std::vector<HostFormStep> steps;  // increasing from_bytes
   int64_t max_bytes = 0;            // the largest size measured: the table covers [steps[0], max_bytes]
 };

@@ -11,11 +11,11 @@
 namespace pycoll {
 
 struct HostLayout {
-  std::string host_id;         // this rank's host identity (PYCOLL_HOSTID, else hostname + boot id)
-  int host_index = 0;          // hosts are numbered in the order of their lowest group rank
+  std::string host_id;  // this rank's host identity (PYCOLL_HOSTID, else hostname + boot id)
+  int host_index = 0;   // hosts are numbered in the order of their lowest group rank
   int num_hosts = 1;
-  std::vector<int> host_ranks; // the group ranks on this rank's host, ascending
-  std::vector<int> host_of;    // host index of every group rank
+  std::vector<int> host_ranks;  // the group ranks on this rank's host, ascending
+  std::vector<int> host_of;     // host index of every group rank
   // Every host has the same number of ranks (the torchrun layout): the hierarchical algorithms
   // apply. Otherwise every op runs flat on the inter-host engine.
   bool uniform = false;

@@ -33,13 +33,13 @@ const TextSetting kCpuAllocator(
 // docs/decisions/0019-shared-cpu-allocator-opt-in.md
 // 256 KiB: from there the CPU engine pipelines an op and reads shared buffers in place
 // (kPipelineMinBytes in algorithms/cpu_engine.cpp); a smaller tensor would only cost a file.
-const IntSetting kSharedMinBytes("PYCOLL_SHARED_CPU_MIN_BYTES", 256 << 10, 4096, int64_t(1) << 40, "cpu engine",
-                                 false, Audience::User,
+const IntSetting kSharedMinBytes("PYCOLL_SHARED_CPU_MIN_BYTES", 256 << 10, 4096, int64_t(1) << 40, "cpu engine", false,
+                                 Audience::User,
                                  "The shared CPU allocator (PYCOLL_CPU_ALLOCATOR=shared) puts tensors of at least "
                                  "this many bytes in shared memory; smaller ones use torch's allocator.",
                                  nullptr, /*bytes=*/true);
-const IntSetting kSharedCacheBytes("PYCOLL_SHARED_CPU_CACHE_BYTES", 256 << 20, 0, int64_t(1) << 40, "cpu engine",
-                                   false, Audience::User,
+const IntSetting kSharedCacheBytes("PYCOLL_SHARED_CPU_CACHE_BYTES", 256 << 20, 0, int64_t(1) << 40, "cpu engine", false,
+                                   Audience::User,
                                    "Freed shared-memory tensors the shared CPU allocator keeps for reuse, in bytes "
                                    "(a training step allocates the same sizes again).",
                                    nullptr, /*bytes=*/true);
@@ -109,9 +109,7 @@ class SharedCpuAllocator final : public at::Allocator {
     return previous()->allocate(n);
   }
   at::DeleterFnPtr raw_deleter() const override { return &free_block; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
   void install(int64_t min_bytes) {
     std::lock_guard<std::mutex> g(mu_);
@@ -212,8 +210,8 @@ class SharedCpuAllocator final : public at::Allocator {
     stats_.cached_blocks = stats_.cached_bytes = 0;
     for (auto& [ptr, b] : live_) {
       if (b->file.fd < 0) continue;
-      mmap(const_cast<void*>(ptr), static_cast<size_t>(b->file.bytes), PROT_READ | PROT_WRITE,
-           MAP_PRIVATE | MAP_FIXED, b->file.fd, 0);
+      mmap(const_cast<void*>(ptr), static_cast<size_t>(b->file.bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED,
+           b->file.fd, 0);
       close(b->file.fd);
       b->file.fd = -1;
     }
@@ -235,8 +233,10 @@ class SharedCpuAllocator final : public at::Allocator {
       return b;
     }
     if (stats_.live_blocks + stats_.cached_blocks >= budget_ && !make_room()) {
-      return fall_back(g, "the allocator holds its budget of open files (a quarter of RLIMIT_NOFILE and of "
-                          "vm.max_map_count)", 0);
+      return fall_back(g,
+                       "the allocator holds its budget of open files (a quarter of RLIMIT_NOFILE and of "
+                       "vm.max_map_count)",
+                       0);
     }
     stats_.live_blocks += 1;  // reserves the file's place while the lock is dropped
     g.unlock();
@@ -286,7 +286,7 @@ class SharedCpuAllocator final : public at::Allocator {
       *err = errno;
       return nullptr;
     }
-    struct stat st {};
+    struct stat st{};
     void* base = MAP_FAILED;
     if (ftruncate(fd, bytes) == 0 && fstat(fd, &st) == 0) {
       base = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -334,7 +334,7 @@ class SharedCpuAllocator final : public at::Allocator {
   uint64_t fork_gen_ = 0;
   bool warned_ = false;
   std::unordered_map<const void*, Block*> live_;  // by data pointer
-  std::deque<Block*> cached_;                      // oldest freed first
+  std::deque<Block*> cached_;                     // oldest freed first
   SharedCpuAllocatorStats stats_;
 };
 

@@ -28,7 +28,7 @@ SharedStorageRef shared_storage_of(const at::Tensor& t) {
   // KEEPFD: the file stays open for the storage's lifetime, so /proc/<pid>/fd/<fd> names it
   // while the op runs. Without it (a named file mapped and closed) there is nothing to reopen.
   if (map == nullptr || (map->flags() & at::ALLOCATOR_MAPPED_KEEPFD) == 0 || map->fd() < 0) return ref;
-  struct stat st {};
+  struct stat st{};
   if (fstat(map->fd(), &st) != 0) return ref;
   const char* base = static_cast<const char*>(map->data());
   const int64_t offset = begin - base;

@@ -14,7 +14,8 @@ Algo StagedEngine::run(const Collective& c, const c10::Stream& stream) {
   if (c.input.defined()) host.input = c.input.to(at::kCPU);
   if (c.output.defined()) {
     // An in-place op stays in place on the host; an output's old contents matter only there.
-    host.output = c.output.is_same(c.input) ? host.input : at::empty(c.output.sizes(), c.output.options().device(at::kCPU));
+    host.output =
+        c.output.is_same(c.input) ? host.input : at::empty(c.output.sizes(), c.output.options().device(at::kCPU));
   }
   const Algo algo = host_.run(host, c10::Stream(c10::Stream::DEFAULT, at::Device(at::kCPU)));
   if (c.output.defined()) c.output.copy_(host.output);

@@ -36,10 +36,11 @@ enum class CopyMode : int32_t {
 };
 
 // ReduceArgs::flags.
-constexpr int32_t kArgTrace = 1;  // record the kernel's timeline (PYCOLL_CUDA_TRACE, kernels/trace.cuh)
-constexpr int32_t kArgTaper = 2;  // split one-shot: cut the last chunk of a channel at half a chunk
+constexpr int32_t kArgTrace = 1;    // record the kernel's timeline (PYCOLL_CUDA_TRACE, kernels/trace.cuh)
+constexpr int32_t kArgTaper = 2;    // split one-shot: cut the last chunk of a channel at half a chunk
 constexpr int32_t kArgClaimed = 4;  // split one-shot: pushers claim chunks from one counter (one_shot_claimed.cuh)
-constexpr int32_t kArgWaves = 8;    // two-shot all_reduce: the second half of the CTAs starts after the first (two_shot.cuh)
+constexpr int32_t kArgWaves =
+    8;  // two-shot all_reduce: the second half of the CTAs starts after the first (two_shot.cuh)
 
 // Elements are of the kernel's dtype. Segment-based modes (two-shot, ring, reduce-scatter) view
 // `in` as nranks segments: segment q starts at q * seg and holds clamp(count - q*seg, 0, seg)

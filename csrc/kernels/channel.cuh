@@ -41,20 +41,20 @@ constexpr int kThreads = 512;  // threads per CTA of every kernel
 // only the data loop exists per (dtype, op). One switch per step; invalid pairs do nothing (the
 // host never launches them).
 static __device__ __noinline__ void reduce_dispatch(DType dtype, ReduceOp op, const ReduceJob* job) {
-#define PYCOLL_ARITH_CASES(D)                                   \
-  switch (op) {                                                 \
-    case ReduceOp::Sum: reduce_run<D, OpSum>(job); return;      \
-    case ReduceOp::Prod: reduce_run<D, OpProd>(job); return;    \
-    case ReduceOp::Min: reduce_run<D, OpMin>(job); return;      \
-    case ReduceOp::Max: reduce_run<D, OpMax>(job); return;      \
-    default: break;                                             \
+#define PYCOLL_ARITH_CASES(D)                                \
+  switch (op) {                                              \
+    case ReduceOp::Sum: reduce_run<D, OpSum>(job); return;   \
+    case ReduceOp::Prod: reduce_run<D, OpProd>(job); return; \
+    case ReduceOp::Min: reduce_run<D, OpMin>(job); return;   \
+    case ReduceOp::Max: reduce_run<D, OpMax>(job); return;   \
+    default: break;                                          \
   }
-#define PYCOLL_BITWISE_CASES(D)                                 \
-  switch (op) {                                                 \
-    case ReduceOp::And: reduce_run<D, OpAnd>(job); return;      \
-    case ReduceOp::Or: reduce_run<D, OpOr>(job); return;        \
-    case ReduceOp::Xor: reduce_run<D, OpXor>(job); return;      \
-    default: break;                                             \
+#define PYCOLL_BITWISE_CASES(D)                            \
+  switch (op) {                                            \
+    case ReduceOp::And: reduce_run<D, OpAnd>(job); return; \
+    case ReduceOp::Or: reduce_run<D, OpOr>(job); return;   \
+    case ReduceOp::Xor: reduce_run<D, OpXor>(job); return; \
+    default: break;                                        \
   }
   switch (dtype) {
     case DType::Float32: PYCOLL_ARITH_CASES(DType::Float32) return;
@@ -73,14 +73,14 @@ static __device__ __noinline__ void reduce_dispatch(DType dtype, ReduceOp op, co
 
 // Per-CTA shared state.
 struct StepShared {
-  const DeviceHandle* h;            // points into the kernel arguments' shared-memory copy
-  DType rdtype;                     // reduce jobs' element type and operation (reduce kernel only)
+  const DeviceHandle* h;  // points into the kernel arguments' shared-memory copy
+  DType rdtype;           // reduce jobs' element type and operation (reduce kernel only)
   ReduceOp rop;
-  char* oslot[kMaxRanks];           // slot to write, per outbound peer (in the peer's workspace)
-  const char* islot[kMaxRanks];     // slot to read, per inbound peer (in this rank's workspace)
+  char* oslot[kMaxRanks];        // slot to write, per outbound peer (in the peer's workspace)
+  const char* islot[kMaxRanks];  // slot to read, per inbound peer (in this rank's workspace)
   int32_t njobs;
   int32_t has_reduce;
-  CopyJob cjob[2 * kMaxRanks];     // a fused step may receive from and send to every peer
+  CopyJob cjob[2 * kMaxRanks];  // a fused step may receive from and send to every peer
   ReduceJob rjob;
 
   // Thread 0 only: start describing a step.
@@ -110,9 +110,7 @@ __device__ __forceinline__ void push_src(ReduceJob& j, const void* p) { j.src[j.
 __device__ __forceinline__ void push_dst(ReduceJob& j, void* p) { j.dst[j.nd++] = p; }
 
 // Every rank but `me`.
-__device__ __forceinline__ uint32_t peer_mask(int n, int me) {
-  return ((1u << n) - 1u) & ~(1u << me);
-}
+__device__ __forceinline__ uint32_t peer_mask(int n, int me) { return ((1u << n) - 1u) & ~(1u << me); }
 __device__ __forceinline__ bool has(uint32_t mask, int q) { return (mask >> q) & 1u; }
 
 // Number of chunks CTA b of B handles when chunk c goes to CTA c % B.
@@ -125,8 +123,7 @@ __device__ __forceinline__ int64_t block_chunk_count(int64_t nchunks, int b, int
 // the ~600-900 bytes one word after another cost a visible part of a small collective's latency.
 // `args` must be a __grid_constant__ kernel parameter (its address is then valid); everyone waits.
 template <class Args>
-__device__ __forceinline__ void load_args(StepShared* sh, Args* smem_args, const Args& args, DType dtype,
-                                          ReduceOp op) {
+__device__ __forceinline__ void load_args(StepShared* sh, Args* smem_args, const Args& args, DType dtype, ReduceOp op) {
   static_assert(sizeof(Args) % sizeof(uint64_t) == 0 && alignof(Args) >= alignof(uint64_t),
                 "kernel arguments are copied in 8-byte words");
   const uint64_t* src = reinterpret_cast<const uint64_t*>(&args);
@@ -184,8 +181,7 @@ class BlockChannels {
       ok = wait_ge(h, tail, cnt_ + 1, WaitSite{op_, b, peer_, cuda_ipc::kWaitData}, check_) && ok;
       const int s = int(cnt_ % L.nslots);
       if (ok) {
-        const uint64_t got =
-            *reinterpret_cast<const volatile uint64_t*>(h->base[me] + L.check_offset(peer_, b, s));
+        const uint64_t got = *reinterpret_cast<const volatile uint64_t*>(h->base[me] + L.check_offset(peer_, b, s));
         if (got != check_) {
           raise_error(h, op_ == 0 ? cuda_ipc::kErrSizeMismatch : cuda_ipc::kErrOpMismatch,
                       WaitSite{op_, b, peer_, cuda_ipc::kWaitData}, check_, got, 0);

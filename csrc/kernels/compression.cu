@@ -78,8 +78,8 @@ at::Tensor pack_signs_cuda(const at::Tensor& x) {
     constexpr int64_t V = 16 / sizeof(T);
     if (reinterpret_cast<uintptr_t>(p) % 16 == 0) {
       const int64_t spans = numel / (32 * V);
-      ck::pack_signs_kernel<T><<<grid_for(std::max<int64_t>(spans, 1), ck::kWarps), ck::kThreads, 0, stream>>>(
-          p, o, numel, spans);
+      ck::pack_signs_kernel<T>
+          <<<grid_for(std::max<int64_t>(spans, 1), ck::kWarps), ck::kThreads, 0, stream>>>(p, o, numel, spans);
     } else {
       ck::pack_signs_scalar_kernel<T><<<grid_for(words, ck::kWarps), ck::kThreads, 0, stream>>>(p, o, numel);
     }
@@ -120,8 +120,8 @@ void batched_orthogonalize_cuda_(const at::Tensor& m, double eps) {
     using T = typename decltype(tag)::type;
     using A = typename ck::AccOf<T>::type;
     const size_t smem = static_cast<size_t>(r) * sizeof(A);
-    TORCH_CHECK_VALUE(smem <= 32 * 1024, "pycoll::batched_orthogonalize_: rank (columns) up to ",
-                      32 * 1024 / sizeof(A), " on CUDA, got ", r);
+    TORCH_CHECK_VALUE(smem <= 32 * 1024, "pycoll::batched_orthogonalize_: rank (columns) up to ", 32 * 1024 / sizeof(A),
+                      " on CUDA, got ", r);
     ck::gram_schmidt_kernel<T><<<static_cast<unsigned>(batch), ck::kThreads, smem, stream>>>(
         static_cast<T*>(m.data_ptr()), n, static_cast<int>(r), m.stride(0), m.stride(1), m.stride(2),
         static_cast<A>(eps));

@@ -45,13 +45,21 @@ __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162flo
 template <typename T>
 __device__ __forceinline__ T from_acc(typename AccOf<T>::type a);
 template <>
-__device__ __forceinline__ float from_acc<float>(float a) { return a; }
+__device__ __forceinline__ float from_acc<float>(float a) {
+  return a;
+}
 template <>
-__device__ __forceinline__ double from_acc<double>(double a) { return a; }
+__device__ __forceinline__ double from_acc<double>(double a) {
+  return a;
+}
 template <>
-__device__ __forceinline__ __half from_acc<__half>(float a) { return __float2half_rn(a); }
+__device__ __forceinline__ __half from_acc<__half>(float a) {
+  return __float2half_rn(a);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float a) { return __float2bfloat16_rn(a); }
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float a) {
+  return __float2bfloat16_rn(a);
+}
 
 // ---------------------------------------------------------------------------
 // pack_signs
@@ -71,8 +79,8 @@ struct Vec16 {
 };
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) pack_signs_kernel(const T* __restrict__ x, uint32_t* __restrict__ out,
-                                                                int64_t numel, int64_t full_spans) {
+__global__ void __launch_bounds__(kThreads)
+    pack_signs_kernel(const T* __restrict__ x, uint32_t* __restrict__ out, int64_t numel, int64_t full_spans) {
   constexpr int V = Vec16<T>::V;
   constexpr int G = 32 / V;
   const int lane = threadIdx.x & 31;
@@ -106,8 +114,8 @@ __global__ void __launch_bounds__(kThreads) pack_signs_kernel(const T* __restric
 
 // Scalar variant for inputs that are not 16-byte aligned.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) pack_signs_scalar_kernel(const T* __restrict__ x,
-                                                                       uint32_t* __restrict__ out, int64_t numel) {
+__global__ void __launch_bounds__(kThreads)
+    pack_signs_scalar_kernel(const T* __restrict__ x, uint32_t* __restrict__ out, int64_t numel) {
   const int lane = threadIdx.x & 31;
   const int64_t warp = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int64_t nwarps = (int64_t)gridDim.x * kWarps;
@@ -126,9 +134,8 @@ __global__ void __launch_bounds__(kThreads) pack_signs_scalar_kernel(const T* __
 
 __device__ __forceinline__ float sign_value(uint32_t bit, float scale) { return bit ? -scale : scale; }
 
-__global__ void __launch_bounds__(kThreads) unpack_signs_kernel(const uint32_t* __restrict__ packed,
-                                                                  float* __restrict__ out, int64_t numel,
-                                                                  float scale) {
+__global__ void __launch_bounds__(kThreads)
+    unpack_signs_kernel(const uint32_t* __restrict__ packed, float* __restrict__ out, int64_t numel, float scale) {
   const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t nthreads = (int64_t)gridDim.x * blockDim.x;
   const int64_t quads = numel / 4;
@@ -148,9 +155,9 @@ __device__ __forceinline__ float vote_value(int neg, int world, float scale) {
 }
 
 // gathered: world rows of `row` words each (row >= ceil(numel / 32)).
-__global__ void __launch_bounds__(kThreads) majority_vote_kernel(const uint32_t* __restrict__ gathered, int world,
-                                                                   int64_t row, float* __restrict__ out,
-                                                                   int64_t numel, float scale) {
+__global__ void __launch_bounds__(kThreads)
+    majority_vote_kernel(const uint32_t* __restrict__ gathered, int world, int64_t row, float* __restrict__ out,
+                         int64_t numel, float scale) {
   const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t nthreads = (int64_t)gridDim.x * blockDim.x;
   const int64_t quads = numel / 4;
@@ -196,8 +203,7 @@ __device__ __forceinline__ A warp_sum(A v) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) gram_schmidt_kernel(T* __restrict__ m, int64_t n, int r, int64_t sb,
-                                                                  int64_t sr, int64_t sc,
-                                                                  typename AccOf<T>::type eps) {
+                                                                int64_t sr, int64_t sc, typename AccOf<T>::type eps) {
   using A = typename AccOf<T>::type;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   A* dots = reinterpret_cast<A*>(smem_raw);  // r values
@@ -274,8 +280,8 @@ __device__ __forceinline__ void copy_words(const V* __restrict__ s, V* __restric
 __global__ void __launch_bounds__(kThreads) batched_copy_kernel(const CopyChunk* __restrict__ chunks) {
   const CopyChunk c = chunks[blockIdx.x];
   if (c.src == c.dst) return;
-  const uintptr_t align = reinterpret_cast<uintptr_t>(c.src) | reinterpret_cast<uintptr_t>(c.dst) |
-                          static_cast<uintptr_t>(c.bytes);
+  const uintptr_t align =
+      reinterpret_cast<uintptr_t>(c.src) | reinterpret_cast<uintptr_t>(c.dst) | static_cast<uintptr_t>(c.bytes);
   if ((align & 15) == 0) {
     copy_words(reinterpret_cast<const uint4*>(c.src), reinterpret_cast<uint4*>(c.dst), c.bytes / 16);
   } else if ((align & 3) == 0) {

@@ -23,9 +23,9 @@ namespace {
 
 // Grain sizes for at::parallel_for, in loop iterations: below them a call
 // runs on the calling thread (a rank of a 2-core CI machine uses one thread).
-constexpr int64_t kWordGrain = 4096;   // words: 128 Ki elements
-constexpr int64_t kChunkGrain = 4;     // copy chunks: 256 KiB
-constexpr int64_t kMatrixGrain = 1;    // Gram-Schmidt: one matrix is already a lot of work
+constexpr int64_t kWordGrain = 4096;  // words: 128 Ki elements
+constexpr int64_t kChunkGrain = 4;    // copy chunks: 256 KiB
+constexpr int64_t kMatrixGrain = 1;   // Gram-Schmidt: one matrix is already a lot of work
 
 // Bit b of a word as a mask: `word & kBit[b]` vectorises with SSE2 (a
 // variable shift `word >> b` does not before AVX2), 5x faster unpack/vote.
@@ -70,7 +70,7 @@ bool cpu_has_avx2() {
 }
 
 __attribute__((target("avx2"))) void vote_words_avx2(const uint32_t* words, int64_t row, int64_t world, int64_t nwords,
-                                                   float pos, float* dst) {
+                                                     float pos, float* dst) {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i one = _mm256_set1_epi32(1);
   const __m256i w = _mm256_set1_epi32(static_cast<int>(world));
@@ -171,7 +171,7 @@ inline size_t segment_of(int64_t i, const std::vector<int64_t>& ends, size_t seg
 // e += g; sign words; sum |e| of the words (float per word, as in the
 // scalar path). 8 lanes: movemask of (e < 0) gives 8 sign bits at once.
 __attribute__((target("avx2"))) void encode_words_avx2(float* e, const float* g, int64_t nwords, uint32_t* out,
-                                                     double* l1) {
+                                                       double* l1) {
   const __m256 zero = _mm256_setzero_ps();
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   double acc = 0.0;
@@ -191,7 +191,8 @@ __attribute__((target("avx2"))) void encode_words_avx2(float* e, const float* g,
     out[j] = bits;
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, sum);
-    acc += static_cast<double>(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+    acc += static_cast<double>(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                               ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
   }
   *l1 += acc;
 }
@@ -312,7 +313,6 @@ void unflatten_from_cpu(const at::Tensor& bucket, const std::vector<at::Tensor>&
   run_plan(plan);
 }
 
-
 at::Tensor signsgd_encode_cpu_(const at::Tensor& e, const at::Tensor& g, const std::vector<int64_t>& ends,
                                const at::Tensor& l1) {
   const int64_t numel = e.numel();
@@ -342,17 +342,18 @@ at::Tensor signsgd_encode_cpu_(const at::Tensor& e, const at::Tensor& g, const s
       }
       pw[j] = bits;
     };
-    for_each_run(w0, w1, numel, ends,
-                 [&](int64_t ja, int64_t jb, size_t seg) {
+    for_each_run(
+        w0, w1, numel, ends,
+        [&](int64_t ja, int64_t jb, size_t seg) {
 #ifdef PYCOLL_HAVE_AVX2_PATH
-                   if (cpu_has_avx2()) {
-                     encode_words_avx2(pe + ja * 32, pg ? pg + ja * 32 : nullptr, jb - ja, pw + ja, &acc[seg]);
-                     return;
-                   }
+          if (cpu_has_avx2()) {
+            encode_words_avx2(pe + ja * 32, pg ? pg + ja * 32 : nullptr, jb - ja, pw + ja, &acc[seg]);
+            return;
+          }
 #endif
-                   for (int64_t j = ja; j < jb; ++j) scalar_word(j);
-                 },
-                 scalar_word);
+          for (int64_t j = ja; j < jb; ++j) scalar_word(j);
+        },
+        scalar_word);
   });
   double* l = l1.data_ptr<double>();
   for (size_t s = 0; s < k; ++s) {
@@ -381,17 +382,18 @@ void signsgd_sub_signs_cpu_(const at::Tensor& e, const at::Tensor& words, const 
         pe[i] = pe[i] - ((pw[j] & kBit[b]) ? -ps[seg] : ps[seg]);
       }
     };
-    for_each_run(w0, w1, numel, ends,
-                 [&](int64_t ja, int64_t jb, size_t seg) {
+    for_each_run(
+        w0, w1, numel, ends,
+        [&](int64_t ja, int64_t jb, size_t seg) {
 #ifdef PYCOLL_HAVE_AVX2_PATH
-                   if (cpu_has_avx2()) {
-                     sub_signs_words_avx2(pe + ja * 32, pw + ja, jb - ja, ps[seg]);
-                     return;
-                   }
+          if (cpu_has_avx2()) {
+            sub_signs_words_avx2(pe + ja * 32, pw + ja, jb - ja, ps[seg]);
+            return;
+          }
 #endif
-                   for (int64_t j = ja; j < jb; ++j) scalar_word(j);
-                 },
-                 scalar_word);
+          for (int64_t j = ja; j < jb; ++j) scalar_word(j);
+        },
+        scalar_word);
   });
 }
 
@@ -414,17 +416,18 @@ void majority_vote_segments_cpu(const at::Tensor& gathered, int64_t numel, const
         o[j * 32 + b] *= ps[seg];
       }
     };
-    for_each_run(w0, w1, numel, ends,
-                 [&](int64_t ja, int64_t jb, size_t seg) {
+    for_each_run(
+        w0, w1, numel, ends,
+        [&](int64_t ja, int64_t jb, size_t seg) {
 #ifdef PYCOLL_HAVE_AVX2_PATH
-                   if (cpu_has_avx2()) {
-                     vote_words_avx2(words + ja, row, world, jb - ja, ps[seg], o + ja * 32);
-                     return;
-                   }
+          if (cpu_has_avx2()) {
+            vote_words_avx2(words + ja, row, world, jb - ja, ps[seg], o + ja * 32);
+            return;
+          }
 #endif
-                   for (int64_t j = ja; j < jb; ++j) vote_word(words + j, row, world, ps[seg], o + j * 32, 32);
-                 },
-                 edge);
+          for (int64_t j = ja; j < jb; ++j) vote_word(words + j, row, world, ps[seg], o + j * 32, 32);
+        },
+        edge);
   });
 }
 

@@ -16,13 +16,48 @@ namespace pycoll {
 
 namespace {
 
-struct OpSum { template <typename A> A operator()(A a, A b) const { return a + b; } };
-struct OpProd { template <typename A> A operator()(A a, A b) const { return a * b; } };
-struct OpMin { template <typename A> A operator()(A a, A b) const { return b < a ? b : a; } };
-struct OpMax { template <typename A> A operator()(A a, A b) const { return a < b ? b : a; } };
-struct OpBAnd { template <typename A> A operator()(A a, A b) const { return a & b; } };
-struct OpBOr { template <typename A> A operator()(A a, A b) const { return a | b; } };
-struct OpBXor { template <typename A> A operator()(A a, A b) const { return a ^ b; } };
+struct OpSum {
+  template <typename A>
+  A operator()(A a, A b) const {
+    return a + b;
+  }
+};
+struct OpProd {
+  template <typename A>
+  A operator()(A a, A b) const {
+    return a * b;
+  }
+};
+struct OpMin {
+  template <typename A>
+  A operator()(A a, A b) const {
+    return b < a ? b : a;
+  }
+};
+struct OpMax {
+  template <typename A>
+  A operator()(A a, A b) const {
+    return a < b ? b : a;
+  }
+};
+struct OpBAnd {
+  template <typename A>
+  A operator()(A a, A b) const {
+    return a & b;
+  }
+};
+struct OpBOr {
+  template <typename A>
+  A operator()(A a, A b) const {
+    return a | b;
+  }
+};
+struct OpBXor {
+  template <typename A>
+  A operator()(A a, A b) const {
+    return a ^ b;
+  }
+};
 
 // Block size in elements: the accumulator stays in L1 while every source
 // streams through it once.
@@ -151,14 +186,10 @@ void dispatch_op(const ReduceSpec& spec, void* out, bool out_acc, const Operand*
   switch (op) {
     case ReduceKind::Sum:
     case ReduceKind::Avg:
-    case ReduceKind::PremulSum:
-      return reduce_loop<T, Acc, OpSum>(spec, out, out_acc, srcs, nsrc, count, finalize);
-    case ReduceKind::Product:
-      return reduce_loop<T, Acc, OpProd>(spec, out, out_acc, srcs, nsrc, count, finalize);
-    case ReduceKind::Min:
-      return reduce_loop<T, Acc, OpMin>(spec, out, out_acc, srcs, nsrc, count, finalize);
-    case ReduceKind::Max:
-      return reduce_loop<T, Acc, OpMax>(spec, out, out_acc, srcs, nsrc, count, finalize);
+    case ReduceKind::PremulSum: return reduce_loop<T, Acc, OpSum>(spec, out, out_acc, srcs, nsrc, count, finalize);
+    case ReduceKind::Product: return reduce_loop<T, Acc, OpProd>(spec, out, out_acc, srcs, nsrc, count, finalize);
+    case ReduceKind::Min: return reduce_loop<T, Acc, OpMin>(spec, out, out_acc, srcs, nsrc, count, finalize);
+    case ReduceKind::Max: return reduce_loop<T, Acc, OpMax>(spec, out, out_acc, srcs, nsrc, count, finalize);
     case ReduceKind::BAnd:
     case ReduceKind::BOr:
     case ReduceKind::BXor:
@@ -169,8 +200,8 @@ void dispatch_op(const ReduceSpec& spec, void* out, bool out_acc, const Operand*
       }
       break;
   }
-  throw std::invalid_argument(str("pycoll: reduce op ", reduce_name(spec.op), " is not supported for dtype ",
-                                  dtype_name(spec.dtype)));
+  throw std::invalid_argument(
+      str("pycoll: reduce op ", reduce_name(spec.op), " is not supported for dtype ", dtype_name(spec.dtype)));
 }
 
 }  // namespace
@@ -187,13 +218,10 @@ bool reduce_supported(DType t, ReduceKind op) {
   switch (op) {
     case ReduceKind::BAnd:
     case ReduceKind::BOr:
-    case ReduceKind::BXor:
-      return !is_float;
+    case ReduceKind::BXor: return !is_float;
     case ReduceKind::Avg:
-    case ReduceKind::PremulSum:
-      return is_float;
-    default:
-      return true;
+    case ReduceKind::PremulSum: return is_float;
+    default: return true;
   }
 }
 
@@ -204,7 +232,8 @@ void reduce_operands(const ReduceSpec& spec, void* out, bool out_acc, const Oper
     case DType::Float32: return dispatch_op<float, float>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
     case DType::Float64: return dispatch_op<double, double>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
     case DType::Float16: return dispatch_op<c10::Half, float>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
-    case DType::BFloat16: return dispatch_op<c10::BFloat16, float>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
+    case DType::BFloat16:
+      return dispatch_op<c10::BFloat16, float>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
     case DType::Int8: return dispatch_op<int8_t, int8_t>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
     case DType::UInt8: return dispatch_op<uint8_t, uint8_t>(spec, out, out_acc, srcs, nsrc, count, finalize, false);
     case DType::Int32: return dispatch_op<int32_t, int32_t>(spec, out, out_acc, srcs, nsrc, count, finalize, false);

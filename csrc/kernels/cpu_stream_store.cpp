@@ -19,7 +19,8 @@ namespace pycoll {
 
 namespace {
 
-constexpr size_t kLeastStreamedBytes = size_t(4) << 20;  // docs/decisions/0021-streaming-stores-for-large-cpu-outputs.md
+constexpr size_t kLeastStreamedBytes = size_t(4)
+                                       << 20;  // docs/decisions/0021-streaming-stores-for-large-cpu-outputs.md
 // The default threshold's cap, whatever the cache says: inside a VM sysfs reports the socket's
 // cache, which other tenants share (300 MiB on the 16-CPU Xeon, where streaming won from 32 MiB
 // and lost at 4-16 over 4 ranks; decision 0021).

@@ -18,7 +18,7 @@ namespace cuda_ipc {
 constexpr const char* kLL128ProtocolName = "ll128";
 
 // docs/decisions/0010-ll128-two-shot.md
-constexpr int kLL128Blocks = 128;           // CTAs of an LL128 kernel at most
+constexpr int kLL128Blocks = 128;  // CTAs of an LL128 kernel at most
 constexpr int64_t kLL128LineBytes = 128;
 constexpr int64_t kLL128LinePayload = 120;  // the last 8 bytes of a line are its flag
 

@@ -170,11 +170,16 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
     const int64_t v = total - int64_t(q) * seg;
     return v < 0 ? int64_t(0) : (v > seg ? seg : v);
   };
-  auto seg_lines = [&](int q) { return (seg_bytes(q) + cuda_ipc::kLL128LinePayload - 1) / cuda_ipc::kLL128LinePayload; };
+  auto seg_lines = [&](int q) {
+    return (seg_bytes(q) + cuda_ipc::kLL128LinePayload - 1) / cuda_ipc::kLL128LinePayload;
+  };
   const int64_t lines0 = seg_lines(0);
   const int64_t lo = lines0 * b / gridDim.x;
   const int64_t hi = lines0 * (b + 1) / gridDim.x;
-  auto range_end = [&](int q) { const int64_t e = seg_lines(q); return e < hi ? e : hi; };
+  auto range_end = [&](int q) {
+    const int64_t e = seg_lines(q);
+    return e < hi ? e : hi;
+  };
 
   const int lane = int(threadIdx.x & 31u);
   const int part = lane & 7;

@@ -147,7 +147,8 @@ __device__ __forceinline__ bool ll_no_stale_messages(const DeviceHandle* h, uint
   const uint64_t tail = *reinterpret_cast<const volatile uint64_t*>(mine + C.tail_offset(q, b));
   const uint64_t recvd = *reinterpret_cast<const uint64_t*>(mine + C.recvd_offset(b, q));
   if (tail <= recvd) return true;
-  const uint64_t stale = *reinterpret_cast<const volatile uint64_t*>(mine + C.check_offset(q, b, int(recvd % C.nslots)));
+  const uint64_t stale =
+      *reinterpret_cast<const volatile uint64_t*>(mine + C.check_offset(q, b, int(recvd % C.nslots)));
   raise_error(h, cuda_ipc::kErrOpMismatch, WaitSite{int32_t(OpCode::AllReduce), b, q, cuda_ipc::kWaitData}, check,
               stale, 0);
   return false;
@@ -183,8 +184,10 @@ __global__ void __launch_bounds__(kLLThreads, 1) ll_all_reduce_kernel(const __gr
   const int64_t nwords = (bytes + 7) / 8;
   const int64_t first = int64_t(b) * (L.block_lines - 1) + threadIdx.x;
   const int64_t left = nwords - first;
-  const int nmine = left <= 0 ? 0 : (left >= int64_t(kLLWordsPerThread) * kLLThreads ? kLLWordsPerThread
-                                                                                     : int((left + kLLThreads - 1) / kLLThreads));
+  const int nmine = left <= 0
+                        ? 0
+                        : (left >= int64_t(kLLWordsPerThread) * kLLThreads ? kLLWordsPerThread
+                                                                           : int((left + kLLThreads - 1) / kLLThreads));
   const char* in = static_cast<const char*>(a.in);
   uint64_t own[kLLWordsPerThread];
 #pragma unroll

@@ -131,7 +131,9 @@ struct SplitChunks {
 // Named CTA barriers of the split pusher (0 is __syncthreads). Both count every thread of the CTA.
 constexpr int kBarReady = 1;  // the poster warp has a free slot for chunk k on every peer: data warps go
 constexpr int kBarDone = 2;   // the data warps have stored chunk k: the poster may publish it
-__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(kThreads) : "memory"); }
+__device__ __forceinline__ void bar_sync(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(kThreads) : "memory");
+}
 __device__ __forceinline__ void bar_arrive(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(kThreads) : "memory");
 }

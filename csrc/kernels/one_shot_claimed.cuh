@@ -50,7 +50,7 @@ struct ClaimedSplit {
   const DeviceHandle* h;
   uint64_t* claim;
   uint32_t* ready;
-  int64_t chunk;    // elements
+  int64_t chunk;  // elements
   int64_t nchunks;
   int64_t count;
   int64_t es;

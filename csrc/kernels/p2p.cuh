@@ -64,8 +64,8 @@ static __device__ bool p2p_run(const P2PMessage& a, BlockChannels& ch, StepShare
 
 // The message CTA blockIdx.x of a single send/recv launch serves.
 static __device__ P2PMessage p2p_message(const P2PArgs& a) {
-  return P2PMessage{static_cast<char*>(a.buf), a.bytes, a.chunk, a.nchunks, a.peer, a.is_send != 0, a.blocks,
-                    int(blockIdx.x)};
+  return P2PMessage{
+      static_cast<char*>(a.buf), a.bytes, a.chunk, a.nchunks, a.peer, a.is_send != 0, a.blocks, int(blockIdx.x)};
 }
 
 // The message CTA blockIdx.x of a batch launch serves (the ops' CTA ranges are consecutive).
@@ -73,7 +73,7 @@ static __device__ P2PMessage p2p_message(const P2PBatchArgs& a) {
   int i = 0;
   while (i + 1 < a.nops && int(blockIdx.x) >= a.ops[i + 1].first_block) ++i;
   const P2PBatchOp& o = a.ops[i];
-  return P2PMessage{static_cast<char*>(o.buf), o.bytes, o.chunk, o.nchunks, o.peer, o.is_send != 0, o.blocks,
+  return P2PMessage{static_cast<char*>(o.buf),      o.bytes, o.chunk, o.nchunks, o.peer, o.is_send != 0, o.blocks,
                     int(blockIdx.x) - o.first_block};
 }
 

@@ -48,15 +48,25 @@ struct ReduceJob {
 template <int W>
 struct Word;
 template <>
-struct Word<16> { using type = uint4; };
+struct Word<16> {
+  using type = uint4;
+};
 template <>
-struct Word<8> { using type = unsigned long long; };
+struct Word<8> {
+  using type = unsigned long long;
+};
 template <>
-struct Word<4> { using type = unsigned int; };
+struct Word<4> {
+  using type = unsigned int;
+};
 template <>
-struct Word<2> { using type = unsigned short; };
+struct Word<2> {
+  using type = unsigned short;
+};
 template <>
-struct Word<1> { using type = unsigned char; };
+struct Word<1> {
+  using type = unsigned char;
+};
 
 // `tid` of `nt` threads run the job (the whole CTA unless a kernel splits it into warp roles).
 template <int W>

@@ -89,7 +89,7 @@ struct WaitSite {
 // rank's sticky abort word (other CTAs and later kernels then fail fast) and, unless the error is
 // itself a peer's abort, the abort word of every peer. Only the first caller on a rank reports.
 static __device__ __noinline__ void raise_error(const DeviceHandle* h, int32_t code, const WaitSite& site,
-                                         uint64_t expected, uint64_t observed, uint64_t waited_ns) {
+                                                uint64_t expected, uint64_t observed, uint64_t waited_ns) {
   char* mine = h->base[h->rank];
   uint32_t* claim = reinterpret_cast<uint32_t*>(mine + h->layout.off_claim);
   if (atomicCAS(claim, 0u, 1u) != 0u) return;  // this rank already reported

@@ -95,8 +95,8 @@ static __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels&
   if (waves && (leader || follower) && threadIdx.x == 0) {
     const int pair = leader ? int(blockIdx.x) : int(blockIdx.x) - H;
     char* mine = h->base[h->rank];
-    wave_word = reinterpret_cast<uint64_t*>(mine + (leader ? h->layout.split.pushed_offset(pair)
-                                                           : h->layout.split.reduced_offset(pair)));
+    wave_word = reinterpret_cast<uint64_t*>(
+        mine + (leader ? h->layout.split.pushed_offset(pair) : h->layout.split.reduced_offset(pair)));
     wave_base = *reinterpret_cast<volatile uint64_t*>(wave_word);  // only this CTA writes it
   }
   const bool traced = (a.flags & kArgTrace) != 0;
@@ -108,8 +108,8 @@ static __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels&
   };
   bool ok = true;
   if (follower && threadIdx.x == 0) {
-    const uint64_t* posted = reinterpret_cast<const uint64_t*>(
-        h->base[h->rank] + h->layout.split.pushed_offset(int(blockIdx.x) - H));
+    const uint64_t* posted =
+        reinterpret_cast<const uint64_t*>(h->base[h->rank] + h->layout.split.pushed_offset(int(blockIdx.x) - H));
     ok = wait_local_ge(h, posted, wave_base + 1, WaitSite{a.op, int(blockIdx.x), h->rank, cuda_ipc::kWaitLocal});
     trace_now(h, traced, int(blockIdx.x), kTraceWaveEvent);
   }

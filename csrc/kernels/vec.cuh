@@ -52,12 +52,8 @@ template <>
 struct DTypeTraits<DType::BFloat16> {
   using T = uint16_t;
   using Acc = float;
-  static __device__ __forceinline__ Acc to_acc(T x) {
-    return __bfloat162float(__ushort_as_bfloat16(x));
-  }
-  static __device__ __forceinline__ T from_acc(Acc a) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(a));
-  }
+  static __device__ __forceinline__ Acc to_acc(T x) { return __bfloat162float(__ushort_as_bfloat16(x)); }
+  static __device__ __forceinline__ T from_acc(Acc a) { return __bfloat16_as_ushort(__float2bfloat16_rn(a)); }
 };
 template <class I>
 struct IntTraits {
@@ -85,9 +81,13 @@ __device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); 
 __device__ __forceinline__ float vmax(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
 template <class I>
-__device__ __forceinline__ I vmin(I a, I b) { return b < a ? b : a; }
+__device__ __forceinline__ I vmin(I a, I b) {
+  return b < a ? b : a;
+}
 template <class I>
-__device__ __forceinline__ I vmax(I a, I b) { return a < b ? b : a; }
+__device__ __forceinline__ I vmax(I a, I b) {
+  return a < b ? b : a;
+}
 
 struct OpSum {
   template <class A>
@@ -107,8 +107,7 @@ struct OpProd {
       using U = typename std::make_unsigned<A>::type;
       // unsigned char/short promote to int: do the product in unsigned 32/64 bits.
       using W = typename std::conditional<(sizeof(A) < 4), uint32_t, U>::type;
-      return static_cast<A>(static_cast<U>(static_cast<W>(static_cast<U>(a)) *
-                                           static_cast<W>(static_cast<U>(b))));
+      return static_cast<A>(static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
     } else {
       return a * b;
     }
@@ -116,23 +115,33 @@ struct OpProd {
 };
 struct OpMin {
   template <class A>
-  static __device__ __forceinline__ A apply(A a, A b) { return vmin(a, b); }
+  static __device__ __forceinline__ A apply(A a, A b) {
+    return vmin(a, b);
+  }
 };
 struct OpMax {
   template <class A>
-  static __device__ __forceinline__ A apply(A a, A b) { return vmax(a, b); }
+  static __device__ __forceinline__ A apply(A a, A b) {
+    return vmax(a, b);
+  }
 };
 struct OpAnd {
   template <class A>
-  static __device__ __forceinline__ A apply(A a, A b) { return static_cast<A>(a & b); }
+  static __device__ __forceinline__ A apply(A a, A b) {
+    return static_cast<A>(a & b);
+  }
 };
 struct OpOr {
   template <class A>
-  static __device__ __forceinline__ A apply(A a, A b) { return static_cast<A>(a | b); }
+  static __device__ __forceinline__ A apply(A a, A b) {
+    return static_cast<A>(a | b);
+  }
 };
 struct OpXor {
   template <class A>
-  static __device__ __forceinline__ A apply(A a, A b) { return static_cast<A>(a ^ b); }
+  static __device__ __forceinline__ A apply(A a, A b) {
+    return static_cast<A>(a ^ b);
+  }
 };
 
 // Avg's final division (div > 1). Integers divide the wrapped value, truncating toward zero.

@@ -126,8 +126,8 @@ void CudaOps::order_streams(cudaStream_t earlier, cudaStream_t later, const at::
 
 c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op, uint64_t seq,
                                                const std::vector<at::Tensor>& tensors,
-                                               const std::vector<at::Tensor>& outputs, bool async_op,
-                                               const Body& body, Lane lane) {
+                                               const std::vector<at::Tensor>& outputs, bool async_op, const Body& body,
+                                               Lane lane) {
   TORCH_INTERNAL_ASSERT(!tensors.empty());
   const at::Device device = tensors[0].device();
   c10::cuda::CUDAGuard guard(device);

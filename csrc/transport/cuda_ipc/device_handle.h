@@ -49,7 +49,7 @@ struct DeviceHandle {
   int32_t nranks = 1;
   char* base[kMaxRanks] = {};  // workspace of every rank, mapped in this process (own included)
   Layout layout;
-  uint64_t timeout_ns = 0;       // bound of every spin-wait
+  uint64_t timeout_ns = 0;         // bound of every spin-wait
   HostErrorRecord* err = nullptr;  // device alias of the host-mapped record
 };
 

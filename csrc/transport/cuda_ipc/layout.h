@@ -39,11 +39,11 @@
 namespace pycoll {
 namespace cuda_ipc {
 
-constexpr int kMaxRanks = 8;        // world sizes 1..8 (one host)
+constexpr int kMaxRanks = 8;  // world sizes 1..8 (one host)
 // kCollBlocks, kMaxCollBlocks: docs/decisions/0002-slots-ctas-and-chunks.md
-constexpr int kCollBlocks = 64;     // CTAs (= channels per peer pair) a collective may use, by default
-constexpr int kMaxCollBlocks = 128; // ... and at most (PYCOLL_CUDA_MAX_BLOCKS; the workspace grows with it)
-constexpr int kCollSlots = 4;       // FIFO depth of a collective channel
+constexpr int kCollBlocks = 64;      // CTAs (= channels per peer pair) a collective may use, by default
+constexpr int kMaxCollBlocks = 128;  // ... and at most (PYCOLL_CUDA_MAX_BLOCKS; the workspace grows with it)
+constexpr int kCollSlots = 4;        // FIFO depth of a collective channel
 // The p2p set: kP2PBlocks channels per peer pair (the CTAs of the largest send/recv), kP2PSlots
 // deep; the slot is the largest power of two that fits kP2PDataBudget shared by the n-1 inbound
 // peers, clamped to [kMinP2PSlotBytes, kMaxP2PSlotBytes]. A message is cut by plan_p2p
@@ -51,8 +51,8 @@ constexpr int kCollSlots = 4;       // FIFO depth of a collective channel
 // 3..4 ranks -> 128 KiB slots (64, 96 MiB of workspace per rank and group), 5..8 -> 64 KiB.
 // Two ranks (one inbound peer) -> kTwoRankP2PSlotBytes, 128 MiB, above kP2PDataBudget: chunks grow
 // past 128 KiB above 32 MiB, to 512 KiB from 128 MiB (gpu::plan_p2p). docs/decisions/0017-p2p-large-slots-and-all-to-all-own-slice.md
-constexpr int kP2PBlocks = 64;      // channels per peer pair of the p2p set
-constexpr int kP2PSlots = 4;        // FIFO depth of a p2p channel
+constexpr int kP2PBlocks = 64;  // channels per peer pair of the p2p set
+constexpr int kP2PSlots = 4;    // FIFO depth of a p2p channel
 constexpr int64_t kP2PDataBudget = int64_t(96) << 20;
 constexpr int64_t kMinP2PSlotBytes = 64 << 10;
 constexpr int64_t kMaxP2PSlotBytes = 128 << 10;
@@ -73,28 +73,20 @@ struct ChannelSetLayout {
   int32_t nblocks = 0;
   int32_t nslots = 0;
   int64_t slot_bytes = 0;
-  int64_t off_tail = 0;  // in dst: [src rank][block] u64, written by src
-  int64_t off_head = 0;  // in src: [dst rank][block] u64, written by dst
-  int64_t off_check = 0; // in dst: [src rank][block][slot] u64: the slot's check word (check_word.h)
-  int64_t off_sent = 0;  // local: [block][peer] u64
-  int64_t off_recvd = 0; // local: [block][peer] u64
-  int64_t off_data = 0;  // in dst: [peer index 0..n-2][block][slot][slot_bytes]
+  int64_t off_tail = 0;   // in dst: [src rank][block] u64, written by src
+  int64_t off_head = 0;   // in src: [dst rank][block] u64, written by dst
+  int64_t off_check = 0;  // in dst: [src rank][block][slot] u64: the slot's check word (check_word.h)
+  int64_t off_sent = 0;   // local: [block][peer] u64
+  int64_t off_recvd = 0;  // local: [block][peer] u64
+  int64_t off_data = 0;   // in dst: [peer index 0..n-2][block][slot][slot_bytes]
 
-  PYCOLL_HD int64_t tail_offset(int src, int b) const {
-    return off_tail + (int64_t(src) * nblocks + b) * kFlagStride;
-  }
-  PYCOLL_HD int64_t head_offset(int dst, int b) const {
-    return off_head + (int64_t(dst) * nblocks + b) * kFlagStride;
-  }
+  PYCOLL_HD int64_t tail_offset(int src, int b) const { return off_tail + (int64_t(src) * nblocks + b) * kFlagStride; }
+  PYCOLL_HD int64_t head_offset(int dst, int b) const { return off_head + (int64_t(dst) * nblocks + b) * kFlagStride; }
   PYCOLL_HD int64_t check_offset(int src, int b, int s) const {
     return off_check + ((int64_t(src) * nblocks + b) * nslots + s) * 8;
   }
-  PYCOLL_HD int64_t sent_offset(int b, int peer) const {
-    return off_sent + (int64_t(b) * kMaxRanks + peer) * 8;
-  }
-  PYCOLL_HD int64_t recvd_offset(int b, int peer) const {
-    return off_recvd + (int64_t(b) * kMaxRanks + peer) * 8;
-  }
+  PYCOLL_HD int64_t sent_offset(int b, int peer) const { return off_sent + (int64_t(b) * kMaxRanks + peer) * 8; }
+  PYCOLL_HD int64_t recvd_offset(int b, int peer) const { return off_recvd + (int64_t(b) * kMaxRanks + peer) * 8; }
   // Slot s of channel (src -> dst, block b), inside dst's workspace. The n-1 possible senders of
   // dst are packed: peer index (src - dst - 1) mod n.
   PYCOLL_HD int64_t slot_offset(int nranks, int src, int dst, int b, int s) const {
@@ -105,8 +97,8 @@ struct ChannelSetLayout {
 
 // LL region: CTA b of every LL kernel owns region b of each (parity, sender) buffer, whatever the
 // message size (a line's flag is CTA b's epoch, so a line must never change owner).
-constexpr int kLLBlocks = 64;                         // CTAs of an LL kernel at most
-constexpr int64_t kLLBlockPayloadBytes = 16 << 10;    // payload one CTA carries (8 bytes per line)
+constexpr int kLLBlocks = 64;                                      // CTAs of an LL kernel at most
+constexpr int64_t kLLBlockPayloadBytes = 16 << 10;                 // payload one CTA carries (8 bytes per line)
 constexpr int64_t kLLMaxBytes = kLLBlocks * kLLBlockPayloadBytes;  // largest LL message: 1 MiB
 constexpr int64_t kLLLineBytes = 16;
 

@@ -69,12 +69,12 @@ std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t
 
 }  // namespace
 
-IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank,
-                           int size, int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes,
-                           int coll_blocks, const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes)
+IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
+                           int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes, int coll_blocks,
+                           const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes)
     : rank_(rank), size_(size), device_(device) {
-  TORCH_CHECK(size >= 1 && size <= kMaxRanks, "pycoll::cuda_ipc: world size ", size, " is outside 1..",
-              kMaxRanks, " (the CUDA engine serves one host)");
+  TORCH_CHECK(size >= 1 && size <= kMaxRanks, "pycoll::cuda_ipc: world size ", size, " is outside 1..", kMaxRanks,
+              " (the CUDA engine serves one host)");
   TORCH_CHECK(rank >= 0 && rank < size, "pycoll::cuda_ipc: rank ", rank, " is outside 0..", size - 1);
   TORCH_CHECK(store, "pycoll::cuda_ipc: store is null");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
@@ -168,11 +168,11 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
     if (q == rank) continue;
     const PeerInfo& p = info[q];
     // Every rank sees a mismatch the same way, so every rank throws here (no rank is left waiting).
-    TORCH_CHECK(p.magic == kMagic && p.version == kVersion && p.size == size,
-                "pycoll::cuda_ipc: rank ", q, " runs a different pycollectives build");
+    TORCH_CHECK(p.magic == kMagic && p.version == kVersion && p.size == size, "pycoll::cuda_ipc: rank ", q,
+                " runs a different pycollectives build");
     TORCH_CHECK(p.total_bytes == mine.total_bytes && p.coll_slot_bytes == mine.coll_slot_bytes,
-                "pycoll::cuda_ipc: rank ", q, " uses a workspace of ", p.total_bytes, " bytes with ",
-                p.coll_slot_bytes, "-byte slots, this rank ", mine.total_bytes, " and ", mine.coll_slot_bytes,
+                "pycoll::cuda_ipc: rank ", q, " uses a workspace of ", p.total_bytes, " bytes with ", p.coll_slot_bytes,
+                "-byte slots, this rank ", mine.total_bytes, " and ", mine.coll_slot_bytes,
                 " (set PYCOLL_CUDA_SLOT_KIB and PYCOLL_CUDA_MAX_BLOCKS alike on every rank)");
     if (std::strncmp(p.host, mine.host, sizeof(p.host)) != 0 ||
         std::strncmp(p.boot_id, mine.boot_id, sizeof(p.boot_id)) != 0) {
@@ -221,7 +221,8 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
     const std::vector<uint8_t> v = store->get(ok_keys[q]);
     if (v.empty() || v[0] != '1') {
       reachable_ = false;
-      if (reason_.empty()) reason_ = "rank " + std::to_string(q) + ": " + std::string(v.begin() + (v.empty() ? 0 : 1), v.end());
+      if (reason_.empty())
+        reason_ = "rank " + std::to_string(q) + ": " + std::string(v.begin() + (v.empty() ? 0 : 1), v.end());
     }
   }
   if (!reachable_) {
@@ -265,8 +266,8 @@ void IpcWorkspace::abort() noexcept {
       (void)cudaGetLastError();
       return;
     }
-    if (cudaMemcpyAsync(local_ + layout_.off_abort, &host_err_->abort_source, sizeof(uint32_t),
-                        cudaMemcpyHostToDevice, s) == cudaSuccess) {
+    if (cudaMemcpyAsync(local_ + layout_.off_abort, &host_err_->abort_source, sizeof(uint32_t), cudaMemcpyHostToDevice,
+                        s) == cudaSuccess) {
       // Bounded: a copy engine that does not finish a 4-byte copy in a second will not be helped by
       // waiting longer, and abort() must return.
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
@@ -287,7 +288,6 @@ int IpcWorkspace::error_code() const {
   return code;
 }
 
-
 std::string IpcWorkspace::error_message() const {
   const int code = error_code();
   if (code == kErrNone) return std::string();
@@ -298,8 +298,8 @@ std::string IpcWorkspace::error_message() const {
   os << "pycoll CUDA engine, rank " << e->rank << ": ";
   switch (code) {
     case kErrTimeout:
-      os << what << " (CTA " << e->block << ") timed out after " << (e->waited_ns / 1000000ull) << " ms waiting for rank "
-         << e->peer
+      os << what << " (CTA " << e->block << ") timed out after " << (e->waited_ns / 1000000ull)
+         << " ms waiting for rank " << e->peer
          << (e->where == kWaitCredit  ? " to free a workspace slot"
              : e->where == kWaitLocal ? " (its own pushing CTA) to read the input"
                                       : " to deliver data")
@@ -308,7 +308,8 @@ std::string IpcWorkspace::error_message() const {
       break;
     case kErrPeerAborted:
       if (e->peer == e->rank && aborted()) {
-        os << what << " (CTA " << e->block << ") stopped: this rank's process group was aborted (ProcessGroup.abort()).";
+        os << what << " (CTA " << e->block
+           << ") stopped: this rank's process group was aborted (ProcessGroup.abort()).";
         break;
       }
       os << what << " (CTA " << e->block << ") stopped because rank " << e->peer
@@ -322,13 +323,12 @@ std::string IpcWorkspace::error_message() const {
       const CollectiveCheck mine = decode_check_word(e->expected);
       const CollectiveCheck theirs = decode_check_word(e->observed);
       os << "ranks called different collectives: this rank called " << describe_check(mine) << " but rank " << e->peer
-         << " called " << describe_check(theirs) << ". Every rank must pass the same sizes, dtype, op and root, and choose the same algorithm "
+         << " called " << describe_check(theirs)
+         << ". Every rank must pass the same sizes, dtype, op and root, and choose the same algorithm "
          << "(PYCOLL_ALGO, set_algo()).";
       break;
     }
-    default:
-      os << "unknown device error code " << code << ".";
-      break;
+    default: os << "unknown device error code " << code << "."; break;
   }
   os << " The CUDA engine of this process group is unusable from now on.";
   return os.str();

@@ -27,10 +27,9 @@ class IpcWorkspace {
   // pair (make_layout); `regions`: the registered protocols' regions (make_layout);
   // `p2p_slot_bytes` 0: the layout's default for `size` ranks. Every rank must pass the same values
   // (the constructor throws on every rank otherwise).
-  IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
-               int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0,
-               int coll_blocks = kCollBlocks, const std::vector<ProtocolRegion>& regions = {},
-               int64_t p2p_slot_bytes = 0);
+  IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size, int device,
+               std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0, int coll_blocks = kCollBlocks,
+               const std::vector<ProtocolRegion>& regions = {}, int64_t p2p_slot_bytes = 0);
   ~IpcWorkspace();
   IpcWorkspace(const IpcWorkspace&) = delete;
   IpcWorkspace& operator=(const IpcWorkspace&) = delete;
@@ -69,8 +68,8 @@ class IpcWorkspace {
   bool reachable_ = false;
   std::string reason_;
   Layout layout_;
-  char* local_ = nullptr;      // this rank's workspace (cudaMalloc)
-  std::vector<char*> peers_;   // peers' workspaces, opened with cudaIpcOpenMemHandle
+  char* local_ = nullptr;                // this rank's workspace (cudaMalloc)
+  std::vector<char*> peers_;             // peers' workspaces, opened with cudaIpcOpenMemHandle
   HostErrorRecord* host_err_ = nullptr;  // cudaHostAlloc(mapped)
   std::atomic<bool> aborted_{false};
   DeviceHandle handle_;

@@ -19,7 +19,8 @@ void* map_fd(int fd, size_t bytes, const std::string& name) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     int err = errno;
-    throw std::runtime_error(str("pycoll: mmap of shared memory ", name, " (", bytes, " bytes) failed: ", std::strerror(err)));
+    throw std::runtime_error(
+        str("pycoll: mmap of shared memory ", name, " (", bytes, " bytes) failed: ", std::strerror(err)));
   }
   return p;
 }
@@ -35,8 +36,8 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
     int err = errno;
     close(fd);
     shm_unlink(name.c_str());
-    throw std::runtime_error(str("pycoll: sizing shared memory ", name, " to ", bytes, " bytes failed: ", std::strerror(err),
-                                 " (is /dev/shm large enough? set PYCOLL_SHM_BYTES lower)"));
+    throw std::runtime_error(str("pycoll: sizing shared memory ", name, " to ", bytes, " bytes failed: ",
+                                 std::strerror(err), " (is /dev/shm large enough? set PYCOLL_SHM_BYTES lower)"));
   }
   ShmSegment s;
   try {

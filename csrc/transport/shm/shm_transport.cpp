@@ -43,9 +43,13 @@ size_t ShmTransport::segment_bytes() const {
 
 ShmTransport::ShmTransport(const Rendezvous& rv, int rank, int size, size_t data_bytes, size_t channel_bytes,
                            std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), data_bytes_(round_up(data_bytes, kAlign)), channel_bytes_(round_up(channel_bytes, kAlign)) {
+    : rank_(rank),
+      size_(size),
+      data_bytes_(round_up(data_bytes, kAlign)),
+      channel_bytes_(round_up(channel_bytes, kAlign)) {
   if (size > kMaxRanks) {
-    throw std::invalid_argument(str("pycoll: the shared-memory transport supports at most ", kMaxRanks, " ranks per host, got ", size));
+    throw std::invalid_argument(
+        str("pycoll: the shared-memory transport supports at most ", kMaxRanks, " ranks per host, got ", size));
   }
   std::string token;
   if (rank == 0) {
@@ -95,7 +99,8 @@ char* ShmTransport::data(int r) { return segments_[r].base() + round_up(sizeof(C
 ControlBlock& ShmTransport::control(int r) { return *reinterpret_cast<ControlBlock*>(segments_[r].base()); }
 
 char* ShmTransport::channel(int src, int dst) {
-  return segments_[src].base() + round_up(sizeof(ControlBlock), kAlign) + data_bytes_ + channel_bytes_ * static_cast<size_t>(dst);
+  return segments_[src].base() + round_up(sizeof(ControlBlock), kAlign) + data_bytes_ +
+         channel_bytes_ * static_cast<size_t>(dst);
 }
 
 bool ShmTransport::peer_alive(int r) {
