@@ -102,7 +102,7 @@ def _extension():
     here = os.path.dirname(os.path.abspath(__file__))
     sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
     # -ffp-contract=off: the CPU reduction loops are also compiled for FMA-capable levels
-    # (csrc/kernels/cpu_reduce.cpp); fusing there would change results between CPUs.
+    # (csrc/cpu/kernels/reduce.cpp); fusing there would change results between CPUs.
     cxx = ["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-deprecated-declarations",
            "-Wno-missing-field-initializers", "-ffp-contract=off"]
     macros = []

@@ -1,5 +1,5 @@
 """Point-to-point from a private tensor into a receive tensor in shared memory, 2 ranks on one
-host: written by the sender straight into the receiver's file (csrc/algorithms/p2p.h, "Into the
+host: written by the sender straight into the receiver's file (csrc/cpu/p2p.h, "Into the
 receiver's shared tensor") against the channel's two copies (PYCOLL_CPU_SHARED_TENSORS=off).
 pycoll-bench cannot make only the receive buffers shared, hence this script.
 

@@ -1,5 +1,5 @@
 """Whether sibling ranks on this host may read each other with cross-memory attach
-(process_vm_readv), as the CPU engine's in-place reads need (csrc/algorithms/peer_read.h).
+(process_vm_readv), as the CPU engine's in-place reads need (csrc/cpu/peer_read.h).
 
 Where they may not (Yama's ptrace_scope at 2 or 3 without CAP_SYS_PTRACE, a seccomp filter, /proc
 with hidepid under scope 1), the engine stages and says so in its debug log, and the tests that

@@ -1,6 +1,6 @@
 """Point-to-point by reference: a CPU send larger than the channel whose tensor lives in a shared
 file (share_memory_(), or the shared CPU allocator) reaches the receiver as the file's name, and the
-receiver copies it straight out of the sender's file (csrc/algorithms/p2p.h).
+receiver copies it straight out of the sender's file (csrc/cpu/p2p.h).
 
 Every case checks the received bytes against the sent ones, that the sent tensor is unchanged, and
 how many messages came by reference (a count the receiver keeps, `_C._test_p2p_by_reference`): all

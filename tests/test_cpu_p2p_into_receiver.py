@@ -1,6 +1,6 @@
 """Point-to-point into the receiver's shared tensor: a CPU send larger than the channel from a
 private tensor, whose receive's tensor lives in a shared file, is written by the sender straight
-into that file (csrc/algorithms/p2p.h: the sender offers, the receiver answers with its file).
+into that file (csrc/cpu/p2p.h: the sender offers, the receiver answers with its file).
 
 Every case checks the received bytes against the sent ones, that the sent tensor is unchanged, and
 how many messages the sender wrote into their receiver (`_C._test_p2p_into_receiver`, counted by

@@ -1,5 +1,5 @@
 """Large CPU all_gather, reduce_scatter and broadcast that read each peer's buffer in place with cross-memory
-attach (csrc/algorithms/peer_read.h, PYCOLL_CPU_PEER_READ=on), and the fall-back to staging when
+attach (csrc/cpu/peer_read.h, PYCOLL_CPU_PEER_READ=on), and the fall-back to staging when
 a rank may not read its peers (the test hook _C._set_test_deny_peer_read).
 
 Results are checked against plain torch, the debug log against the path that ran, across 2-4

@@ -1,4 +1,4 @@
-"""The pipelined CPU algorithms (csrc/algorithms/pipelined.h): all_reduce, reduce_scatter,
+"""The pipelined CPU algorithms (csrc/cpu/pipelined.h): all_reduce, reduce_scatter,
 all_gather and broadcast of large messages through rings of small slots, one lane per thread.
 
 Sizes are above the size from which the direct ops run pipelined (256 KiB) and odd, so that

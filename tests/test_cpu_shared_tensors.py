@@ -1,5 +1,5 @@
 """Large CPU collectives over tensors in shared memory (tensor.share_memory_()): every rank maps
-its peers' files and reads their buffers in place (csrc/algorithms/shared_storage.h,
+its peers' files and reads their buffers in place (csrc/cpu/shared_storage.h,
 PYCOLL_CPU_SHARED_TENSORS).
 
 Results are checked against plain torch for every dtype and reduce op, across 1-4 ranks, odd

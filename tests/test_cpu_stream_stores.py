@@ -1,5 +1,5 @@
 """Streaming stores: a large CPU all_gather and a large received message write the user's output
-with non-temporal stores (csrc/kernels/cpu_stream_store.h) once it is at least
+with non-temporal stores (csrc/cpu/kernels/stream_store.h) once it is at least
 PYCOLL_CPU_STREAM_STORE_MIN_BYTES per rank. Here that threshold is 4 KiB, so that messages of a few
 hundred KiB take the streamed copies, with outputs that start off a 64-byte line and sizes that end
 inside one (the copies' unaligned head and tail).
@@ -182,7 +182,7 @@ def _p2p_rank(rank, ws, seed, shared, streaming):
     out of the sender's file); either way the receiver streams the whole message."""
     quiet()
     if shared:
-        # By reference needs ranks without CPUs to spare (algorithms/p2p.h), as on the CI machine.
+        # By reference needs ranks without CPUs to spare (cpu/p2p.h), as on the CI machine.
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:ws])
     cases = Cases("stream stores, send/recv", rank, ws, seed, shared=shared)
     nxt, prv = (rank + 1) % ws, (rank - 1) % ws
@@ -245,7 +245,7 @@ def test_stream_copy_offsets_and_sizes():
 
 
 def _llc_bytes(cpu):
-    """The last-level cache as cpu_stream_store.cpp reads it for a process whose first allowed CPU
+    """The last-level cache as cpu/kernels/stream_store.cpp reads it for a process whose first allowed CPU
     is `cpu`: the highest sysfs level of that CPU with a size that parses and is not 0; None where
     none does (the library then asks sysconf, which this test cannot reproduce)."""
     for index in (4, 3, 2):

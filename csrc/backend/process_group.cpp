@@ -8,7 +8,7 @@
 #include <optional>
 #include <utility>
 
-#include "algorithms/lane_pool.h"
+#include "cpu/lane_pool.h"
 #include "backend/gil_release.h"
 #include "backend/op_call_helpers.h"
 #include "backend/op_stats.h"

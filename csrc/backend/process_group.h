@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/cpu_engine.h"
+#include "cpu/cpu_engine.h"
 #include "backend/coalesced_work.h"
 #include "backend/device_queue.h"
 #include "backend/executor.h"

@@ -2,7 +2,7 @@
 // names the function and the argument; wrong dtypes raise TypeError, wrong
 // shapes, sizes and devices ValueError. The checks run with the GIL held;
 // the kernels run with it released. The kernels behind them assume
-// checked arguments (kernels/compression_cpu.h, kernels/compression_cuda.h).
+// checked arguments (cpu/kernels/compression.h, kernels/compression_cuda.h).
 #include "bindings/compression_bindings.h"
 
 #include <pybind11/stl.h>
@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/compression_cpu.h"
+#include "cpu/kernels/compression.h"
 #ifdef PYCOLL_WITH_CUDA
 #include "kernels/compression_cuda.h"
 #endif

@@ -6,8 +6,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/python.h>
 
-#include "algorithms/lane_pool.h"
-#include "algorithms/select.h"
+#include "cpu/lane_pool.h"
+#include "cpu/select.h"
 #include "bindings/allocator_bindings.h"
 #include "bindings/compression_bindings.h"
 #include "bindings/cuda_plan_bindings.h"
@@ -19,7 +19,7 @@
 #include "common/settings_agreement.h"
 #include "common/store_wait.h"
 #include "common/test_hooks.h"
-#include "kernels/cpu_stream_store.h"
+#include "cpu/kernels/stream_store.h"
 #include "cuda/measured_choices.h"
 #include "cuda/engine_limits.h"
 #include "cuda/select.h"
@@ -170,9 +170,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::string(pycoll::algo_name(pycoll::select_algorithm(parse_op(op), bytes, world)));
   });
   m.def("cpu_threads_per_rank", &pycoll::cpu_threads_per_rank, py::arg("ranks_on_host"),
-        "Threads per rank the CPU engine uses for large ops (csrc/algorithms/lane_pool.h).");
+        "Threads per rank the CPU engine uses for large ops (csrc/cpu/lane_pool.h).");
   m.def("cpu_auto_threads_per_rank", &pycoll::auto_threads_per_rank, py::arg("cpus"), py::arg("ranks_on_host"),
-        "Threads per rank the CPU engine uses when PYCOLL_CPU_THREADS is 0 (csrc/algorithms/lane_pool.h).");
+        "Threads per rank the CPU engine uses when PYCOLL_CPU_THREADS is 0 (csrc/cpu/lane_pool.h).");
   // The CUDA engine's `auto` choice (pure C++, so CPU-only builds answer it too). `bytes`: the
   // tensor for all_reduce, one rank's share for all_gather and reduce_scatter.
   m.def("cuda_two_shot_max_blocks", &pycoll::gpu::two_shot_max_blocks, py::arg("bytes"), py::arg("world"),
@@ -242,15 +242,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Tests only: how many times this process voted on mapping peers' shared files (common/test_hooks.h).");
   m.def("_test_p2p_into_receiver", &pycoll::test_hooks::p2p_into_receiver,
         "Tests only: how many point-to-point messages this process wrote straight into their receiver's shared "
-        "buffer (algorithms/p2p.h).");
+        "buffer (cpu/p2p.h).");
   m.def("_test_p2p_by_reference", &pycoll::test_hooks::p2p_by_reference,
         "Tests only: how many point-to-point messages this process received by reference (common/test_hooks.h).");
   m.def("_test_streamed_bytes", &pycoll::test_hooks::streamed_bytes,
-        "Tests only: how many bytes this process wrote with streaming stores (kernels/cpu_stream_store.h).");
+        "Tests only: how many bytes this process wrote with streaming stores (cpu/kernels/stream_store.h).");
   m.def(
       "_test_stream_store_min_bytes",
       [](int ranks) { return static_cast<int64_t>(pycoll::stream_store_min_bytes(ranks)); }, py::arg("ranks"),
-      "Tests only: the streaming stores' threshold for this many ranks on a host (kernels/cpu_stream_store.h).");
+      "Tests only: the streaming stores' threshold for this many ranks on a host (cpu/kernels/stream_store.h).");
   m.def("_test_nearest_common_ancestor", &pycoll::nearest_common_ancestor, py::arg("pids"),
         "Tests only: the nearest process that is an ancestor of, or one of, every pid; 0 if none (common/ptracer.h).");
   m.def(
@@ -275,7 +275,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pycoll::stream_copy(dst.data_ptr(), src.data_ptr(), src.nbytes());
       },
       py::arg("dst"), py::arg("src"),
-      "Tests only: stream_copy(dst, src) over the tensors' bytes (kernels/cpu_stream_store.h).");
+      "Tests only: stream_copy(dst, src) over the tensors' bytes (cpu/kernels/stream_store.h).");
   register_compression(m);
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);

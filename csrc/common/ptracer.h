@@ -5,7 +5,7 @@
 // may attach only to its own descendants, unless the process to be read names a tracer with
 // prctl(PR_SET_PTRACER): then that process and every descendant of it may attach. The ranks one
 // torchrun or mp.spawn starts are siblings, so without a declaration no rank may read another and
-// every large CPU op stages (algorithms/peer_read.h). Each rank therefore names the nearest common
+// every large CPU op stages (cpu/peer_read.h). Each rank therefore names the nearest common
 // ancestor of the ranks on its host (their launcher; a rank itself where it started the others):
 // only that process's descendants gain access, which are the job's own processes.
 //

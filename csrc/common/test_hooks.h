@@ -17,12 +17,12 @@ void set_thread_linger(std::chrono::milliseconds ms);
 void linger_if_set();
 
 // Makes this process's cross-memory attach reads fail with EPERM, as where the OS forbids them
-// (algorithms/peer_read.h). false in production.
+// (cpu/peer_read.h). false in production.
 bool deny_peer_read();
 void set_deny_peer_read(bool deny);
 
 // Makes this process fail to open its peers' shared-memory files with EACCES, as where the OS
-// forbids it (algorithms/shared_storage.h). false in production.
+// forbids it (cpu/shared_storage.h). false in production.
 bool deny_shared_open();
 void set_deny_shared_open(bool deny);
 
@@ -32,16 +32,16 @@ void count_shared_vote();
 int64_t shared_votes();
 
 // How many point-to-point messages this process received by reference, copied straight out of the
-// sender's shared file (algorithms/p2p.h): tests read it.
+// sender's shared file (cpu/p2p.h): tests read it.
 void count_p2p_by_reference();
 int64_t p2p_by_reference();
 
 // How many point-to-point messages this process wrote straight into their receiver's shared
-// buffer (algorithms/p2p.h): tests read it.
+// buffer (cpu/p2p.h): tests read it.
 void count_p2p_into_receiver();
 int64_t p2p_into_receiver();
 
-// How many bytes this process wrote with streaming stores (kernels/cpu_stream_store.h): tests read it.
+// How many bytes this process wrote with streaming stores (cpu/kernels/stream_store.h): tests read it.
 void count_streamed_bytes(int64_t bytes);
 int64_t streamed_bytes();
 

@@ -1,6 +1,6 @@
 #include "engines/cpu_tensor_engine.h"
 
-#include "algorithms/cpu_engine.h"
+#include "cpu/cpu_engine.h"
 #include "engines/dtypes.h"
 #include "engines/shared_storage_ref.h"
 

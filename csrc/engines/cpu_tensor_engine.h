@@ -1,5 +1,5 @@
 // The CPU engine behind the engine interface: CPU tensors, shared memory between the ranks of
-// one host (algorithms/cpu_engine.h does the work on raw pointers).
+// one host (cpu/cpu_engine.h does the work on raw pointers).
 #pragma once
 
 #include "engines/engine.h"

@@ -32,7 +32,7 @@ const TextSetting kCpuAllocator(
     "(pycollectives.use_shared_cpu_memory() does the same from Python).");
 // docs/decisions/0019-shared-cpu-allocator-opt-in.md
 // 256 KiB: from there the CPU engine pipelines an op and reads shared buffers in place
-// (kPipelineMinBytes in algorithms/cpu_engine.cpp); a smaller tensor would only cost a file.
+// (kPipelineMinBytes in cpu/cpu_engine.cpp); a smaller tensor would only cost a file.
 const IntSetting kSharedMinBytes("PYCOLL_SHARED_CPU_MIN_BYTES", 256 << 10, 4096, int64_t(1) << 40, "cpu engine", false,
                                  Audience::User,
                                  "The shared CPU allocator (PYCOLL_CPU_ALLOCATOR=shared) puts tensors of at least "

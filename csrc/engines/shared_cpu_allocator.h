@@ -1,5 +1,5 @@
 // An opt-in CPU allocator that puts large tensors in shared memory from the moment they are made,
-// so that large CPU collectives read the peers' tensors in place (algorithms/shared_storage.h)
+// so that large CPU collectives read the peers' tensors in place (cpu/shared_storage.h)
 // without the program calling share_memory_() on each: DDP's gradient buckets, FSDP's flat
 // parameters, a benchmark's buffers. pycollectives.use_shared_cpu_memory() or
 // PYCOLL_CPU_ALLOCATOR=shared turns it on.

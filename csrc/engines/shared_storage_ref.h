@@ -1,5 +1,5 @@
 // Which CPU tensors live in a shared-memory file that peers may map: what the CPU engine needs to
-// read them in place (algorithms/shared_storage.h).
+// read them in place (cpu/shared_storage.h).
 //
 // torch's share_memory_() (the default "file_descriptor" sharing strategy on Linux) moves a
 // storage into an unlinked shared-memory file and keeps it open; its storage's DataPtr is then an

@@ -3,7 +3,7 @@
 // fused bucketing calls. No torch here: compression.cu is the torch glue
 // (checks, dtype switch, stream, launch check).
 //
-// The layouts and the results are those documented in compression_cpu.h
+// The layouts and the results are those documented in cpu/kernels/compression.h
 // (bit i % 32 of word i / 32 is 1 for a negative element; vote ties give 0;
 // modified Gram-Schmidt with col /= |col| + eps), so that both engines agree
 // bit for bit on the sign functions.

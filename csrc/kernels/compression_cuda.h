@@ -1,5 +1,5 @@
 // Gradient-compression kernels for CUDA tensors: the same functions, layouts
-// and results as kernels/compression_cpu.h (read that header for the terms).
+// and results as cpu/kernels/compression.h (read that header for the terms).
 // Every call runs on the caller's current stream of the tensor's device and
 // does not synchronise the host. Arguments are checked by the caller
 // (bindings/compression_bindings.cpp). Only built with PYCOLL_WITH_CUDA.

@@ -27,7 +27,7 @@ static_assert(sizeof(Counter) == 64, "Counter must fill one cache line");
 
 // A buffer whose memory is a shared-memory file this rank keeps open (a tensor after
 // share_memory_()): a peer maps the file through /proc/<pid>/fd/<fd> and reads the buffer in place
-// (algorithms/shared_storage.h). fd < 0: the buffer is private memory.
+// (cpu/shared_storage.h). fd < 0: the buffer is private memory.
 struct SharedStorageRef {
   int64_t fd = -1;
   int64_t file_bytes = 0;  // the mapping's length from the file's start
@@ -58,7 +58,7 @@ struct OpHeader {
   int64_t recv_bytes[kMaxRanks];   // all_to_all: bytes this rank expects from each peer
 };
 
-// One lane of a pipelined op (algorithms/pipelined.h); values are step numbers that only grow.
+// One lane of a pipelined op (cpu/pipelined.h); values are step numbers that only grow.
 struct LaneCounters {
   Counter staged;    // my slot for step g holds my inputs for it
   Counter reduced;   // my slot for step g holds the chunk I reduced
@@ -81,7 +81,7 @@ struct alignas(64) ControlBlock {
   OpHeader header[2];       // by op sequence parity
   Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
   Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me
-  // How rank r's messages sent by reference ended (PointToPoint::Reply, algorithms/p2p.h): set by
+  // How rank r's messages sent by reference ended (PointToPoint::Reply, cpu/p2p.h): set by
   // me once I copied the message or could not map it, or by r when it gave up waiting.
   Counter p2p_taken[kMaxRanks];
   // Messages that rank r offered to write into my receive buffer (PointToPoint::Answer): my answer

@@ -30,7 +30,7 @@ FLOOR_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", 
 
 
 def threads_per_rank(ranks_on_host):
-    """What pycoll's CPU engine gives one rank (csrc/algorithms/lane_pool.h: PYCOLL_CPU_THREADS,
+    """What pycoll's CPU engine gives one rank (csrc/cpu/lane_pool.h: PYCOLL_CPU_THREADS,
     else the CPUs this process may run on, less one, divided by the ranks on the host, at most 16)."""
     from .. import _C
 

@@ -6,7 +6,7 @@ also the reference the native kernels are tested against
 (tests/test_compression_kernels.py). ``PYCOLL_COMPRESSION_NATIVE=0`` forces
 the torch path (to compare, or to rule the kernels out).
 
-Layouts (the same in C++, CUDA and here; see csrc/kernels/compression_cpu.h):
+Layouts (the same in C++, CUDA and here; see csrc/cpu/kernels/compression.h):
 
 * packed signs: int32 words, element ``i`` is bit ``i % 32`` (LSB first) of
   word ``i // 32``; the bit is 1 when the element is negative (``x < 0``), so

@@ -1,4 +1,4 @@
-#include "algorithms/cpu_engine.h"
+#include "cpu/cpu_engine.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -7,18 +7,18 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "algorithms/direct.h"
-#include "algorithms/peer_read.h"
-#include "algorithms/pipelined.h"
-#include "algorithms/ring.h"
-#include "algorithms/select.h"
-#include "algorithms/tree.h"
+#include "cpu/direct.h"
+#include "cpu/peer_read.h"
+#include "cpu/pipelined.h"
+#include "cpu/ring.h"
+#include "cpu/select.h"
+#include "cpu/tree.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "common/ptracer.h"
 #include "common/setting.h"
 #include "common/test_hooks.h"
-#include "kernels/cpu_stream_store.h"
+#include "cpu/kernels/stream_store.h"
 #include "transport/shm/shm_transport.h"
 
 namespace pycoll {
@@ -106,7 +106,7 @@ bool auto_reads_in_place(OpCode op, size_t bytes, int ranks, int threads) {
   }
 }
 
-// Broadcast, all_gather and reduce_scatter run pipelined from this size (algorithms/pipelined.h);
+// Broadcast, all_gather and reduce_scatter run pipelined from this size (cpu/pipelined.h);
 // below it the direct ops' single barrier is as fast (both measured within noise at 32-256 KiB
 // on the CI machine, the pipelined ones 1.3-1.7x faster from 512 KiB).
 constexpr size_t kPipelineMinBytes = 256 << 10;

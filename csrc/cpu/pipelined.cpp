@@ -1,4 +1,4 @@
-#include "algorithms/pipelined.h"
+#include "cpu/pipelined.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "kernels/cpu_stream_store.h"
+#include "cpu/kernels/stream_store.h"
 
 namespace pycoll {
 

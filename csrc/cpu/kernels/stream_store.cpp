@@ -1,4 +1,4 @@
-#include "kernels/cpu_stream_store.h"
+#include "cpu/kernels/stream_store.h"
 
 #include <unistd.h>
 

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/context.h"
-#include "algorithms/lane_pool.h"
-#include "algorithms/p2p.h"
-#include "algorithms/pipelined.h"
-#include "algorithms/shared_storage.h"
+#include "cpu/context.h"
+#include "cpu/lane_pool.h"
+#include "cpu/p2p.h"
+#include "cpu/pipelined.h"
+#include "cpu/shared_storage.h"
 #include "common/rendezvous.h"
 #include "common/types.h"
 
@@ -39,7 +39,7 @@ class CpuEngine {
 
   // Each returns the algorithm that ran. `algo` Auto asks the cost model.
   // `shared`: where the buffers live in shared-memory files; large ops read peers' in place when
-  // every buffer they read has one (algorithms/shared_storage.h).
+  // every buffer they read has one (cpu/shared_storage.h).
   Algo all_reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, Algo algo,
                   const SharedRefs& shared = {});
   Algo reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, int root, Algo algo);
@@ -61,11 +61,11 @@ class CpuEngine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   uint64_t seq() const { return seq_; }
-  // Lanes of the last op if it ran pipelined (algorithms/pipelined.h), else 0: for the debug log.
+  // Lanes of the last op if it ran pipelined (cpu/pipelined.h), else 0: for the debug log.
   int last_pipeline_lanes() const { return last_lanes_; }
   // How the last pipelined op moved its data, for the debug log: "pipelined" (staged), "read in
-  // place" (cross-memory attach, algorithms/peer_read.h) or "mapped in place" (peers' shared-memory
-  // files, algorithms/shared_storage.h).
+  // place" (cross-memory attach, cpu/peer_read.h) or "mapped in place" (peers' shared-memory
+  // files, cpu/shared_storage.h).
   const char* last_data_path() const { return last_data_path_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   // Whether an op of `bytes` runs on its calling thread alone, with no lane threads: a waiter may
@@ -90,7 +90,7 @@ class CpuEngine {
   bool pipelines(size_t bytes) const;
   // The pipeline of the op begun last: lanes agreed from every rank's header. streamed_out_bytes:
   // the size of this rank's output tensor, which the op may write with streaming stores
-  // (kernels/cpu_stream_store.h); among collectives all_gather only. 0 for all_reduce and
+  // (cpu/kernels/stream_store.h); among collectives all_gather only. 0 for all_reduce and
   // broadcast, which torch.distributed runs in place (the lines are in the cache then; streamed, a
   // 16 MiB all_reduce over 2 ranks on the 2-core CI machine took 3510 us against 2644), and for
   // reduce_scatter, which was no faster.

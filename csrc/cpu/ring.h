@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "algorithms/context.h"
+#include "cpu/context.h"
 
 namespace pycoll {
 

@@ -24,8 +24,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "algorithms/context.h"
-#include "algorithms/pipelined.h"
+#include "cpu/context.h"
+#include "cpu/pipelined.h"
 #include "transport/transport.h"
 
 namespace pycoll {

@@ -1,4 +1,4 @@
-#include "algorithms/select.h"
+#include "cpu/select.h"
 
 #include <limits>
 #include <mutex>

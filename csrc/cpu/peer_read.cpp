@@ -1,4 +1,4 @@
-#include "algorithms/peer_read.h"
+#include "cpu/peer_read.h"
 
 #include <sys/uio.h>
 
@@ -7,10 +7,10 @@
 #include <cstring>
 #include <vector>
 
-#include "algorithms/context.h"
+#include "cpu/context.h"
 #include "common/check.h"
 #include "common/test_hooks.h"
-#include "kernels/cpu_stream_store.h"
+#include "cpu/kernels/stream_store.h"
 
 namespace pycoll {
 

@@ -1,4 +1,4 @@
-#include "algorithms/direct.h"
+#include "cpu/direct.h"
 
 #include <cstring>
 

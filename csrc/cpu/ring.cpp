@@ -1,4 +1,4 @@
-#include "algorithms/ring.h"
+#include "cpu/ring.h"
 
 #include <cstring>
 

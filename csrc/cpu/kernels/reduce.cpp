@@ -1,4 +1,4 @@
-#include "kernels/cpu_reduce.h"
+#include "cpu/kernels/reduce.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "kernels/compression_cpu.h"
+#include "cpu/kernels/compression.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>

@@ -1,15 +1,15 @@
-#include "algorithms/p2p.h"
+#include "cpu/p2p.h"
 
 #include <cstdio>
 #include <cstring>
 #include <thread>
 
-#include "algorithms/sync.h"
+#include "cpu/sync.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "common/owned_thread.h"
 #include "common/test_hooks.h"
-#include "kernels/cpu_stream_store.h"
+#include "cpu/kernels/stream_store.h"
 
 namespace pycoll {
 

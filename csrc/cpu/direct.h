@@ -2,13 +2,13 @@
 // chunk in its own half, one barrier, then every rank reads what it needs
 // straight from its peers' halves. Few steps, so best for small messages; large
 // all_reduce, all_gather, reduce_scatter and broadcast run pipelined instead
-// (algorithms/pipelined.h).
+// (cpu/pipelined.h).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "algorithms/context.h"
+#include "cpu/context.h"
 
 namespace pycoll {
 

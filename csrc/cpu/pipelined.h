@@ -25,8 +25,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "algorithms/context.h"
-#include "algorithms/lane_pool.h"
+#include "cpu/context.h"
+#include "cpu/lane_pool.h"
 
 namespace pycoll {
 
@@ -36,7 +36,7 @@ struct Pipeline {
   uint64_t* lane_step;  // kMaxLanes counters, identical on every rank
   int lanes;            // agreed by every rank
   LanePool* pool;       // runs lanes 1..; may be null when lanes == 1
-  bool stream_out;  // all_gather: write the user's output with streaming stores (kernels/cpu_stream_store.h); per rank
+  bool stream_out;  // all_gather: write the user's output with streaming stores (cpu/kernels/stream_store.h); per rank
 };
 
 // Lanes worth using for a message of `bytes` over `ranks` ranks (each lane should move at least

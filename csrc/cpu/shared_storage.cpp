@@ -1,4 +1,4 @@
-#include "algorithms/shared_storage.h"
+#include "cpu/shared_storage.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "common/test_hooks.h"
-#include "kernels/cpu_stream_store.h"
+#include "cpu/kernels/stream_store.h"
 
 namespace pycoll {
 

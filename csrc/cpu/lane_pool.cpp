@@ -1,4 +1,4 @@
-#include "algorithms/lane_pool.h"
+#include "cpu/lane_pool.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "algorithms/tree.h"
+#include "cpu/tree.h"
 
 #include <cstring>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "algorithms/sync.h"
+#include "cpu/sync.h"
 
 #include <linux/futex.h>
 #include <sched.h>

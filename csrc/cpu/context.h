@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "algorithms/sync.h"
-#include "kernels/cpu_reduce.h"
+#include "cpu/sync.h"
+#include "cpu/kernels/reduce.h"
 #include "transport/transport.h"
 
 namespace pycoll {

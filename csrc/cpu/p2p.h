@@ -59,8 +59,8 @@
 #include <thread>
 #include <vector>
 
-#include "algorithms/lane_pool.h"
-#include "algorithms/shared_storage.h"
+#include "cpu/lane_pool.h"
+#include "cpu/shared_storage.h"
 #include "transport/transport.h"
 
 namespace pycoll {
@@ -84,7 +84,7 @@ class PointToPoint {
   void post_recv(int src, int64_t tag, char* data, int64_t bytes, Done done, SharedStorageRef into = {});
   // Whether a message of `bytes` goes by reference when its bytes live in a shared file: the
   // caller looks the file up only then, and passes it to post_send. Only where the calling
-  // thread's ranks have no CPU to spare (cpu_to_spare_per_rank, algorithms/lane_pool.h): with
+  // thread's ranks have no CPU to spare (cpu_to_spare_per_rank, cpu/lane_pool.h): with
   // spare CPUs the channel's two copies run on two cores at once, in cache, and beat one core
   // copying alone (decision 0020).
   bool may_send_by_reference(int64_t bytes) const {
@@ -180,7 +180,7 @@ class PointToPoint {
   void write_stream(int dst, const char* p, int64_t n);
   void read_stream(int src, char* p, int64_t n, bool stream);
   // Whether a received message of `bytes` is written into the user's buffer with streaming stores
-  // (kernels/cpu_stream_store.h).
+  // (cpu/kernels/stream_store.h).
   bool streams_into(int64_t bytes) const;
 
   Transport& t_;

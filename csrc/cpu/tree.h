@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "algorithms/context.h"
+#include "cpu/context.h"
 
 namespace pycoll {
 

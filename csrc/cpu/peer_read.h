@@ -19,9 +19,9 @@
 
 #include <cstdint>
 
-#include "algorithms/pipelined.h"
+#include "cpu/pipelined.h"
 #include "common/types.h"
-#include "kernels/cpu_reduce.h"
+#include "cpu/kernels/reduce.h"
 
 namespace pycoll {
 

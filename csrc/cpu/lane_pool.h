@@ -1,4 +1,4 @@
-// Worker threads that run the lanes of one pipelined op (algorithms/pipelined.h) at once.
+// Worker threads that run the lanes of one pipelined op (cpu/pipelined.h) at once.
 //
 // A rank that has cores to spare moves a large message faster with several threads: one
 // thread's copies reach a fraction of the memory's bandwidth. Lane 0 runs on the caller, lanes
