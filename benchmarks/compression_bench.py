@@ -18,8 +18,8 @@ kernels   pack_signs / unpack_signs / majority_vote / flatten_into / unflatten_f
           path: time and bandwidth (bytes read + written per second); on the GPU when there is one,
           else on the CPU.
 gpu_ddp   >= 2 GPUs, NCCL: DDP step time with no hook, torch's powerSGD_hook and ours, both at
-          rank ``--gpu-rank``; overhead = step time - the no-hook step time (DESIGN.md section 5:
-          ours at most 0.6x torch's), and the loss after the same steps.
+          rank ``--gpu-rank``; overhead = step time - the no-hook step time (the aim: ours at most
+          0.6x torch's, docs/compression.md), and the loss after the same steps.
 
 Writes ``<out>/<date>-<card>-compression.json`` (command, date, machine, configuration, results)
 and prints a table.

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 # arguments
 
 # GPU default: 12 layers, width 1024, 16 heads, vocab 8192, 1024 tokens:
-# about 169 M parameters (DESIGN.md's DDP anchor is a 168 M GPT).
+# about 169 M parameters (the GPT that docs/compression.md measures DDP with).
 GPT_GPU = dict(layers=12, dim=1024, heads=16, seq=1024, vocab=8192, batch=8)
 GPT_CPU = dict(layers=2, dim=64, heads=4, seq=64, vocab=256, batch=4)
 

@@ -395,7 +395,7 @@ class RankRunner:
 def run_rank(cfg, rank, world, local_rank, store=None):
     """Run the whole benchmark on this rank; rank 0 reports.  Returns the exit status, the
     same on every rank: 1 if a result was wrong or an op failed, else 0."""
-    os.environ["NCCL_NVLS_ENABLE"] = "0"   # never NVLink multicast (DESIGN.md)
+    os.environ["NCCL_NVLS_ENABLE"] = "0"   # never NVLink multicast (docs/using-gpus.md)
     runner = RankRunner(cfg, rank, world, local_rank)
     runner.init_groups(store)
     try:
