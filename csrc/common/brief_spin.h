@@ -1,11 +1,10 @@
 // Polling a condition for a short while before a thread goes to sleep on a condition variable.
 //
 // Waking a sleeping thread costs a futex call and, on a virtual machine whose other core is idle,
-// tens of microseconds before that core runs again (2-core CI machine, one rank: an async 4-byte
-// all_reduce and its wait took 50 us through two sleeps, 28 us polling). Polling catches the
-// common case, a hand-off that completes within microseconds, with no wake-up at all. It pays only
-// where the poller has a CPU of its own: with ranks on as many cores as ranks, a poller takes the
-// core from the very thread it waits for (the same 2-core machine, 2 ranks: 17 -> 18-28 us).
+// tens of microseconds before that core runs again. Polling catches the common case, a hand-off
+// that completes within microseconds, with no wake-up at all. It pays only where the poller has a
+// CPU of its own: with ranks on as many cores as ranks, a poller takes the core from the very
+// thread it waits for. docs/decisions/0018-cpu-ops-poll-before-sleep.md
 #pragma once
 
 #include <chrono>

@@ -30,10 +30,7 @@ bool spin_for(Pred pred) {
 
 // One CPU of the host stays free: lanes spin on each other's counters, so a lane that the OS
 // deschedules for another thread (the rank's Python thread, Gloo's, the kernel's) stalls every
-// lane of every rank. On the 16-CPU H200 host (2026-11-29, three alternated launches each), 2 ranks
-// with 7 threads against 8 took less median time in all 16 ops and sizes of 1-64 MiB (1 MiB:
-// 2.3-2.7x less); 4 ranks with 3 against 4 in 13 of 16 (the three 64 MiB ops lost 1-4%).
-// Table in docs/algorithms.md; the runs are in commit 45641c9.
+// lane of every rank. docs/decisions/0026-cpu-pipeline-lanes-slots-and-steps.md
 int auto_threads_per_rank(int cpus, int ranks_on_host) { return std::max(1, (cpus - 1) / std::max(1, ranks_on_host)); }
 
 bool cpu_to_spare_per_rank(int ranks_on_host) { return allowed_cpu_count() >= 2 * std::max(1, ranks_on_host); }

@@ -17,12 +17,7 @@ namespace {
 // The most either side copies through the channel before it publishes: a message larger than this
 // streams in pieces, so that the receiver copies piece i out while the sender copies piece i+1 in,
 // each piece still in cache. Whole-ring pieces (4 MiB) made the two take turns instead, each copy
-// going to memory. Measured 2026-12-01, 2 ranks, private tensors, against whole-ring pieces: on
-// the 2-core CI machine a 4 MiB send took 187-607 us against 1658-1845, a 64 MiB one 5178-5749
-// against 5325-6001; on a 16-CPU Xeon a 64 MiB send 10.3-11.6 ms against 9.5-19.7 (two regimes,
-// by where earlier messages had left the ring's position), sendrecv at 1 MiB 175-186 us against
-// 269-285. 64 KiB pieces won some rows and lost others, 1 MiB pieces lost more on the Xeon.
-// docs/decisions/0020-p2p-by-reference.md
+// going to memory; 64 KiB and 1 MiB pieces were no better. docs/decisions/0020-p2p-by-reference.md
 constexpr uint64_t kStreamPieceBytes = 256 << 10;
 }  // namespace
 

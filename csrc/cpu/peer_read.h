@@ -5,12 +5,12 @@
 // place it is copied once, by the kernel, straight from my buffer into the peer's output. That
 // is what the memory floor of pycoll-bench assumes, and staging cannot reach it: the least staged
 // all_gather costs 1.5x the floor (benchmarks/cpu_peer_pull.c). The kernel pins the peer's pages
-// on every call: measured, that costs more than the copy it saves except for large all_gathers on
-// ranks with many threads, so the engine reads in place only there by default (auto_reads_in_place
-// in cpu_engine.cpp, PYCOLL_CPU_PEER_READ). A reduce_scatter gains more: staged, the peers' blocks
-// are copied into my slots and out again (with 2 ranks 2.5 B of traffic for an input of B, against
-// the floor's 1.5 B); read in place, each arrives once, into a small cached buffer, and is reduced
-// from there. So large reduce_scatters read in place by default too.
+// on every call, which costs more than the copy it saves except for large all_gathers on ranks
+// with many threads, so the engine reads in place only there by default (the CPU plan,
+// PYCOLL_CPU_PEER_READ). A reduce_scatter gains more: staged, the peers' blocks are copied into my
+// slots and out again (with 2 ranks 2.5 B of traffic for an input of B, against the floor's
+// 1.5 B); read in place, each arrives once, into a small cached buffer, and is reduced from there.
+// So large reduce_scatters read in place by default too. docs/decisions/0022-cpu-peer-read-rule.md
 //
 // Every rank publishes its buffer's address in its op header (OpHeader::addr) and its process id
 // in its control block. A rank's buffer must stay valid until every peer has read it: the

@@ -15,21 +15,17 @@ namespace pycoll {
 namespace {
 
 // Each lane's slots take about 1 MiB per rank, in sub-slots of 16-256 KiB: small enough to stay
-// in the shared cache, large enough that the per-step waits are few. Measured on the CI machine,
-// 2 ranks, best of several launches: 16 MiB broadcast 1.3 ms with 256 KiB sub-slots against 2.1 ms
-// with 64 KiB; all_reduce (3 sub-slots per slot) 2.1 ms with 64-128 KiB and 4.5 ms with 256 KiB;
-// all_gather and reduce_scatter 1.7 ms with 128 KiB against 2.0-2.3 ms with 64 KiB.
+// in the shared cache, large enough that the per-step waits are few.
+// docs/decisions/0026-cpu-pipeline-lanes-slots-and-steps.md
 constexpr size_t kRingBytes = 1 << 20;
 constexpr size_t kMinSubBytes = 16 << 10;
 constexpr size_t kMaxSubBytes = 256 << 10;
 // Slots per lane: a rank may run this many steps ahead of its slowest peer.
 constexpr int kSlots = 4;
 
-// The least message a lane is worth, by ranks. Two ranks: 128 KiB (512 KiB before): on the 32-CPU
-// H200 host, 1-4 MiB ops took 20-40% less time (all_reduce 1 MiB: 140 -> 84 us), larger ones
-// about the same. More ranks: every rank's lanes spin at once, and with 4 ranks x 8 lanes on those
-// 32 CPUs, 64-128 KiB lanes made 1 MiB ops 2-12x slower than 512 KiB (docs/algorithms.md).
-// Below kOneLaneBelowBytes an op keeps one lane, as with 512 KiB lanes: more was not measured there.
+// The least message a lane is worth, by ranks: over 2 ranks small lanes let a 1-4 MiB op use more
+// threads; over more ranks every rank's lanes spin at once, and a descheduled lane stalls them all.
+// Below kOneLaneBelowBytes an op keeps one lane. docs/decisions/0026-cpu-pipeline-lanes-slots-and-steps.md
 constexpr size_t kOneLaneBelowBytes = 1 << 20;
 size_t min_lane_bytes(int ranks) { return ranks <= 2 ? size_t(128) << 10 : size_t(512) << 10; }
 
@@ -197,8 +193,7 @@ void pipelined_all_gather(Pipeline& p, DType t, const char* in, char* out, int64
           std::memcpy(ring.sub(me, g, 0), in + at * E, len * E);
           ring.publish(&LaneCounters::staged, g + 1);
           // My own block from my input, not from the slot: the peers read the slot at the same moment,
-          // and sharing its lines with them made 1-4 MiB all_gathers 1.2-2.9x slower on the CI-class machine
-          // and 1.0-1.6x slower on the 16-CPU host (docs/algorithms.md).
+          // and sharing its lines with them costs more (docs/decisions/0026-cpu-pipeline-lanes-slots-and-steps.md).
           if (!in_place) copy_to_output(p.stream_out, out + (me * m + at) * E, in + at * E, len * E);
           for (int q = 0; q < n; ++q) {
             if (q == me) continue;

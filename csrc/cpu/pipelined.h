@@ -5,10 +5,7 @@
 // These move the message through a ring of small slots (64 KiB per peer) in each rank's data
 // region instead, one step per chunk, with per-step counters in place of barriers: the slots
 // stay in the shared cache, so the user's buffers are read once and written once from memory,
-// and ranks overlap their phases. Measured on the 2-core CI machine, 2 ranks, 16 MiB float
-// all_reduce: 3.4 ms, against 4.6 ms for the direct two-shot and 5.4 ms for reading the peer's
-// input in place with process_vm_readv (cross-memory attach pins every 4 KiB page, which costs
-// more than the copy it saves; benchmarks/cpu_memory_paths.c).
+// and ranks overlap their phases. docs/decisions/0024-cpu-pipelined-from-256-kib.md
 //
 // Terms:
 //   lane  - a thread's share of the op: a contiguous part of every rank's slice, with its own

@@ -5,10 +5,9 @@
 //
 // Why files and not cross-memory attach (peer_read.h): process_vm_readv pins the peer's pages on
 // every call, which costs more than the staging copy it saves at 1-16 MiB; a mapping is made once
-// per buffer and then costs nothing. Measured on the 2-core CI machine (2026-11-29, two processes,
-// one core each): a reduce_scatter half of 1-64 MiB read in place from the peer's shared input
-// took 0.97-1.03x the time of a private add of two blocks (the floor), where the staged path
-// cannot exceed 0.6 of it in cache (docs/performance.md).
+// per buffer and then costs nothing: a reduce_scatter read in place from the peers' shared inputs
+// runs at the memory floor, which the staged path cannot reach.
+// docs/decisions/0023-cpu-shared-tensor-staging-thresholds.md
 //
 // A peer's file is opened through /proc/<pid>/fd/<fd> (the owner keeps it open while the tensor
 // lives), checked to be the same file (st_dev, st_ino) and mapped read-only, or writable where an
@@ -82,9 +81,9 @@ void shared_all_gather(Pipeline& p, DType t, const std::vector<const char*>& ins
 // broadcast: with root_writes, the message in n parts; the root writes part q into rank q's buffer
 // (bufs[q], writable; the root needs every rank's, the others only their own) while every other
 // rank copies the other parts from root_buf: each rank moves (n-1)/n of the message. A pull by
-// the readers alone leaves the root idle while each reader moves all of it (2-core CI machine,
-// 2 ranks, 1-4 MiB: twice the time); that is what runs without root_writes (some rank's buffer is
-// private, or the op has more lanes than kBroadcastRootWritesMaxLanes in cpu_engine.cpp).
+// the readers alone leaves the root idle while each reader moves all of it; that is what runs
+// without root_writes (some rank's buffer is private, or the op has more lanes than the plan lets
+// the root write with). docs/decisions/0023-cpu-shared-tensor-staging-thresholds.md
 void shared_broadcast(Pipeline& p, DType t, const char* root_buf, const std::vector<char*>& bufs, bool root_writes,
                       int64_t count, int root);
 // reduce_scatter: out (m) = every rank's block `me` of its input, reduced in rank order.

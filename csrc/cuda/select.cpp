@@ -1,13 +1,11 @@
 // Cost model of the CUDA engine: time = launch + hops * hop latency + wire bytes / link bandwidth
 // + local bytes / memory bandwidth, per algorithm (docs/algorithms.md gives the steps and bytes).
 //
-// Fitted by hand to one run on 2x H200 NVLink (2026-11-26, torch 2.11, the engine called directly,
-// float32 sum, mean of back-to-back calls, 64 CTAs, 256 KiB slots; docs/algorithms.md has the
-// table): one-shot = 11.5 us + N / 310 GB/s, two-shot and ring = 17 us + N / 345 GB/s. The
-// latency terms lump launch, fences and __syncthreads of each step, hence hop_us well above the
-// raw NVLink flag latency. Only 2 ranks were measured: the n-dependence is the model's, PROVISIONAL
-// for n > 2, and so is everything on H100 (pycoll-bench --calibrate there measures the winners per size,
-// which then replace these choices: measured_choices.h).
+// Fitted by hand to one run of 2 H200: the latency terms lump launch, fences and __syncthreads of
+// each step, hence hop_us well above the raw NVLink flag latency. Only 2 ranks were measured: the
+// n-dependence is the model's, provisional for n > 2 and on H100 (pycoll-bench --calibrate measures
+// the winners per size, which then replace these choices: measured_choices.h).
+// docs/decisions/0027-cuda-cost-model.md
 #include "cuda/select.h"
 
 #include "common/arith.h"

@@ -69,10 +69,9 @@ constexpr int64_t kTwoRankWideTwoShotMaxBytes = int64_t(64) << 20;
 // docs/decisions/0009-two-shot-waves.md
 constexpr int64_t kTwoRankWideTwoShotChunkBytes = int64_t(128) << 10;
 
-// Three and four ranks (measured on 3 and 4 H100, 2026-11-27): two-shot (the LL128 two-shot, whose
-// default limit there is this range's end) from kFewRanksTwoShotAllReduceBytes up to
-// kFewRanksRingAllReduceBytes (at 4 ranks 20.6 against 35.8 us for the LL one-shot at 1 MiB, 104
-// against 113 us for the ring at 16 MiB), the ring above it (178 against 202 us at 32 MiB).
+// Three and four ranks (measured on 3 and 4 H100): two-shot (the LL128 two-shot, whose default
+// limit there is this range's end) from kFewRanksTwoShotAllReduceBytes up to
+// kFewRanksRingAllReduceBytes, the ring above it.
 // docs/decisions/0012-three-and-four-rank-all-reduce.md
 constexpr int64_t kFewRanksTwoShotAllReduceBytes = int64_t(512) << 10;
 constexpr int64_t kFewRanksRingAllReduceBytes = int64_t(16) << 20;

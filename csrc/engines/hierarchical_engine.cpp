@@ -16,8 +16,8 @@ namespace pycoll {
 namespace {
 
 // Off by default, as torch's own check of calls (TORCH_DISTRIBUTED_DEBUG=DETAIL, which turns
-// this on too): the exchange is one more inter-host round trip per op, measured at 2-3 ms a call
-// with 4 ranks as 2 x 2 on 2 cores (small all_reduce: 1.7 -> 5 ms, from 2x Gloo to 0.9x).
+// this on too): the exchange is one more inter-host round trip per op, which can cost more than a
+// small op itself. docs/decisions/0029-hierarchical-engine-sizes-and-call-costs.md
 const IntSetting kCheckAcrossHosts(
     "PYCOLL_CHECK_ACROSS_HOSTS", 0, 0, 1, "backend", true, Audience::User,
     "1: across hosts, every op first compares the ranks' calls (one small all-gather between hosts, "
@@ -142,9 +142,8 @@ void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Te
 
 // CPU tensors up to this size take the leader form of the hierarchical all_reduce: only the hosts'
 // first ranks call Gloo, so the inter-host phase costs one Gloo call's CPU per host instead of one
-// per rail. 2 hosts x 2 ranks on the 2-core CI machine, 2026-11-28, median of 3 launches (2 from
-// 64 KiB): 1.2-1.9x faster than the three phases from 8 B to 1 MiB, about equal at 2 MiB, slower from
-// 8 MiB (11.3-11.8 ms against 13.8-14.5). CUDA tensors keep the three phases (not measured).
+// per rail; above it the three phases win. CUDA tensors keep the three phases (not measured).
+// docs/decisions/0029-hierarchical-engine-sizes-and-call-costs.md
 constexpr size_t kHostLeaderMaxBytes = 1 << 20;
 
 // The CPU scratch buffer kept across calls grows to at most this; a larger op allocates its own

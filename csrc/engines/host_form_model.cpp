@@ -10,12 +10,10 @@ namespace pycoll {
 
 namespace {
 
-// Built-in thresholds, measured as 2 simulated hosts x 2 GPUs (sockets between them): below these
-// NCCL's one flat call beats the phases. all_reduce and reduce_scatter (input bytes) on H100,
-// 2026-11-27: hierarchical all_reduce 0.70x NCCL at 32 KiB, 1.27x at 256 KiB; reduce_scatter 0.5x
-// at 4 KiB, 1.06x at 32 KiB. all_gather (output bytes) on H200, 2026-11-28: hierarchical 0.85x
-// NCCL at 128 KiB (flat 1.07x), 1.08x at 512 KiB and 1.6-1.8x from 8 MiB (flat 0.94-1.0x).
-// A calibration (decision 0014) replaces them for its card and layout.
+// Built-in thresholds (all_reduce and reduce_scatter: input bytes; all_gather: output bytes),
+// measured as 2 simulated hosts x 2 GPUs: below these NCCL's one flat call beats the phases.
+// docs/decisions/0029-hierarchical-engine-sizes-and-call-costs.md; a calibration (decision 0014)
+// replaces them for its card and layout.
 constexpr int64_t kDeviceAllReduceMinBytes = 128 << 10;
 constexpr int64_t kDeviceReduceScatterMinBytes = 32 << 10;
 constexpr int64_t kDeviceAllGatherMinBytes = 512 << 10;

@@ -78,7 +78,7 @@ int64_t file_budget() {
 // Block sizes come in classes an eighth of a power of two apart (whole pages), so that tensors of
 // nearby sizes (a batch with another sequence length) reuse each other's freed blocks: a new
 // block costs a page fault per page, and shared-memory faults cost more than private ones
-// (1.4-1.7x on the CI machine's VM, 4 MiB). At most 1/8 of a block goes unused.
+// (docs/decisions/0019-shared-cpu-allocator-opt-in.md). At most 1/8 of a block goes unused.
 int64_t size_class(size_t n) {
   const int64_t page = sysconf(_SC_PAGESIZE);
   const int64_t bytes = static_cast<int64_t>(n);

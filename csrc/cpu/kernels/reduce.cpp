@@ -65,13 +65,12 @@ constexpr int64_t kBlock = 2048;
 
 // The loops below are compiled three times (x86-64-v4: AVX-512 with its byte/word forms,
 // x86-64-v3: AVX2, FMA, F16C, and baseline x86-64) and the CPU's best is picked when the library
-// loads: the extension is built without -march, so that one build runs on any x86-64, and its
-// SSE2 loops (with a copy into and out of an L1 buffer) summed two 256 KiB float blocks in about
-// 2x the time of one AVX loop on the 2-core CI machine, and 2 MiB in 1.7-3x (docs/algorithms.md,
-// "Reduction loops"). The levels, not bare "avx512f": without AVX512BW the float -> fp16
-// conversion stayed scalar, 9x slower. Each element still goes through the same IEEE operations
-// in the same order, so every clone gives the same bits; setup.py compiles with
-// -ffp-contract=off so that no clone fuses a multiply and an add (c10's fp16 conversion has both).
+// loads: the extension is built without -march, so that one build runs on any x86-64, and a
+// baseline SSE2 loop is far slower than an AVX one. The levels, not bare "avx512f": without
+// AVX512BW the float -> fp16 conversion stays scalar (docs/decisions/0028-cpu-reduction-loops.md).
+// Each element still goes through the same IEEE operations in the same order, so every clone gives
+// the same bits; setup.py compiles with -ffp-contract=off so that no clone fuses a multiply and an
+// add (c10's fp16 conversion has both).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #define PYCOLL_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

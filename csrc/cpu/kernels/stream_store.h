@@ -3,13 +3,10 @@
 // A plain store to a line that is not in the cache first reads the line from memory (read for
 // ownership), so writing an output larger than the cache costs a read and a write of every byte.
 // A streaming store writes the line without reading it, and does not keep it in the cache: a
-// third less memory traffic per copy, and the pipelined slots are not evicted by output lines.
-// Two processes copying at once on the 2-core CI machine: 16 MiB in 1304-1333 us against
-// 1818-1938 with plain stores, 64 MiB in 5487-5752 against 9527-9654, but 1 MiB in 58-65 against
-// 44-50 (in the cache, plain stores win). So only outputs that outgrow the cache, and only where
-// the op has not just read them: an in-place all_reduce or broadcast was slower streamed (the
-// lines were in the cache), and reduce_scatter no faster
-// (docs/decisions/0021-streaming-stores-for-large-cpu-outputs.md).
+// third less memory traffic per copy, and the pipelined slots are not evicted by output lines. In
+// the cache plain stores win, so only outputs that outgrow the cache stream, and only where the op
+// has not just read them (not an in-place all_reduce or broadcast, not reduce_scatter).
+// docs/decisions/0021-streaming-stores-for-large-cpu-outputs.md
 #pragma once
 
 #include <cstddef>
