@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from .load import Dumps, group_desc, group_name, is_p2p, load_dumps, op_name, parse_ranks, peer_of, state,
-                   tensor_bytes
+from .load import (Dumps, group_desc, group_name, is_p2p, load_dumps, op_name, parse_ranks, peer_of, state,
+                   tensor_bytes)
 
 __all__ = ["timeline"]
 
