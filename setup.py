@@ -149,6 +149,7 @@ setup(
     package_data={"pycollectives": ["cost_model*.json"]},
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
-    entry_points={"console_scripts": ["pycoll-bench=pycollectives.bench.cli:main"]},
+    entry_points={"console_scripts": ["pycoll-bench=pycollectives.bench.cli:main",
+                                      "pycoll-trace=pycollectives.trace.cli:main"]},
     python_requires=">=3.9",
 )
