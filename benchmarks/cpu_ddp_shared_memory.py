@@ -54,6 +54,7 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--commit", default="", help="the commit measured, recorded in the --json file")
     a = p.parse_args()
     dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -110,7 +111,7 @@ def main():
                 json.dump(dict(world_size=world, cpus=os.cpu_count(), cpu=cpu_model(), torch=torch.__version__,
                                command="torchrun --nproc_per_node %d benchmarks/cpu_ddp_shared_memory.py %s"
                                % (world, " ".join(sys.argv[1:])),
-                               commit=os.environ.get("PYCOLL_COMMIT", ""),
+                               commit=a.commit,
                                date=datetime.date.today().isoformat(), width=a.width, depth=a.depth,
                                batch=a.batch, rounds=a.rounds, steps=a.steps, grad_mib=grad_mib,
                                ms_per_step={k: v for k, v in times.items()}), f, indent=1)

@@ -90,7 +90,9 @@ def main():
         got[rank] = (rows, written)
     for pr in procs:
         pr.join()
-    setting = os.environ.get("PYCOLL_CPU_SHARED_TENSORS", "on")
+    import pycollectives.settings
+
+    setting = pycollectives.settings.read("PYCOLL_CPU_SHARED_TENSORS")
     rows = []
     for r0, r1 in zip(got[0][0], got[1][0]):
         rows.append({**r0, "time_us": max(r0["time_us"], r1["time_us"])})

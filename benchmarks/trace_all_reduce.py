@@ -18,6 +18,7 @@ import torch.distributed as dist
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(rank)
 import pycollectives  # noqa: E402,F401  (registers the backend)
+import pycollectives.settings  # noqa: E402
 
 dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=60))
 pg = dist.group.WORLD._get_backend(torch.device("cuda"))
@@ -51,7 +52,7 @@ for mib in [int(m) for m in sys.argv[2].split(",")]:
     out[mib] = dict(per_call_us=per_call, t0_ns=t0, rows=[list(r) for r in ctas])
     lines = [f"rank {rank} {mib} MiB: per call {per_call:.1f} us, kernel span {span:.1f} us, {len(ctas)} CTAs"]
     groups = [("all", ctas)]
-    if os.environ.get("PYCOLL_ALGO") == "oneshot" and len(ctas) % 2 == 0:
+    if pycollectives.settings.read("PYCOLL_ALGO") == "oneshot" and len(ctas) % 2 == 0:
         groups = [("push", ctas[:len(ctas) // 2]), ("reduce", ctas[len(ctas) // 2:])]
     for name, g in groups:
         for ev in range(E - 1):

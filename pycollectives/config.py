@@ -19,20 +19,11 @@ from typing import Optional
 
 from . import _C
 from .cache import cost_model_path
+from .package_settings import COST_MODEL
 
 # What PYCOLL_ALGO and set_algo() accept, from the extension (csrc/common/types.h): the one list.
 # "hierarchical" and "flat" apply to groups across hosts; inside a host they mean auto.
 ALGORITHMS = tuple(_C.algorithm_names())
-
-# The package's own settings (the extension's are declared in C++: csrc/common/setting.h);
-# pycollectives.settings lists both.
-PACKAGE_SETTINGS = (
-    {"name": "PYCOLL_COST_MODEL", "default": "this user's cache (pycollectives.cache)", "range": "a path",
-     "scope": "python package", "ranks_agree": True, "audience": "user",
-     "doc": "The pycoll-bench --calibrate file that auto follows (CPU: alpha-beta constants; CUDA: measured "
-            "per-size winners). PYCOLL_DEBUG=INFO names the file in use."},
-)
-
 
 def set_algo(name: Optional[str]) -> None:
     """Force an algorithm (one of ALGORITHMS) or return to the cost model (None or "auto")."""
@@ -62,7 +53,7 @@ def load_cost_model(path: Optional[str] = None) -> int:
     choices. With ``PYCOLL_DEBUG=INFO`` the file in use is logged to stderr, once per file."""
     if not path:
         _note_package_file()
-    path = path or os.environ.get("PYCOLL_COST_MODEL") or cost_model_path()
+    path = path or COST_MODEL.get() or cost_model_path()
     if not os.path.exists(path):
         _C.clear_host_form_tables()
         return 0
@@ -110,9 +101,14 @@ def _load_host_forms(tables) -> int:
 _logged = set()
 
 
+def debug_info() -> bool:
+    """PYCOLL_DEBUG is INFO (or DEBUG, TRACE) now: the extension's setting, read through its registry."""
+    return _C.read_setting("PYCOLL_DEBUG").upper() in ("INFO", "DEBUG", "TRACE")
+
+
 def _debug_once(key, message: str) -> None:
     """One PYCOLL_DEBUG=INFO line per key and process: the backend's log says what ran, this says why."""
-    if key in _logged or os.environ.get("PYCOLL_DEBUG", "").upper() not in ("INFO", "DEBUG", "TRACE"):
+    if key in _logged or not debug_info():
         return
     _logged.add(key)
     print(f"[pycoll] {message}", file=sys.stderr, flush=True)

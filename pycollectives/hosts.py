@@ -10,7 +10,6 @@ tensors and, where CUDA is available, NCCL ones for CUDA tensors (PYCOLL_INTER_H
 """
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -18,12 +17,15 @@ from typing import List
 
 import torch.distributed as dist
 
+from .config import debug_info
+from .package_settings import HOSTID
+
 _KEY = "pycoll/host/"
 
 
 def host_identity() -> str:
     """This process's host: PYCOLL_HOSTID, else hostname + boot id (two boots are two hosts)."""
-    hid = os.environ.get("PYCOLL_HOSTID", "").strip()
+    hid = HOSTID.get().strip()
     if hid:
         return hid
     try:
@@ -88,7 +90,7 @@ def check_form_constants(store, rank: int, size: int, group_name: str) -> None:
 
 
 def _debug(message: str) -> None:
-    if os.environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "DEBUG", "TRACE"):
+    if debug_info():
         print(f"[pycoll] {message}", file=sys.stderr, flush=True)
 
 

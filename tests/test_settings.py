@@ -3,6 +3,7 @@ declared once; bad values raise a ValueError naming the setting and its range; t
 docs/settings.md's tables are what the declarations say."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -38,6 +39,7 @@ def test_every_setting_is_declared_once_with_doc_and_range():
     ("PYCOLL_CUDA_MAX_BLOCKS", "0", ["PYCOLL_CUDA_MAX_BLOCKS=0", "1..128"]),
     ("PYCOLL_CUDA_SLOT_KIB", "6", ["PYCOLL_CUDA_SLOT_KIB=6", "multiple of 4"]),
     ("PYCOLL_CUDA_TRACE", "2", ["PYCOLL_CUDA_TRACE=2", "0..1"]),
+    ("PYCOLL_COMPRESSION_NATIVE", "2", ["PYCOLL_COMPRESSION_NATIVE=2", "0, 1"]),
 ])
 def test_bad_value_names_the_setting_and_its_range(monkeypatch, name, bad, words):
     monkeypatch.setenv(name, bad)
@@ -84,3 +86,87 @@ def test_readme_and_docs_tables_are_generated_from_the_declarations():
     for path, text in ps.generated_files(ROOT).items():
         with open(path) as fh:
             assert fh.read() == text, f"{path} is stale: run python -m pycollectives.settings --write"
+
+
+def test_package_settings_are_read_through_the_registry(monkeypatch):
+    # The package's own settings (pycollectives/package_settings.py): the readers see what the registry reads.
+    from pycollectives import hosts
+    from pycollectives.hooks import _kernels
+
+    monkeypatch.setenv("PYCOLL_HOSTID", " nodeA ")
+    assert ps.read("PYCOLL_HOSTID") == " nodeA " and hosts.host_identity() == "nodeA"
+    monkeypatch.delenv("PYCOLL_HOSTID")
+    assert ps.read("PYCOLL_HOSTID") == "" and "/" in hosts.host_identity()  # hostname/boot id
+    monkeypatch.delenv("PYCOLL_COMPRESSION_NATIVE", raising=False)
+    assert ps.read("PYCOLL_COMPRESSION_NATIVE") == "1" and _kernels._native("pack_signs") is not None
+    monkeypatch.setenv("PYCOLL_COMPRESSION_NATIVE", "0")
+    assert _kernels._native("pack_signs") is None
+
+
+# A PYCOLL_* variable read outside the registry (csrc/common/setting.cpp, pycollectives/package_settings.py),
+# where the product and its tools live. tests/ is not scanned: its PYCOLL_TEST_* variables steer the harness.
+_SCANNED = ("pycollectives", "csrc", "examples", "benchmarks", "scripts", "setup.py", "Makefile")
+_SOURCE = (".py", ".cpp", ".h", ".cu", ".cuh", ".c", ".cc", ".sh")
+# Not settings of the product: they are read where the extension cannot be.
+_NOT_SETTINGS = {
+    "PYCOLL_FORCE_CPU",  # setup.py, scripts/install.sh: build without CUDA (read before the extension exists)
+    "PYCOLL_POOL_KEY",  # benchmarks/regression: the rank pool's key, handed to its own child processes
+}
+_READS = [
+    re.compile(r"getenv\s*\(\s*[\"'](PYCOLL_\w+)"),  # std::getenv, getenv, os.getenv
+    re.compile(r"environ\.(?:get|pop|setdefault)\s*\(\s*[\"'](PYCOLL_\w+)"),
+    re.compile(r"environ\[\s*[\"'](PYCOLL_\w+)[\"']\s*\](?!\s*=[^=])"),  # not an assignment
+    re.compile(r"[\"'](PYCOLL_\w+)[\"']\s+(?:not\s+)?in\s+(?:os\.)?environ"),
+    re.compile(r"\$\{?(PYCOLL_\w+)"),  # shell
+    re.compile(r"\$\((PYCOLL_\w+)\)"),  # make
+]
+# Reads by name through the registry: the name must be declared.
+_REGISTRY_READS = re.compile(r"(?:read_setting|settings\.read)\(\s*[\"'](PYCOLL_\w+)")
+
+
+def _env_reads(line):
+    if line.lstrip().startswith("del "):
+        return []
+    return [m.group(1) for r in _READS for m in r.finditer(line)]
+
+
+@pytest.mark.parametrize("line,names", [
+    ('    hid = os.environ.get("PYCOLL_HOSTID", "").strip()', ["PYCOLL_HOSTID"]),
+    ("  const char* v = std::getenv(\"PYCOLL_X\");", ["PYCOLL_X"]),
+    ("if os.environ['PYCOLL_X'] == '1':", ["PYCOLL_X"]),
+    ('if "PYCOLL_X" not in os.environ:', ["PYCOLL_X"]),
+    ('x = os.getenv("PYCOLL_X")', ["PYCOLL_X"]),
+    ('if [ "${PYCOLL_X:-0}" = 1 ]; then', ["PYCOLL_X"]),
+    ('os.environ["PYCOLL_X"] = "off"  # a write', []),
+    ('del os.environ["PYCOLL_X"]', []),
+    ('env = dict(os.environ, PYCOLL_DEBUG="INFO")', []),
+])
+def test_the_scan_sees_reads_and_not_writes(line, names):
+    assert _env_reads(line) == names
+
+
+def _scanned_lines():
+    for top in _SCANNED:
+        path = os.path.join(ROOT, top)
+        files = [path] if os.path.isfile(path) else [
+            os.path.join(d, f) for d, dirs, fs in os.walk(path) if "results" not in os.path.relpath(d, ROOT).split(os.sep)
+            for f in fs if f.endswith(_SOURCE) or f == "Makefile"]
+        for f in sorted(files):
+            with open(f, errors="replace") as fh:
+                for i, line in enumerate(fh, 1):
+                    yield os.path.relpath(f, ROOT), i, line
+
+
+def test_no_pycoll_variable_is_read_outside_the_registry():
+    outside = [f"{f}:{i}: {line.strip()}" for f, i, line in _scanned_lines()
+               if any(name not in _NOT_SETTINGS for name in _env_reads(line))]
+    assert not outside, "read through the registry instead (pycollectives.settings.read, common/setting.h):\n" + \
+        "\n".join(outside)
+
+
+def test_reads_by_name_name_declared_settings():
+    declared = {s["name"] for s in ps.settings()}
+    reads = [(f, i, m.group(1)) for f, i, line in _scanned_lines() for m in _REGISTRY_READS.finditer(line)]
+    assert len(reads) >= 3, reads  # the scan finds the reads of hosts.py, config.py and the benchmarks
+    unknown = [f"{f}:{i}: {name}" for f, i, name in reads if name not in declared]
+    assert not unknown, unknown

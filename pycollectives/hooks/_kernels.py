@@ -19,10 +19,11 @@ Layouts (the same in C++, CUDA and here; see csrc/cpu/kernels/compression.h):
 """
 from __future__ import annotations
 
-import os
 from typing import List, Optional, Sequence
 
 import torch
+
+from ..package_settings import COMPRESSION_NATIVE
 
 try:
     from .. import _C as _native_module
@@ -43,7 +44,7 @@ _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _native(name):
-    if os.environ.get("PYCOLL_COMPRESSION_NATIVE", "1") == "0" or _native_module is None:
+    if COMPRESSION_NATIVE.get() == "0" or _native_module is None:
         return None
     return getattr(_native_module, name, None)
 
