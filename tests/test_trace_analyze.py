@@ -252,3 +252,22 @@ def test_python_dash_m(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stderr
     assert "all_reduce #2: ranks 0, 1 entered it (started), rank 2 never did" in p.stdout
+
+
+def test_dump_on_demand(tmp_path):
+    import pycollectives._C as C
+
+    import pycollectives.trace as trace
+
+    if not hasattr(C, "flight_recorder_dump"):  # an extension built before the recorder
+        try:
+            trace.dump(str(tmp_path / "rank_"))
+        except RuntimeError as e:
+            assert "flight_recorder_dump is missing" in str(e)
+        else:
+            raise AssertionError("dump() without the binding did not raise")
+        return
+    path = trace.dump(str(tmp_path / "rank_"), reason="test")
+    assert os.path.dirname(path) == str(tmp_path) and os.path.basename(path).startswith("rank_")
+    (d,) = load_dumps(tmp_path)
+    assert d.path == path and d.dump_reason == "test" and isinstance(d.entries, list)
