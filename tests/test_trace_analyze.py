@@ -271,3 +271,20 @@ def test_dump_on_demand(tmp_path):
     assert os.path.dirname(path) == str(tmp_path) and os.path.basename(path).startswith("rank_")
     (d,) = load_dumps(tmp_path)
     assert d.path == path and d.dump_reason == "test" and isinstance(d.entries, list)
+
+
+def test_wrapped_ring_p2p(tmp_path, capsys):
+    job = Job(world=2)
+    for _ in range(30):
+        job.op(0, "send", peer=1)
+        job.op(1, "recv", peer=0)
+    job.write(tmp_path / "clean", ring={1: 5})  # rank 1 holds its last 5 recvs; the 25 sends before are unpaired
+    rc, out = run_cli(tmp_path / "clean", capsys)
+    assert rc == 0, out
+    job.op(0, "send", peer=1, state="started")
+    job.write(tmp_path / "hang", ring={0: 7, 1: 5})
+    rc, out = run_cli(tmp_path / "hang", capsys)
+    assert rc == 1
+    assert problem_lines(out) == [
+        "group 0 (default_pg): send #31 rank 0 -> rank 1 (started): rank 1 never posted the matching recv: "
+        "its last recv from rank 0 is #30 (completed); its last op in this group is recv #30 (completed)"]
