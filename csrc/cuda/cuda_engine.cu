@@ -166,6 +166,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
   small_max_blocks_ = limits_.small_max_blocks;
   chunk_bytes_ = limits_.chunk_bytes;
   trace_ = cuda_settings::kTrace.get() != 0;
+  const bool same_device = cuda_settings::same_device_kernels();
 
   // Every rank must plan the same launches from these (the GPUs of a group are assumed alike, as
   // the workspace size check assumes): compare them before anything is launched. Tracing and early
@@ -174,6 +175,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
     const std::string measured = gpu::measured_steps_digest(size);
     SettingList mine = gpu::agreement_list(limits_);
     mine.push_back({"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured});
+    mine.push_back({cuda_settings::kSameDevice.name(), same_device ? "kernels" : "staged"});
     const std::string enc = encode_settings(mine);
     store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));
     std::vector<std::string> keys;
@@ -192,7 +194,7 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
 
   ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
                                                  limits_.slot_bytes, limits_.workspace_blocks,
-                                                 gpu::protocol_regions(limits_), limits_.p2p_slot_bytes);
+                                                 gpu::protocol_regions(limits_), limits_.p2p_slot_bytes, same_device);
   TORCH_INTERNAL_ASSERT(ws_->layout().coll.slot_bytes == limits_.slot_bytes, "pycoll: workspace slot size ",
                         ws_->layout().coll.slot_bytes, " differs from the planned ", limits_.slot_bytes);
   int major = 0;

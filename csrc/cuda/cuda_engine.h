@@ -51,7 +51,8 @@ class CudaEngine {
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
 
-  // False if some peer is on another host or lacks P2P access (the backend then stages through host memory).
+  // False if some peer is on another host, lacks P2P access, or shares this rank's GPU while
+  // PYCOLL_CUDA_SAME_DEVICE=staged (the backend then stages through host memory).
   bool peers_reachable() const;
 
   // Every call enqueues on `stream` (whose device is `device`) and returns without blocking the host;

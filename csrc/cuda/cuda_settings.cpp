@@ -1,5 +1,11 @@
 #include "cuda/cuda_settings.h"
 
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+
 #include "cuda/select.h"
 #include "transport/cuda_ipc/layout.h"
 
@@ -68,5 +74,20 @@ const IntSetting kEarlyLaunch("PYCOLL_CUDA_EARLY_LAUNCH", 1, 0, 1, kScope, false
 const IntSetting kTrace("PYCOLL_CUDA_TRACE", 0, 0, 1, kScope, false, Audience::Developer,
                         "1: kernels that support it record their timeline in the workspace "
                         "(pycollectives cuda_trace(); kernels/trace.cuh).");
+const TextSetting kSameDevice("PYCOLL_CUDA_SAME_DEVICE", "staged", "staged, kernels", kScope, true, Audience::Developer,
+                              "Ranks of a group that share one GPU: staged runs the group's CUDA ops through host "
+                              "memory and the CPU engine; kernels maps their workspaces with CUDA IPC and runs the "
+                              "engine's kernels (time-sliced between the processes unless the MPS daemon runs; "
+                              "correct, not fast). docs/using-gpus.md");
+
+bool same_device_kernels() {
+  std::string v = kSameDevice.get();
+  v.erase(std::remove_if(v.begin(), v.end(), [](unsigned char c) { return std::isspace(c) != 0; }), v.end());
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (v == "kernels") return true;
+  TORCH_CHECK_VALUE(v == "staged", "pycoll: ", kSameDevice.name(), "=", kSameDevice.get(),
+                    " is not valid: it must be one of staged, kernels");
+  return false;
+}
 
 }  // namespace pycoll::cuda_settings

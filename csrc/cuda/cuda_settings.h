@@ -24,5 +24,11 @@ extern const IntSetting kP2PMaxBlocks;
 extern const IntSetting kP2PSlotKiB;
 extern const IntSetting kEarlyLaunch;
 extern const IntSetting kTrace;
+extern const TextSetting kSameDevice;
+
+// PYCOLL_CUDA_SAME_DEVICE, parsed: true for "kernels" (ranks that share a GPU map each other's
+// workspace and run the engine's kernels), false for "staged" (such a group stages through host
+// memory). Any other value raises ValueError naming the setting and its values.
+bool same_device_kernels();
 
 }  // namespace pycoll::cuda_settings

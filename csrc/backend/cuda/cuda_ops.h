@@ -38,8 +38,8 @@ class CudaOps : public DeviceQueue {
           std::chrono::milliseconds timeout);
   ~CudaOps() override;
 
-  // The engine when it serves this device (every peer on this host with peer access), else
-  // nullptr. Creating the engine is collective: the first CUDA op of the group does it on
+  // The engine when it serves this device (every peer on this host, on a GPU with peer access
+  // or, with PYCOLL_CUDA_SAME_DEVICE=kernels, on this GPU), else nullptr (the backend stages). Creating the engine is collective: the first CUDA op of the group does it on
   // every rank, in the same order.
   Engine* engine(const at::Device& device) override;
   std::vector<int64_t> trace() override;

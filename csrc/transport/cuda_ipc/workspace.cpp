@@ -71,8 +71,8 @@ std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t
 
 IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
                            int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes, int coll_blocks,
-                           const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes)
-    : rank_(rank), size_(size), device_(device) {
+                           const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes, bool same_device)
+    : rank_(rank), size_(size), device_(device), same_device_(same_device) {
   TORCH_CHECK(size >= 1 && size <= kMaxRanks, "pycoll::cuda_ipc: world size ", size, " is outside 1..", kMaxRanks,
               " (the CUDA engine serves one host)");
   TORCH_CHECK(rank >= 0 && rank < size, "pycoll::cuda_ipc: rank ", rank, " is outside 0..", size - 1);
@@ -187,7 +187,12 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
       break;
     }
     if (dev == device) {
-      why = "rank " + std::to_string(q) + " uses the same GPU as this rank";
+      // A GPU is not a peer of itself: cudaDeviceCanAccessPeer says 0 and peer access is never
+      // enabled for it. CUDA IPC maps another process's allocation on the same GPU without it.
+      ++peers_on_this_gpu_;
+      if (same_device_) continue;
+      why = "rank " + std::to_string(q) +
+            " uses the same GPU as this rank (PYCOLL_CUDA_SAME_DEVICE=staged; kernels runs the CUDA engine there)";
       break;
     }
     int can = 0;

@@ -26,17 +26,21 @@ class IpcWorkspace {
   // `coll_slot_bytes` 0: the layout's default for `size` ranks and `coll_blocks` channels per peer
   // pair (make_layout); `regions`: the registered protocols' regions (make_layout);
   // `p2p_slot_bytes` 0: the layout's default for `size` ranks. Every rank must pass the same values
-  // (the constructor throws on every rank otherwise).
+  // (the constructor throws on every rank otherwise). `same_device`: a peer on this rank's GPU (another
+  // process) is mapped like any other (PYCOLL_CUDA_SAME_DEVICE=kernels); false: such a peer makes the
+  // group unreachable. A rank that passes false makes every rank's reachable() false.
   IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size, int device,
                std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0, int coll_blocks = kCollBlocks,
-               const std::vector<ProtocolRegion>& regions = {}, int64_t p2p_slot_bytes = 0);
+               const std::vector<ProtocolRegion>& regions = {}, int64_t p2p_slot_bytes = 0, bool same_device = false);
   ~IpcWorkspace();
   IpcWorkspace(const IpcWorkspace&) = delete;
   IpcWorkspace& operator=(const IpcWorkspace&) = delete;
 
-  // True when every rank mapped every peer's workspace (same host, distinct GPUs with P2P access).
-  // The same value on every rank.
+  // True when every rank mapped every peer's workspace (same host; each peer on a GPU with P2P
+  // access from this one, or, with `same_device`, on this GPU). The same value on every rank.
   bool reachable() const { return reachable_; }
+  // Peers (other processes) that use this rank's GPU; exact when reachable().
+  int peers_on_this_gpu() const { return peers_on_this_gpu_; }
   // Why this rank (or some rank) found a peer unreachable; empty when reachable().
   const std::string& unreachable_reason() const { return reason_; }
 
@@ -65,6 +69,8 @@ class IpcWorkspace {
   int rank_;
   int size_;
   int device_;
+  bool same_device_;
+  int peers_on_this_gpu_ = 0;
   bool reachable_ = false;
   std::string reason_;
   Layout layout_;
