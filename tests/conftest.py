@@ -42,10 +42,16 @@ def pytest_collection_modifyitems(config, items):
     need_gpu = [it for it in items if it.get_closest_marker("gpu")]
     if need_gpu:
         n = _cuda_devices()
+        # On one GPU, a set PYCOLL_GPU_WORLD runs the tests whose ranks may share a GPU (shares_gpus).
+        shared = n == 1 and "PYCOLL_GPU_WORLD" in os.environ
         if n < 2:
-            skip = pytest.mark.skip(reason=f"needs 2 CUDA GPUs, {n} visible")
+            why = f"needs 2 CUDA GPUs, {n} visible"
+            if n == 1:
+                why += " (PYCOLL_GPU_WORLD=N runs the shares_gpus tests with N ranks on it)"
+            skip = pytest.mark.skip(reason=why)
             for it in need_gpu:
-                it.add_marker(skip)
+                if not (shared and it.get_closest_marker("shares_gpus")):
+                    it.add_marker(skip)
     if IS_GLOO:
         skip = pytest.mark.skip(reason="pycoll-specific (PYCOLL_TEST_BACKEND=gloo)")
         for it in items:

@@ -1,33 +1,66 @@
 """Shared pieces of the GPU tests of the CUDA engine (test_gpu_*.py), through torch.distributed
 with backend "pycoll".
 
-Two ranks, one GPU each (PYCOLL_GPU_WORLD=N for N; skipped when fewer GPUs are visible). Each test spawns the ranks
-once and loops over its cases inside them. Every rank builds every rank's input from the same
-seed, so each rank computes the reference itself (float64 for floating types, int64 with the
-dtype's wrap-around for integers, logical ops for bool). Each rank returns a digest of every
-result; the parent checks that the ranks agree bit for bit (the engine's results must be
-identical on every rank, for every algorithm).
+Two ranks (PYCOLL_GPU_WORLD=N for N), rank r on GPU r % (GPUs visible). With one GPU per rank by
+default; a set PYCOLL_GPU_WORLD also runs them where fewer GPUs are visible, several ranks sharing
+a GPU, and then makes the ranks run the CUDA engine's kernels there
+(PYCOLL_CUDA_SAME_DEVICE=kernels, unless the environment or a test sets it), not the staged path.
+Without a GPU they skip. Each test spawns the ranks once and loops over its cases inside them.
+Every rank builds every rank's input from the same seed, so each rank computes the reference itself
+(float64 for floating types, int64 with the dtype's wrap-around for integers, logical ops for
+bool). Each rank returns a digest of every result; the parent checks that the ranks agree bit for
+bit (the engine's results must be identical on every rank, for every algorithm).
 """
 import datetime
 import functools
 import hashlib
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
 
-# Every test_gpu_*.py file's module-level marks: `pytestmark = GPU_MARKS`.
+from ranks import run_ranks
+
+# Every test_gpu_*.py file's module-level marks: `pytestmark = GPU_MARKS`. shares_gpus: tests/conftest.py
+# runs these where fewer GPUs than ranks are visible when PYCOLL_GPU_WORLD is set.
 GPU_MARKS = [
     pytest.mark.gpu,
     pytest.mark.pycoll_only,
+    pytest.mark.shares_gpus,
 ]
 
-# One rank per GPU; PYCOLL_GPU_WORLD=4 (or 8) runs the same suite on more GPUs.
+# PYCOLL_GPU_WORLD=4 (or 8) runs the same suite with more ranks; on fewer GPUs they share them.
 WORLD = int(os.environ.get("PYCOLL_GPU_WORLD", "2"))
-GPU_MARKS.append(pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs"))
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+# Several ranks on one GPU only when asked for (PYCOLL_GPU_WORLD given): kernels of different processes
+# on one GPU time-slice unless the MPS daemon runs, so such a run is slow.
+SHARE_GPUS = GPUS >= 1 and "PYCOLL_GPU_WORLD" in os.environ
+SAME_DEVICE_SETTING = "PYCOLL_CUDA_SAME_DEVICE"
+if SHARE_GPUS:
+    # Before any rank starts (the ranks inherit it): ranks that share a GPU run the engine's kernels.
+    # A test that wants the staged path passes env={SAME_DEVICE_SETTING: "staged"} to run_ranks.
+    os.environ.setdefault(SAME_DEVICE_SETTING, "kernels")
+
+
+def gpus_missing(world):
+    """Why `world` ranks cannot run here, or None: they need a GPU each unless SHARE_GPUS."""
+    if GPUS == 0:
+        return "needs CUDA GPUs, none visible"
+    if GPUS >= world or SHARE_GPUS:
+        return None
+    return (f"needs {world} CUDA GPUs, {GPUS} visible (PYCOLL_GPU_WORLD={world} runs {world} ranks on "
+            f"{GPUS}, rank r on GPU r % {GPUS})")
+
+
+def shares_gpus(world):
+    """True when `world` ranks here put two or more on one GPU (NCCL refuses such a group)."""
+    return world > GPUS
+
+
+GPU_MARKS.append(pytest.mark.skipif(gpus_missing(WORLD) is not None, reason=gpus_missing(WORLD) or ""))
 # Bounds every spin-wait of the engine's kernels (and Store waits): a protocol bug then fails the
 # test with the engine's device error instead of hanging for the default 30 minutes.
 PG_TIMEOUT = datetime.timedelta(seconds=60)
@@ -140,9 +173,34 @@ def digest(t):
     return hashlib.sha1(t.view(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
+def gpu_of(rank):
+    """The GPU index of `rank`: r % (GPUs visible), as a user with fewer GPUs than ranks binds them."""
+    return rank % torch.cuda.device_count()
+
+
 def setup_device(rank):
-    torch.cuda.set_device(rank)
-    return torch.device("cuda", rank)
+    """Binds this rank to its GPU (gpu_of) and returns the device. Where ranks share GPUs and the
+    environment does not say otherwise, the group's engine runs its kernels there (read when the
+    engine is made: at the group's first CUDA op, or at init with device_id)."""
+    if SHARE_GPUS:
+        os.environ.setdefault(SAME_DEVICE_SETTING, "kernels")
+    dev = torch.device("cuda", gpu_of(rank))
+    torch.cuda.set_device(dev)
+    return dev
+
+
+def _bound_rank(rank, world, store_path, pg_timeout, fn, args):
+    dev = setup_device(rank)
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("pycoll", store=store, rank=rank, world_size=world, timeout=pg_timeout, device_id=dev)
+    return fn(rank, world, *args)
+
+
+def run_bound(world, fn, *args, pg_timeout=PG_TIMEOUT, **kwargs):
+    """run_ranks with every rank's group bound to its GPU at init (init_process_group(device_id=
+    gpu_of(rank))): ranks.py's bind_cuda binds cuda:rank, which does not exist where ranks share GPUs."""
+    with tempfile.TemporaryDirectory(prefix="pycoll-bound-") as d:
+        return run_ranks(world, _bound_rank, os.path.join(d, "store"), pg_timeout, fn, args, init=None, **kwargs)
 
 
 def assert_same_digests(results):

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gpu_collectives_util import GPU_MARKS, PG_TIMEOUT, WORLD, R, run_as_script, setup_device
+from gpu_collectives_util import GPU_MARKS, GPUS, PG_TIMEOUT, WORLD, R, run_as_script, run_bound, setup_device
 from ranks import run_ranks, set_algo
 
 pytestmark = GPU_MARKS
@@ -22,7 +22,8 @@ pytestmark = GPU_MARKS
 
 def _bad_input(rank, world, seed):
     dev = setup_device(rank)
-    other = torch.device("cuda", (rank + 1) % world)
+    gpus = torch.cuda.device_count()
+    other = torch.device("cuda", (dev.index + 1) % gpus)
     checks = []
 
     def expect_error(fn, what):
@@ -34,9 +35,10 @@ def _bad_input(rank, world, seed):
         raise AssertionError(f"{what}: no error raised")
 
     t = torch.ones(16, device=dev)
-    # A tensor on another rank's GPU, once the group is bound to this rank's (by its first op).
+    # A tensor on another GPU, once the group is bound to this rank's (by its first op); none with one GPU.
     dist.all_reduce(t.clone())
-    expect_error(lambda: dist.all_reduce(torch.ones(16, device=other)), "wrong device")
+    if gpus > 1:
+        expect_error(lambda: dist.all_reduce(torch.ones(16, device=other)), "wrong device")
     # all_gather output of the wrong size / dtype.
     expect_error(lambda: dist.all_gather_into_tensor(torch.empty((world + 1) * 16, device=dev), t), "all_gather size")
     expect_error(lambda: dist.all_gather_into_tensor(torch.empty(2 * 16, device=dev, dtype=torch.float16), t),
@@ -54,7 +56,8 @@ def _bad_input(rank, world, seed):
 
 
 def test_bad_input_raises(seed):
-    run_ranks(WORLD, _bad_input, seed, timeout=120, pg_timeout=PG_TIMEOUT)
+    out = run_ranks(WORLD, _bad_input, seed, timeout=120, pg_timeout=PG_TIMEOUT)
+    assert all(len(checks) == (5 if GPUS > 1 else 4) for checks in out), out
 
 
 def _mismatch(rank, world, seed):
@@ -209,7 +212,7 @@ def test_send_as_first_op_of_a_larger_group():
         # The group's timeout, not an early failure or the default one.
         limit = SHORT_TIMEOUT.total_seconds()
         assert limit - 1 < out[rank]["seconds"] < limit + 10, out[rank]
-    out = run_ranks(WORLD, _send_first_between_two, True, timeout=120, pg_timeout=PG_TIMEOUT, bind_cuda=True)
+    out = run_bound(WORLD, _send_first_between_two, True, timeout=120, pg_timeout=PG_TIMEOUT)
     assert "error" not in out[0] and "error" not in out[1], out[:2]
     assert out[1]["received"] == [1.0] * 1000, out[1]
 

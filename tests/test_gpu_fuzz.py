@@ -1,5 +1,5 @@
 """The random op sequences of tests/test_fuzz.py with pycoll's tensors on the GPUs (rank r on
-cuda:r): every collective, point-to-point and coalesced form, dtype, reduce op, layout and
+cuda:r % count): every collective, point-to-point and coalesced form, dtype, reduce op, layout and
 forced algorithm on the CUDA engine (or, for what it does not run, staged through host memory),
 each op checked against its Gloo twin on CPU copies of the same inputs (tests/fuzz/).
 
@@ -15,12 +15,18 @@ import time
 import pytest
 
 from fuzz import fuzz_rank, summarize
-from gpu_collectives_util import GPU_MARKS, PG_TIMEOUT, WORLD, run_as_script
-from ranks import run_ranks
+from gpu_collectives_util import GPU_MARKS, PG_TIMEOUT, WORLD, run_as_script, run_bound
 
 pytestmark = GPU_MARKS
 
 OPS = 1500
+
+
+def _fuzz_on_own_gpu(rank, world, seed, n_ops):
+    """fuzz_rank on this rank's GPU (run_bound bound the group to it at init)."""
+    import torch
+
+    return fuzz_rank(rank, world, seed, n_ops, f"cuda:{torch.cuda.current_device()}")
 
 
 @pytest.mark.pycoll_only  # the reference is Gloo
@@ -34,8 +40,7 @@ def test_gpu_fuzz(seed):
         # group's first op, which needs every group's CUDA engine made at init (README, limits;
         # test_gpu_errors.py checks the unbound case's error). So the fuzz does not cover engines
         # made lazily at a group's first op; every other GPU test does.
-        out = run_ranks(WORLD, fuzz_rank, fuzz_seed, n_ops, "cuda", timeout=120 + 0.1 * n_ops,
-                        pg_timeout=PG_TIMEOUT, bind_cuda=True)
+        out = run_bound(WORLD, _fuzz_on_own_gpu, fuzz_seed, n_ops, timeout=120 + 0.1 * n_ops, pg_timeout=PG_TIMEOUT)
     except Exception as e:
         raise AssertionError(
             f"GPU fuzz failed: seed={fuzz_seed} ops={n_ops} world_size={WORLD} "

@@ -195,11 +195,10 @@ def test_send_recv(seed):
 
 
 def _barrier(rank, world, seed):
-    setup_device(rank)
+    dev = setup_device(rank)
     for _ in range(5):
         dist.barrier()
     # A barrier after GPU work still orders it: rank 1 reads what rank 0 wrote before.
-    dev = torch.device("cuda", rank)
     t = torch.full((1024,), float(rank + 1), device=dev)
     dist.all_reduce(t)
     dist.barrier()

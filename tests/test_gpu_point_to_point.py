@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gpu_collectives_util import GPU_MARKS, PG_TIMEOUT, run_as_script, setup_device
+from gpu_collectives_util import GPU_MARKS, PG_TIMEOUT, gpus_missing, run_as_script, setup_device
 from ranks import run_ranks
 
 pytestmark = [m for m in GPU_MARKS if m.name != "skipif"]
@@ -27,15 +27,15 @@ MiB = 1 << 20
 
 
 def run_on(world, fn, seed, timeout=300):
-    """Runs fn on `world` ranks, one GPU each (skips where fewer are visible); every rank returns True."""
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
+    """Runs fn on `world` ranks, rank r on GPU r % count (skips where gpus_missing says so); every rank
+    returns True."""
+    if gpus_missing(world):
+        pytest.skip(gpus_missing(world))
     assert run_ranks(world, fn, seed, timeout=timeout, pg_timeout=PG_TIMEOUT) == [True] * world
 
 
 def needs(world):
-    return pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < world,
-                              reason=f"needs {world} CUDA GPUs")
+    return pytest.mark.skipif(gpus_missing(world) is not None, reason=gpus_missing(world) or "")
 
 
 def payload(seed, key, rank, numel, dtype, dev):
@@ -243,8 +243,8 @@ def _coalesced_batches(rank, world, seed):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_batch_isend_irecv_coalesced(world, seed):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
+    if gpus_missing(world):
+        pytest.skip(gpus_missing(world))
     rank_env = [{"PYCOLL_COALESCE_P2P": str(1 - r % 2)} for r in range(world)]
     assert run_ranks(world, _coalesced_batches, seed, timeout=300, pg_timeout=PG_TIMEOUT,
                      rank_env=rank_env) == [True] * world

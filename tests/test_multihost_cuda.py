@@ -1,7 +1,12 @@
 """CUDA tensors in groups across simulated hosts (issue 22): our CUDA engine inside each host and
 NCCL between hosts. Each simulated host has its own PYCOLL_HOSTID and NCCL_HOSTID, so NCCL too
 talks between the halves through its network transport, as between real hosts. Every op is
-checked against Gloo on CPU copies of the same inputs, and bitwise alike on every rank."""
+checked against Gloo on CPU copies of the same inputs, and bitwise alike on every rank.
+
+Rank r uses GPU r % count. Where ranks share a GPU (PYCOLL_GPU_WORLD set on fewer GPUs than ranks,
+tests/gpu_collectives_util.py), the CUDA engine of a simulated host runs its kernels on it
+(PYCOLL_CUDA_SAME_DEVICE=kernels), and every rank gets an NCCL_HOSTID of its own: NCCL refuses two
+ranks on one GPU of one host ("Duplicate GPU detected"), and sees each rank as a host of its own."""
 
 import os
 
@@ -11,11 +16,11 @@ import torch.distributed as dist
 
 import pycollectives
 
+from gpu_collectives_util import gpus_missing, setup_device, shares_gpus
 from ranks import run_ranks
 from test_multihost import SIZES, _input, _ops_for, _same
 
 R = dist.ReduceOp
-GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 LAYOUTS = {
     "2x1": ["hostA", "hostB"],
     "2x2": ["hostA", "hostA", "hostB", "hostB"],
@@ -42,9 +47,20 @@ def _check_same_everywhere(t, gloo, what):
     assert all(torch.equal(e, everyone[0]) for e in everyone), what
 
 
+def _host_env(ids):
+    """Each rank's PYCOLL_HOSTID and NCCL_HOSTID for the simulated hosts `ids` (one per rank)."""
+    alone = shares_gpus(len(ids))  # NCCL: one host per rank, so that no two of its ranks share a GPU
+    return [{"PYCOLL_HOSTID": h, "NCCL_HOSTID": f"{h}-rank{r}" if alone else h} for r, h in enumerate(ids)]
+
+
+def _skip_without_gpus(ids):
+    why = gpus_missing(len(ids))
+    if why:
+        pytest.skip(why)
+
+
 def _every_op(rank, ws, layout):
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
+    dev = setup_device(rank)
     gloo = dist.new_group(backend="gloo")
     checks = 0
     for dtype in DTYPES:
@@ -146,14 +162,13 @@ def _every_op(rank, ws, layout):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.pycoll_only
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_cuda_every_op_across_simulated_hosts(layout):
     ids = LAYOUTS[layout]
-    if GPUS < len(ids):
-        pytest.skip(f"needs {len(ids)} CUDA GPUs, {GPUS} visible")
-    out = run_ranks(len(ids), _every_op, layout, timeout=150,
-                    rank_env=[{"PYCOLL_HOSTID": h, "NCCL_HOSTID": h} for h in ids],
+    _skip_without_gpus(ids)
+    out = run_ranks(len(ids), _every_op, layout, timeout=150, rank_env=_host_env(ids),
                     env={"PYCOLL_DEBUG": "INFO", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"})
     assert out[0][0] > 0 and len({o[0] for o in out}) == 1, out
     expected = "hierarchical" if layout == "2x2" else "flat"
@@ -165,8 +180,7 @@ def test_cuda_every_op_across_simulated_hosts(layout):
 def _graph_capture(rank, ws, layout):
     """all_reduce, all_gather and reduce_scatter of CUDA tensors across hosts captured in one CUDA
     graph (NCCL allows capture): replayed with new inputs, each replay's results exact."""
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
+    dev = setup_device(rank)
     plans = []
     for n in (1031, 1 << 18):  # below and above the built-in flat-to-hierarchical size on CUDA
         ar = torch.zeros(n, device=dev)
@@ -204,14 +218,14 @@ def _graph_capture(rank, ws, layout):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.pycoll_only
 @pytest.mark.parametrize("layout", ["2x1", "2x2"])
 def test_cuda_graph_capture_across_simulated_hosts(layout):
     ids = LAYOUTS[layout]
-    if GPUS < len(ids):
-        pytest.skip(f"needs {len(ids)} CUDA GPUs, {GPUS} visible")
-    out = run_ranks(len(ids), _graph_capture, layout, timeout=150,
-                    rank_env=[{"PYCOLL_HOSTID": h, "NCCL_HOSTID": h} for h in ids], env={"PYCOLL_DEBUG": "INFO"})
+    _skip_without_gpus(ids)
+    out = run_ranks(len(ids), _graph_capture, layout, timeout=150, rank_env=_host_env(ids),
+                    env={"PYCOLL_DEBUG": "INFO"})
     # 2 x 2: the small all_reduce ran flat on NCCL, the large one hierarchical, both captured.
     assert all(paths == (["flat", "hierarchical"] if layout == "2x2" else ["flat"]) for paths in out), out
 
@@ -219,8 +233,7 @@ def test_cuda_graph_capture_across_simulated_hosts(layout):
 def _cuda_mismatch(rank, ws, case):
     """Host 0's ranks call one thing, host 1's another, on CUDA tensors with the check on: every
     rank raises naming both calls before anything is enqueued on NCCL, and the group still works."""
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
+    dev = setup_device(rank)
     first_host = rank < ws // 2
     try:
         if case == "sizes":
@@ -247,14 +260,13 @@ def _cuda_mismatch(rank, ws, case):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.pycoll_only
 @pytest.mark.parametrize("layout", ["2x1", "2x2"])
 @pytest.mark.parametrize("case", ["sizes", "op", "reduce_op", "all_gather", "reduce_scatter"])
 def test_cuda_call_that_differs_across_hosts_raises(layout, case):
     ids = LAYOUTS[layout]
-    if GPUS < len(ids):
-        pytest.skip(f"needs {len(ids)} CUDA GPUs, {GPUS} visible")
-    out = run_ranks(len(ids), _cuda_mismatch, case, timeout=120,
-                    rank_env=[{"PYCOLL_HOSTID": h, "NCCL_HOSTID": h} for h in ids],
+    _skip_without_gpus(ids)
+    out = run_ranks(len(ids), _cuda_mismatch, case, timeout=120, rank_env=_host_env(ids),
                     env={"PYCOLL_CHECK_ACROSS_HOSTS": "1"})
     assert all(out), out
