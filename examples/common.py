@@ -98,6 +98,11 @@ def finish_args(args: argparse.Namespace, gpt: bool = False) -> argparse.Namespa
         sys.exit("--compare nccl needs --device cuda (use --compare gloo on CPU)")
     if args.nproc is None:
         args.nproc = gpu_count() if on_gpu else 2
+    # Rank r runs on GPU r % (GPUs visible): more ranks than GPUs share them, which NCCL refuses.
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc))
+    if on_gpu and local_ranks > gpu_count() and "nccl" in (args.backend, args.compare):
+        sys.exit(f"{local_ranks} ranks on {gpu_count()} GPU(s) share GPUs, which NCCL refuses (\"Duplicate GPU "
+                 "detected\"): use --compare gloo, or as many ranks as GPUs")
     if args.steps is None:
         args.steps = 30 if on_gpu else 10
     if args.warmup is None:
@@ -131,7 +136,7 @@ def finish_args(args: argparse.Namespace, gpt: bool = False) -> argparse.Namespa
 class Run:
     rank: int
     world_size: int
-    local_rank: int
+    local_rank: int  # on CUDA the index of this rank's GPU (LOCAL_RANK % GPUs: ranks may share one)
     device: torch.device
     backend: str
     group: dist.ProcessGroup
@@ -181,6 +186,9 @@ def _rank_main(local_rank: int, train, args, spawned: bool) -> None:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":
+        # Rank r on GPU r % (GPUs visible). Ranks that share a GPU: pycoll stages their CUDA ops through
+        # host memory, or runs its CUDA kernels there with PYCOLL_CUDA_SAME_DEVICE=kernels (docs/using-gpus.md).
+        local_rank = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

@@ -181,7 +181,8 @@ class RankRunner:
     def __init__(self, cfg, rank, world, local_rank):
         self.cfg, self.rank, self.world, self.local_rank = cfg, rank, world, local_rank
         self.cuda = cfg.device == "cuda"
-        self.device = torch.device("cuda", local_rank) if self.cuda else torch.device("cpu")
+        # Rank r on GPU r % (GPUs visible): ranks beyond the GPU count share them.
+        self.device = torch.device("cuda", local_rank % torch.cuda.device_count()) if self.cuda else torch.device("cpu")
         self.pyc = None
         self.faults = {f.strip() for f in cfg.inject_fault.split(",") if f.strip()}
 
