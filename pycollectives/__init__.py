@@ -31,7 +31,7 @@ BACKEND_NAME = "pycoll"
 
 def _create_backend(dist_backend_opts, backend_options):
     """The creator torch.distributed calls for every group using "pycoll"."""
-    return make_backend(
+    backend = make_backend(
         _C.ProcessGroupPycoll,
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
@@ -39,6 +39,12 @@ def _create_backend(dist_backend_opts, backend_options):
         dist_backend_opts.timeout,
         dist_backend_opts.group_id,
     )
+    # The flight recorder's dumps name each group's global ranks; torch passes none for the
+    # default group, whose group ranks are the global ones.
+    ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(dist_backend_opts.group_size))
+    desc = "default_pg" if not dist_backend_opts.global_ranks_in_group else "undefined"
+    backend._describe_for_recorder(desc, ranks)
+    return backend
 
 
 def _register() -> None:

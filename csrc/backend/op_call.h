@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include "backend/flight_recorder.h"
 #include "common/types.h"
 #include "engines/engine.h"
 
@@ -43,6 +44,8 @@ struct OpCall {
   std::function<void(const std::vector<Collective>&)> finish;
   // Payload bytes this rank contributes, for the stats and the debug log.
   int64_t logged_bytes = 0;
+  // Its flight-recorder entry (set by the runner).
+  FrHandle fr;
 };
 
 }  // namespace pycoll

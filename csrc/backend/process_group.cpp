@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "cpu/lane_pool.h"
+#include "backend/dump_watcher.h"
 #include "backend/gil_release.h"
 #include "backend/op_call_helpers.h"
 #include "backend/op_stats.h"
@@ -41,6 +42,22 @@ Rendezvous make_rendezvous(const c10::intrusive_ptr<c10d::Store>& store, const s
     return store->add(k, d);
   };
   return rv;
+}
+
+// Names as torch's flight recorder writes them ("nccl:all_reduce" there, "pycoll:all_reduce" here).
+const char* recorded_name(OpCode op) {
+  switch (op) {
+    case OpCode::AllReduce: return "all_reduce";
+    case OpCode::Reduce: return "reduce";
+    case OpCode::Broadcast: return "broadcast";
+    case OpCode::AllGather: return "all_gather";
+    case OpCode::ReduceScatter: return "reduce_scatter";
+    case OpCode::AllToAll: return "all_to_all";
+    case OpCode::Gather: return "gather";
+    case OpCode::Scatter: return "scatter";
+    case OpCode::Barrier: return "barrier";
+  }
+  return "unknown";
 }
 
 c10::Stream cpu_stream() { return c10::Stream(c10::Stream::DEFAULT, at::Device(at::kCPU)); }
@@ -90,12 +107,15 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
     staged_ = std::make_unique<StagedEngine>(*cpu_tensors_);
     cuda_ = make_cuda_queue(store_, group_name_, rank, size, timeout);
   }
+  fr_pg_id_ = FlightRecorder::get().add_group(group_name_, "", {});
+  DumpWatcher::get().watch(fr_pg_id_, store_);
   // docs/decisions/0018-cpu-ops-poll-before-sleep.md
   if (cpu_to_spare_per_rank(hosts_ ? hosts_->local_size() : size)) poll_before_sleep_ = std::chrono::microseconds(50);
   executor_ = std::make_unique<SerialExecutor>(poll_before_sleep_);
 }
 
 ProcessGroupPycoll::~ProcessGroupPycoll() {
+  DumpWatcher::get().unwatch(fr_pg_id_);
   ReleaseGilIfHeld nogil;  // the members below join threads (gil_release.h)
   shutdown();
   device_hierarchical_.reset();
@@ -109,6 +129,39 @@ ProcessGroupPycoll::~ProcessGroupPycoll() {
   // and one of them may be freeing a finished op's tensor that Python has seen, which takes the
   // GIL (a rank hung so in destroy_process_group, tests/test_multihost.py, 2+1 layout).
   hosts_.reset();
+}
+
+void ProcessGroupPycoll::describe_for_recorder(const std::string& desc, const std::vector<int64_t>& global_ranks) {
+  FlightRecorder& rec = FlightRecorder::get();
+  rec.describe_group(fr_pg_id_, desc, global_ranks);
+  global_ranks_ = global_ranks;
+  if (rank_ < static_cast<int>(global_ranks.size()) && rec.process_rank() < 0) {
+    // The first group (torch makes the default group first) names this process's global rank.
+    rec.set_process_rank(static_cast<int>(global_ranks[rank_]), static_cast<int>(global_ranks.size()));
+  }
+}
+
+FrHandle ProcessGroupPycoll::record_collective(const OpCall& call, uint64_t seq) {
+  FlightRecorder& rec = FlightRecorder::get();
+  if (!rec.enabled()) return {};
+  const uint64_t n = ++fr_collectives_;
+  const bool direct = !call.prepare && (call.direct.input.defined() || call.direct.output.defined());
+  if (direct) {
+    return rec.record(fr_pg_id_, seq, n, 0, recorded_name(call.op), -1, call.direct.input, call.direct.output,
+                      timeout_);
+  }
+  return rec.record(fr_pg_id_, seq, n, 0, recorded_name(call.op), -1, call.tensors, call.outputs, timeout_,
+                    /*inputs_may_hold_outputs=*/true);
+}
+
+FrHandle ProcessGroupPycoll::record_p2p(bool is_send, const at::Tensor& t, int peer, uint64_t seq) {
+  FlightRecorder& rec = FlightRecorder::get();
+  if (!rec.enabled()) return {};
+  const uint64_t n = ++fr_p2p_;
+  const int global_peer = peer < static_cast<int>(global_ranks_.size()) ? static_cast<int>(global_ranks_[peer]) : peer;
+  const FrHandle h = rec.record(fr_pg_id_, seq, 0, n, is_send ? "send" : "recv", global_peer, t, t, timeout_);
+  rec.started(h);  // posted: a send or receive is under way from here
+  return h;
 }
 
 void ProcessGroupPycoll::setTimeout(std::chrono::milliseconds timeout) {
@@ -191,8 +244,10 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   std::optional<c10::StreamGuard> on_stream;
   if (!engine.enqueues_on_device() && stream.device_type() != at::kCPU) on_stream.emplace(stream);
   // Every part runs with the algorithm read at issue; PREMUL_SUM becomes a pre-scale + SUM (as NCCL).
+  FlightRecorder& recorder = FlightRecorder::get();
+  recorder.started(call.fr);
   std::string plan_text;
-  std::string* const plan_out = debug_info_enabled() ? &plan_text : nullptr;
+  std::string* const plan_out = debug_info_enabled() || call.fr.recorded() ? &plan_text : nullptr;
   const auto ready_part = [&call, plan_out](Collective& c) {
     c.algo = call.algo;
     c.plan_text = plan_out;
@@ -219,6 +274,7 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
     }
     if (call.finish) call.finish(parts);
   }
+  recorder.ran(call.fr, engine.name(), algo_name(algo), plan_text);
   record_op(call.stats_name, call.logged_bytes, algo, timer, rank_, size_, plan_text);
 }
 
@@ -226,6 +282,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   check_usable(call.name);
   Engine& engine = engine_for(call);
   const uint64_t seq = ++issued_;
+  call.fr = record_collective(call, seq);
   if (engine.enqueues_on_device()) {
     // launch() runs the body before it returns: pass it a pointer (a one-pointer lambda fits
     // std::function's inline storage, so the hot path allocates nothing for it).
@@ -235,9 +292,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
       Engine* engine;
     } job{this, &call, &engine};
     const Job* j = &job;
-    return in_block(cuda_->launch(
+    const FrHandle fr = call.fr;
+    auto work = cuda_->launch(
         call.type, call.name, seq, call.tensors, call.outputs, call.async,
-        [j](const c10::Stream& s) { j->pg->execute(*j->call, *j->engine, s); }, DeviceQueue::Lane::Collective));
+        [j](const c10::Stream& s) { j->pg->execute(*j->call, *j->engine, s); }, DeviceQueue::Lane::Collective);
+    if (auto* w = dynamic_cast<PycollWork*>(work.get())) w->track(fr);
+    return in_block(std::move(work));
   }
   // Host-side engines run on the executor; a staged op's copies follow the caller's stream as it was now.
   const c10::Stream stream = current_stream(call.device);
@@ -245,14 +305,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   const char* name = call.name;
   const bool async = call.async;
   auto outputs = call.outputs;
-  return in_block(
-      launch_on_executor(type, name, seq, std::move(outputs), async,
-                         [this, call = std::move(call), &engine, stream]() mutable { execute(call, engine, stream); }));
+  const FrHandle fr = call.fr;
+  return in_block(launch_on_executor(
+      type, name, seq, std::move(outputs), async,
+      [this, call = std::move(call), &engine, stream]() mutable { execute(call, engine, stream); }, fr));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,
                                                                       std::vector<at::Tensor> outputs, bool async_op,
-                                                                      std::function<void()> body) {
+                                                                      std::function<void()> body, const FrHandle& fr) {
   std::vector<c10::Device> devices;
   for (const auto& t : outputs) {
     if (t.defined() && t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
@@ -260,6 +321,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpTy
     }
   }
   auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
+  work->track(fr);
   // The waiter polls only while the op runs on the engine thread alone: a pipelined op's lanes
   // take the rank's other CPUs, and a poller among them would stall one.
   if (poll_before_sleep_.count() > 0) {

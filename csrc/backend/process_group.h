@@ -30,6 +30,7 @@
 #include "backend/coalesced_work.h"
 #include "backend/device_queue.h"
 #include "backend/executor.h"
+#include "backend/flight_recorder.h"
 #include "backend/op_call.h"
 #include "backend/self_p2p.h"
 #include "backend/work.h"
@@ -137,7 +138,10 @@ class ProcessGroupPycoll : public c10d::Backend {
   // executor (inline if the caller blocks anyway).
   c10::intrusive_ptr<c10d::Work> launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,
                                                     std::vector<at::Tensor> outputs, bool async_op,
-                                                    std::function<void()> body);
+                                                    std::function<void()> body, const FrHandle& fr = {});
+  // The flight recorder's entry of a collective (issue order) or a send/recv (`peer`: group rank).
+  FrHandle record_collective(const OpCall& call, uint64_t seq);
+  FrHandle record_p2p(bool is_send, const at::Tensor& t, int peer, uint64_t seq);
   void check_usable(const char* op);
   // A finished Work for a call with nothing to move (an empty coalesced list on every rank).
   c10::intrusive_ptr<c10d::Work> nothing_to_do(c10d::OpType type, const char* op);
@@ -190,6 +194,17 @@ class ProcessGroupPycoll : public c10d::Backend {
   // to spare for it (common/brief_spin.h).
   std::chrono::microseconds poll_before_sleep_{0};
   std::atomic<uint64_t> issued_{0};
+  // The flight recorder's view of this group: its id there, and its collective and p2p counts
+  // (torch numbers the two apart).
+  int fr_pg_id_ = -1;
+  std::atomic<uint64_t> fr_collectives_{0}, fr_p2p_{0};
+  std::vector<int64_t> global_ranks_;  // group rank -> global rank, once Python said (else empty)
+
+ public:
+  // torch's creator knows the group's global ranks: the recorder's dumps name them.
+  void describe_for_recorder(const std::string& desc, const std::vector<int64_t>& global_ranks);
+
+ private:
   uint64_t monitored_barriers_ = 0;  // called in the same order on every rank (backend/monitored_barrier.cpp)
   SelfP2P self_p2p_{rank_};
   std::mutex broken_mu_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backend/dump_watcher.h"
 #include "backend/executor.h"
 #include "common/brief_spin.h"
 #include "common/check.h"
@@ -61,7 +62,36 @@ bool PycollWork::isCompleted() {
     std::lock_guard<std::mutex> g(mutex_);
     if (!completed_) return false;
   }
-  return query ? query() : true;
+  if (!query) return true;
+  const bool fired = query();
+  if (fired && fr_set_.load()) FlightRecorder::get().completed(fr_);
+  return fired;
+}
+
+void PycollWork::track(const FrHandle& fr) {
+  if (!fr.recorded()) return;
+  fr_ = fr;
+  fr_set_.store(true);  // seq_cst, as done_ in wake_waiters: whichever side comes second reports
+  if (done_.load()) report_to_recorder();
+}
+
+void PycollWork::report_to_recorder() {
+  if (!fr_set_.load()) return;
+  std::exception_ptr err = exception();
+  if (!err) {
+    if (!query) FlightRecorder::get().completed(fr_);
+    return;
+  }
+  std::string why = "unknown error";
+  try {
+    std::rethrow_exception(err);
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {}
+  // c10::Error appends a C++ backtrace after the first line; the message is the first line.
+  if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
+  FlightRecorder::get().completed(fr_, why.c_str());
+  DumpWatcher::get().op_failed(fr_.pg_id, why);
 }
 
 bool PycollWork::isSuccess() const {
@@ -132,7 +162,8 @@ std::function<void()> PycollWork::record_outcome(std::exception_ptr err) {
 }
 
 void PycollWork::wake_waiters() {
-  done_.store(true, std::memory_order_release);
+  done_.store(true);  // seq_cst: see track()
+  report_to_recorder();
   cv_.notify_all();
 }
 

@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/flight_recorder.h"
+
 namespace pycoll {
 
 class PycollWork : public c10d::Work {
@@ -65,6 +67,11 @@ class PycollWork : public c10d::Work {
   std::function<bool()> query;
   // How long wait() polls before it sleeps (0: not at all); set where the waiter has a CPU to spare.
   std::chrono::microseconds poll_before_sleep{0};
+  // The op's flight-recorder entry (flight_recorder.h). It is completed when the op is marked done,
+  // or, for an op with a completion probe (the device queue marks it done when enqueued), when
+  // isCompleted() first sees the probe fire. A failure also asks for the group's dumps
+  // (dump_watcher.h). Call before the op can complete, or right after: both orders record it.
+  void track(const FrHandle& fr);
 
  private:
   std::string op_name_;
@@ -73,6 +80,10 @@ class PycollWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<c10::Device> devices_;
   std::atomic<bool> done_{false};  // completed_, readable without mutex_ (what wait() polls)
+  FrHandle fr_;
+  std::atomic<bool> fr_set_{false};  // fr_ is written; with done_, a Dekker pair: one side reports
+  // Completes fr_'s entry (and reports a failure) once both it is set and the op is done.
+  void report_to_recorder();
   std::mutex future_mu_;
   std::condition_variable settled_cv_;
   bool settled_ = false;  // settle_future() ran (what a lazy Future must show when made)

@@ -11,6 +11,7 @@
 #include "bindings/allocator_bindings.h"
 #include "bindings/compression_bindings.h"
 #include "bindings/cuda_plan_bindings.h"
+#include "bindings/flight_recorder_bindings.h"
 #include "bindings/host_form_bindings.h"
 #include "bindings/layout_bindings.h"
 #include "common/setting.h"
@@ -102,6 +103,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "pycoll group is made by its members only.")
       .def("_backend_options", &pycoll::ProcessGroupPycoll::getBackendOptions,
            "getBackendOptions(): the fields of the `options` property (pycollectives/split_options.py).")
+      .def("_describe_for_recorder", &pycoll::ProcessGroupPycoll::describe_for_recorder, py::arg("desc"),
+           py::arg("global_ranks"), "The group's description and global ranks, for the flight recorder's dumps.")
       .def("cuda_trace", &pycoll::ProcessGroupPycoll::cuda_trace, py::call_guard<py::gil_scoped_release>(),
            "Timeline of the last kernel traced with PYCOLL_CUDA_TRACE=1: rows of trace_events() "
            "%globaltimer stamps (ns), one per CTA (kernels/trace.cuh).");
@@ -279,6 +282,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_compression(m);
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);
+  pycoll::register_flight_recorder(m);
   pycoll::register_host_forms(m);
   pycoll::register_shared_cpu_allocator(m);
 }

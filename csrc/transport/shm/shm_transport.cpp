@@ -1,6 +1,9 @@
 #include "transport/shm/shm_transport.h"
 
+#include <fcntl.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -103,10 +106,34 @@ char* ShmTransport::channel(int src, int dst) {
          channel_bytes_ * static_cast<size_t>(dst);
 }
 
+namespace {
+
+// A process that has exited but whose parent has not reaped it yet (a zombie, state Z, or X while
+// it is being reaped) still answers kill(pid, 0): its state in /proc/<pid>/stat tells it apart.
+// "pid (comm) state ...": comm may hold spaces and parentheses, so the state follows the last ')'.
+bool has_exited(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* close_paren = std::strrchr(buf, ')');
+  if (close_paren == nullptr || close_paren[1] != ' ') return false;
+  const char state = close_paren[2];
+  return state == 'Z' || state == 'X' || state == 'x';
+}
+
+}  // namespace
+
 bool ShmTransport::peer_alive(int r) {
   if (r == rank_ || pids_[r] <= 0) return true;
-  if (kill(static_cast<pid_t>(pids_[r]), 0) == 0) return true;
-  return errno != ESRCH;
+  const auto pid = static_cast<pid_t>(pids_[r]);
+  if (kill(pid, 0) != 0) return errno != ESRCH;
+  return !has_exited(pid);
 }
 
 }  // namespace pycoll

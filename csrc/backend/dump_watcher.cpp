@@ -1,0 +1,176 @@
+#include "backend/dump_watcher.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <vector>
+
+#include "backend/flight_recorder.h"
+#include "common/env.h"
+#include "common/setting.h"
+
+namespace pycoll {
+
+namespace {
+
+const IntSetting kDumpSignal("PYCOLL_FR_DUMP_SIGNAL", 0, 0, 64, "backend", false, Audience::User,
+                             "A signal number (e.g. 10 for SIGUSR1) on which every process writes its flight "
+                             "recorder dump (docs/tracing.md); 0: none.",
+                             "0 (none)");
+const IntSetting kDumpOnError("PYCOLL_FR_DUMP_ON_ERROR", 1, 0, 1, "backend", false, Audience::User,
+                              "1: when an op fails (timeout, dead peer, mismatched call, abort), the rank dumps its "
+                              "flight recorder and asks every rank of the group to dump theirs (docs/tracing.md).");
+
+// Store keys, on each group's own (prefixed) Store.
+constexpr const char* kRequestCount = "pycoll/fr/dump_requests";
+constexpr const char* kRequestReason = "pycoll/fr/dump_reason";
+constexpr auto kStorePoll = std::chrono::seconds(1);
+constexpr auto kTick = std::chrono::milliseconds(100);
+
+std::atomic<bool> signalled{false};
+void on_signal(int) { signalled.store(true); }
+
+// A Store whose calls need no GIL: C++ all the way down.
+bool native(const c10::intrusive_ptr<c10d::Store>& store) {
+  c10d::Store* s = store.get();
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(s)) s = prefixed->getUnderlyingNonPrefixStore().get();
+  return dynamic_cast<c10d::TCPStore*>(s) != nullptr || dynamic_cast<c10d::FileStore*>(s) != nullptr ||
+         dynamic_cast<c10d::HashStore*>(s) != nullptr;
+}
+
+}  // namespace
+
+DumpWatcher& DumpWatcher::get() {
+  static DumpWatcher* watcher = new DumpWatcher();  // never destroyed: its thread runs until exit
+  return *watcher;
+}
+
+void DumpWatcher::ensure_thread() {
+  if (started_) return;
+  started_ = true;
+  if (const int sig = static_cast<int>(kDumpSignal.get()); sig > 0) {
+    struct sigaction sa{};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(sig, &sa, nullptr);
+  }
+  std::thread([this] { loop(); }).detach();
+}
+
+void DumpWatcher::watch(int pg_id, const c10::intrusive_ptr<c10d::Store>& store) {
+  if (!FlightRecorder::get().enabled()) return;
+  std::lock_guard<std::mutex> g(mu_);
+  Watched w;
+  if (native(store)) w.store = store;
+  groups_[pg_id] = std::move(w);
+  ensure_thread();
+}
+
+void DumpWatcher::unwatch(int pg_id) {
+  std::lock_guard<std::mutex> g(mu_);
+  groups_.erase(pg_id);
+}
+
+void DumpWatcher::op_failed(int pg_id, const std::string& reason) {
+  if (!FlightRecorder::get().enabled() || kDumpOnError.get() == 0) return;
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = groups_.find(pg_id);
+  if (it == groups_.end() || it->second.failed) return;
+  it->second.failed = true;
+  failures_.emplace_back(pg_id, reason);
+  cv_.notify_all();
+}
+
+uint64_t DumpWatcher::dumps_written() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return dumps_;
+}
+
+void DumpWatcher::dump(const std::string& reason) {
+  try {
+    const std::string path = FlightRecorder::get().dump_to_file("", reason);
+    if (debug_info_enabled())
+      std::fprintf(stderr, "[pycoll] flight recorder dumped to %s (%s)\n", path.c_str(), reason.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[pycoll] flight recorder: %s\n", e.what());
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  ++dumps_;
+}
+
+void DumpWatcher::loop() {
+  auto next_poll = std::chrono::steady_clock::now();
+  for (;;) {
+    std::vector<std::pair<int, std::string>> failures;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      cv_.wait_for(g, kTick, [this] { return !failures_.empty(); });
+      failures.assign(failures_.begin(), failures_.end());
+      failures_.clear();
+    }
+    if (signalled.exchange(false)) dump("signal");
+    for (const auto& [pg_id, reason] : failures) {
+      const int rank = FlightRecorder::get().process_rank();
+      dump("error: " + reason);
+      c10::intrusive_ptr<c10d::Store> store;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = groups_.find(pg_id);
+        if (it != groups_.end()) store = it->second.store;
+      }
+      if (!store) continue;
+      try {
+        const std::string why = "rank " + std::to_string(rank) + ": " + reason;
+        store->set(kRequestReason, std::vector<uint8_t>(why.begin(), why.end()));
+        const int64_t n = store->add(kRequestCount, 1);
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = groups_.find(pg_id);
+        if (it != groups_.end()) it->second.requests_seen = n;  // our own request: answered above
+      } catch (const std::exception&) {
+        // The Store is gone (its host exited): the peers cannot be asked.
+      }
+    }
+    if (std::chrono::steady_clock::now() < next_poll) continue;
+    next_poll = std::chrono::steady_clock::now() + kStorePoll;
+    std::vector<std::pair<int, c10::intrusive_ptr<c10d::Store>>> stores;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (const auto& [pg_id, w] : groups_)
+        if (w.store) stores.emplace_back(pg_id, w.store);
+    }
+    std::string request;
+    for (const auto& [pg_id, store] : stores) {
+      try {
+        const int64_t n = store->add(kRequestCount, 0);
+        bool fresh = false;
+        {
+          std::lock_guard<std::mutex> g(mu_);
+          auto it = groups_.find(pg_id);
+          if (it != groups_.end() && n > it->second.requests_seen) {
+            it->second.requests_seen = n;
+            fresh = true;
+          }
+        }
+        if (fresh && request.empty()) {
+          const std::vector<uint8_t> why = store->get(kRequestReason);
+          request = "peer request: " + std::string(why.begin(), why.end());
+        }
+      } catch (const std::exception&) {
+        // A Store that stopped answering (its host exited) is not asked again.
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = groups_.find(pg_id);
+        if (it != groups_.end()) it->second.store.reset();
+      }
+    }
+    if (!request.empty()) dump(request);
+  }
+}
+
+}  // namespace pycoll

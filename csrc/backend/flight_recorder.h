@@ -1,0 +1,127 @@
+// The flight recorder: a fixed ring of the most recent ops of every group in this process, kept so
+// that a job that hangs or fails leaves behind which op each rank was in (torch keeps one for
+// NCCL and Gloo; this one follows its dump layout, docs/tracing.md).
+//
+// Terms:
+//   entry   - one op of one group: what it was (op, sizes, dtypes, peer), its sequence numbers,
+//             and its state: scheduled (issued by the caller), started (an engine thread or the
+//             device queue began it), completed (finished, or failed: `error` says why).
+//   handle  - what record() returns: the entry's slot and its record id. A later update through a
+//             handle whose slot was reused by a newer op (the ring wrapped) does nothing.
+//   group   - a process group as the recorder knows it: name, description, global ranks; kept
+//             after the group is destroyed, since entries still name it.
+//
+// Cost: every entry is a fixed-size struct in a ring allocated once; record() and the state
+// updates copy into it under one mutex and allocate nothing (benchmarked by
+// flight_recorder_bench(), docs/tracing.md). Size: PYCOLL_FR_BUFFER_SIZE, else
+// TORCH_FR_BUFFER_SIZE, else 2000; 0 turns recording off.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace pycoll {
+
+struct FrHandle {
+  int64_t slot = -1;  // -1: not recorded (the recorder is off)
+  uint64_t record_id = 0;
+  int pg_id = -1;
+  bool recorded() const { return slot >= 0; }
+};
+
+class FlightRecorder {
+ public:
+  static constexpr int kMaxTensors = 4;  // tensors per side recorded; longer lists keep their first ones
+  static constexpr int kMaxDims = 4;     // dims per tensor; a tensor of more dims is recorded flat
+
+  enum class State : int8_t { Scheduled = 0, Started = 1, Completed = 2 };
+
+  static FlightRecorder& get();
+
+  bool enabled() const { return capacity_ > 0; }
+  size_t capacity() const { return capacity_; }
+
+  // A group joins when it is made; returns its id (pg_id in dumps). `ranks` are global ranks.
+  int add_group(const std::string& name, const std::string& desc, const std::vector<int64_t>& ranks);
+  // The group's description and global ranks, once Python knows them (torch's creator has them).
+  void describe_group(int pg_id, const std::string& desc, const std::vector<int64_t>& ranks);
+  // This process's rank in the job (names the dump file) and the job's size.
+  void set_process_rank(int rank, int world_size);
+  int process_rank() const;
+
+  // Tensors as a pointer and a count (a vector's, or one tensor's), so that recording copies
+  // nothing into a new container.
+  struct Tensors {
+    const at::Tensor* data = nullptr;
+    size_t size = 0;
+    Tensors() = default;
+    Tensors(const at::Tensor& t) : data(&t), size(1) {}                            // NOLINT: implicit on purpose
+    Tensors(const std::vector<at::Tensor>& v) : data(v.data()), size(v.size()) {}  // NOLINT
+  };
+  // A new op of group pg_id. `op` is a static name ("all_reduce"); `peer` the other rank of a
+  // send/recv (global), else -1. Inputs that are also outputs are left out of the inputs when
+  // `inputs_may_hold_outputs` (an OpCall's tensor list holds both); an op in place then records
+  // its outputs as its inputs too.
+  FrHandle record(int pg_id, uint64_t op_id, uint64_t collective_seq, uint64_t p2p_seq, const char* op, int peer,
+                  Tensors inputs, Tensors outputs, std::chrono::milliseconds timeout,
+                  bool inputs_may_hold_outputs = false);
+  void started(const FrHandle& h);
+  // engine: "cpu", "cuda", "staged", "hierarchical"; algo and plan: what the engine ran.
+  void ran(const FrHandle& h, const char* engine, const char* algo, const std::string& plan);
+  // error: empty when the op succeeded.
+  void completed(const FrHandle& h, const char* error = nullptr);
+
+  // The whole ring as torch's flight-recorder layout, in JSON (docs/tracing.md).
+  std::string dump_json(const std::string& reason) const;
+  // Writes dump_json to prefix + rank (prefix: the argument, else TORCH_FR_DUMP_TEMP_FILE, else
+  // /tmp/pycoll_trace_rank_); returns the path. Throws if the file cannot be written.
+  std::string dump_to_file(const std::string& prefix, const std::string& reason) const;
+  // The prefix dump_to_file uses when given none.
+  static std::string default_prefix();
+
+ private:
+  FlightRecorder();
+  struct Tensor {
+    int64_t sizes[kMaxDims];
+    int8_t ndim;
+    int8_t dtype;  // at::ScalarType
+  };
+  struct Entry {
+    uint64_t record_id = 0;  // 0: an empty slot
+    int32_t pg_id = 0;
+    int32_t peer = -1;
+    uint64_t op_id = 0, collective_seq = 0, p2p_seq = 0;
+    const char* op = "";
+    State state = State::Scheduled;
+    int8_t n_in = 0, n_out = 0;
+    Tensor in[kMaxTensors], out[kMaxTensors];
+    int64_t created_ns = 0, started_ns = 0, completed_ns = 0;
+    int64_t timeout_ms = 0;
+    uint64_t thread_id = 0;
+    char thread_name[16] = {};
+    char engine[16] = {};
+    char algo[16] = {};
+    char plan[112] = {};
+    char error[224] = {};
+  };
+  struct Group {
+    std::string name, desc;
+    std::vector<int64_t> ranks;
+    uint64_t last_enqueued = 0, last_started = 0, last_completed = 0;  // collective seqs
+  };
+  Entry* live(const FrHandle& h);  // the handle's entry, or nullptr if overwritten; mu_ held
+
+  size_t capacity_;
+  std::vector<Entry> ring_;  // allocated once
+  uint64_t next_id_ = 1;
+  mutable std::mutex mu_;
+  std::vector<Group> groups_;
+  int process_rank_ = -1, world_size_ = 0;
+};
+
+}  // namespace pycoll

@@ -1,0 +1,57 @@
+#include "bindings/flight_recorder_bindings.h"
+
+#include <ATen/ATen.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <string>
+
+#include "backend/dump_watcher.h"
+#include "backend/flight_recorder.h"
+
+namespace py = pybind11;
+
+namespace pycoll {
+
+void register_flight_recorder(py::module_& m) {
+  m.def(
+      "flight_recorder_dump",
+      [](const std::string& prefix, const std::string& reason) {
+        return FlightRecorder::get().dump_to_file(prefix, reason);
+      },
+      py::arg("prefix") = "", py::arg("reason") = "on demand", py::call_guard<py::gil_scoped_release>(),
+      "Writes this process's flight recorder to prefix + rank (prefix: TORCH_FR_DUMP_TEMP_FILE, else "
+      "/tmp/pycoll_trace_rank_) and returns the path.");
+  m.def(
+      "flight_recorder_json", [](const std::string& reason) { return FlightRecorder::get().dump_json(reason); },
+      py::arg("reason") = "on demand", py::call_guard<py::gil_scoped_release>(),
+      "This process's flight recorder as the JSON text a dump holds.");
+  m.def(
+      "flight_recorder_capacity", []() { return FlightRecorder::get().capacity(); },
+      "Entries the flight recorder keeps (0: off).");
+  m.def(
+      "flight_recorder_dumps_written", []() { return DumpWatcher::get().dumps_written(); },
+      "Dumps the background thread wrote (on an error, a peer's request or a signal).");
+  m.def(
+      "flight_recorder_bench",
+      [](int64_t ops, int64_t numel) {
+        // The record path of one op as the runner takes it: record, started, ran, completed.
+        FlightRecorder& rec = FlightRecorder::get();
+        const at::Tensor t = at::empty({numel});
+        const std::string plan = "allreduce oneshot path=eager lanes=1";
+        const int pg = rec.add_group("flight_recorder_bench", "bench", {0});
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 1; i <= ops; ++i) {
+          const FrHandle h = rec.record(pg, i, i, 0, "all_reduce", -1, t, t, std::chrono::milliseconds(1000));
+          rec.started(h);
+          rec.ran(h, "cpu", "oneshot", plan);
+          rec.completed(h);
+        }
+        const auto dt = std::chrono::steady_clock::now() - t0;
+        return std::chrono::duration<double, std::nano>(dt).count() / static_cast<double>(ops);
+      },
+      py::arg("ops") = 100000, py::arg("numel") = 1024, py::call_guard<py::gil_scoped_release>(),
+      "Nanoseconds per op of the flight recorder's record path (record, started, ran, completed).");
+}
+
+}  // namespace pycoll
