@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/bucket_copy.h"
 #include "kernels/compression.cuh"
 
 namespace pycoll {
@@ -131,40 +132,12 @@ void batched_orthogonalize_cuda_(const at::Tensor& m, double eps) {
 
 void flatten_into_cuda(const std::vector<at::Tensor>& tensors, const at::Tensor& bucket) {
   const c10::cuda::CUDAGuard guard(bucket.device());
-  const int64_t esize = static_cast<int64_t>(bucket.element_size());
-  char* dst = static_cast<char*>(bucket.data_ptr());
-  const at::Tensor flat = bucket.view({-1});
-  std::vector<CopyChunk> plan;
-  int64_t off = 0;
-  for (const at::Tensor& t : tensors) {
-    const int64_t n = t.numel();
-    if (t.is_contiguous()) {
-      plan_copy(plan, t.const_data_ptr(), dst + off * esize, n * esize);
-    } else {
-      flat.narrow(0, off, n).view(t.sizes()).copy_(t);
-    }
-    off += n;
-  }
-  run_copy_plan(plan, bucket.device());
+  run_copy_plan(bucket_copy_plan(tensors, bucket, BucketCopy::Flatten), bucket.device());
 }
 
 void unflatten_from_cuda(const at::Tensor& bucket, const std::vector<at::Tensor>& tensors) {
   const c10::cuda::CUDAGuard guard(bucket.device());
-  const int64_t esize = static_cast<int64_t>(bucket.element_size());
-  const char* src = static_cast<const char*>(bucket.const_data_ptr());
-  const at::Tensor flat = bucket.view({-1});
-  std::vector<CopyChunk> plan;
-  int64_t off = 0;
-  for (const at::Tensor& t : tensors) {
-    const int64_t n = t.numel();
-    if (t.is_contiguous()) {
-      plan_copy(plan, src + off * esize, t.data_ptr(), n * esize);
-    } else {
-      t.copy_(flat.narrow(0, off, n).view(t.sizes()));
-    }
-    off += n;
-  }
-  run_copy_plan(plan, bucket.device());
+  run_copy_plan(bucket_copy_plan(tensors, bucket, BucketCopy::Unflatten), bucket.device());
 }
 
 }  // namespace pycoll

@@ -15,6 +15,7 @@
 #define PYCOLL_HAVE_AVX2_PATH 1
 #endif
 
+#include "common/bucket_copy.h"
 #include "kernels/batched_copy.h"
 
 namespace pycoll {
@@ -278,39 +279,11 @@ void batched_orthogonalize_cpu_(const at::Tensor& m, double eps) {
 }
 
 void flatten_into_cpu(const std::vector<at::Tensor>& tensors, const at::Tensor& bucket) {
-  const int64_t esize = static_cast<int64_t>(bucket.element_size());
-  char* dst = static_cast<char*>(bucket.data_ptr());
-  at::Tensor flat = bucket.view({-1});
-  std::vector<CopyChunk> plan;
-  int64_t off = 0;
-  for (const at::Tensor& t : tensors) {
-    const int64_t n = t.numel();
-    if (t.is_contiguous()) {
-      plan_copy(plan, t.const_data_ptr(), dst + off * esize, n * esize);
-    } else {
-      flat.narrow(0, off, n).view(t.sizes()).copy_(t);
-    }
-    off += n;
-  }
-  run_plan(plan);
+  run_plan(bucket_copy_plan(tensors, bucket, BucketCopy::Flatten));
 }
 
 void unflatten_from_cpu(const at::Tensor& bucket, const std::vector<at::Tensor>& tensors) {
-  const int64_t esize = static_cast<int64_t>(bucket.element_size());
-  const char* src = static_cast<const char*>(bucket.const_data_ptr());
-  const at::Tensor flat = bucket.view({-1});
-  std::vector<CopyChunk> plan;
-  int64_t off = 0;
-  for (const at::Tensor& t : tensors) {
-    const int64_t n = t.numel();
-    if (t.is_contiguous()) {
-      plan_copy(plan, src + off * esize, t.data_ptr(), n * esize);
-    } else {
-      t.copy_(flat.narrow(0, off, n).view(t.sizes()));
-    }
-    off += n;
-  }
-  run_plan(plan);
+  run_plan(bucket_copy_plan(tensors, bucket, BucketCopy::Unflatten));
 }
 
 at::Tensor signsgd_encode_cpu_(const at::Tensor& e, const at::Tensor& g, const std::vector<int64_t>& ends,
