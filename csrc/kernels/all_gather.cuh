@@ -12,14 +12,11 @@
 #pragma once
 
 #include "kernels/args.h"
+#include "kernels/block_chunks.cuh"
 #include "kernels/channel.cuh"
 
 namespace pycoll {
 namespace kernels {
-
-__device__ __forceinline__ int64_t copy_chunk_len(const CopyArgs& a, int64_t first) {
-  return a.bytes - first < a.chunk ? a.bytes - first : a.chunk;
-}
 
 static __device__ bool all_gather_direct(const CopyArgs& a, BlockChannels& ch, StepShared* sh) {
   const int n = sh->h->nranks;
@@ -29,85 +26,63 @@ static __device__ bool all_gather_direct(const CopyArgs& a, BlockChannels& ch, S
   const int64_t K = block_chunk_count(a.nchunks, blockIdx.x, B);
   const char* in = static_cast<const char*>(a.in);
   char* out = static_cast<char*>(a.out);
-  auto first = [&](int64_t k) { return (int64_t(blockIdx.x) + k * B) * a.chunk; };
 
   auto add_push = [&](int64_t k) {
-    const int64_t f = first(k);
-    CopyJob& j = sh->add_copy(in + f, copy_chunk_len(a, f));
+    const int64_t f = chunk_first(k, B, a.chunk);
+    CopyJob& j = sh->add_copy(in + f, chunk_length(a.bytes, f, a.chunk));
     push_dst(j, out + int64_t(me) * a.bytes + f);
     for (int p = 0; p < n; ++p)
       if (has(peers, p)) push_dst(j, sh->oslot[p]);
   };
   auto add_recv = [&](int64_t k) {
-    const int64_t f = first(k);
+    const int64_t f = chunk_first(k, B, a.chunk);
     for (int q = 0; q < n; ++q)
-      if (has(peers, q)) push_dst(sh->add_copy(sh->islot[q], copy_chunk_len(a, f)), out + int64_t(q) * a.bytes + f);
+      if (has(peers, q))
+        push_dst(sh->add_copy(sh->islot[q], chunk_length(a.bytes, f, a.chunk)), out + int64_t(q) * a.bytes + f);
   };
 
-  if (K > 0) {  // push(0)
-    if (!ch.acquire(peers, 0)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      add_push(0);
-    }
-    ch.execute_copy(peers, 0);
-  }
+  if (K > 0 && !run_step</*kCopyOnly=*/true>(ch, sh, peers, 0u, [&] { add_push(0); })) return false;  // push(0)
   for (int64_t k = 0; k < K; ++k) {  // recv(k) + push(k+1)
     const uint32_t out_mask = k + 1 < K ? peers : 0u;
-    if (!ch.acquire(out_mask, peers)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      add_recv(k);
-      if (k + 1 < K) add_push(k + 1);
-    }
-    ch.execute_copy(out_mask, peers);
+    if (!run_step</*kCopyOnly=*/true>(ch, sh, out_mask, peers, [&] {
+          add_recv(k);
+          if (k + 1 < K) add_push(k + 1);
+        }))
+      return false;
   }
   return true;
 }
 
 static __device__ bool all_gather_ring(const CopyArgs& a, BlockChannels& ch, StepShared* sh) {
-  const int n = sh->h->nranks;
-  const int me = sh->h->rank;
-  const int prev = (me - 1 + n) % n;
-  const int next = (me + 1) % n;
-  const uint32_t N = 1u << next;
-  const uint32_t V = 1u << prev;
+  const RingPeers r(sh->h);
   const int B = gridDim.x;
   const int64_t K = block_chunk_count(a.nchunks, blockIdx.x, B);
   const char* in = static_cast<const char*>(a.in);
   char* out = static_cast<char*>(a.out);
-  auto s = [&](int j) { return ((me - j) % n + n) % n; };
-  auto first = [&](int64_t k) { return (int64_t(blockIdx.x) + k * B) * a.chunk; };
 
   auto add_send = [&](int64_t k) {
-    const int64_t f = first(k);
-    CopyJob& j = sh->add_copy(in + f, copy_chunk_len(a, f));
-    push_dst(j, out + int64_t(me) * a.bytes + f);
-    push_dst(j, sh->oslot[next]);
+    const int64_t f = chunk_first(k, B, a.chunk);
+    CopyJob& j = sh->add_copy(in + f, chunk_length(a.bytes, f, a.chunk));
+    push_dst(j, out + int64_t(r.me) * a.bytes + f);
+    push_dst(j, sh->oslot[r.next]);
   };
   auto add_recv_copy = [&](int64_t k, int q, bool forward) {
-    const int64_t f = first(k);
-    CopyJob& j = sh->add_copy(sh->islot[prev], copy_chunk_len(a, f));
+    const int64_t f = chunk_first(k, B, a.chunk);
+    CopyJob& j = sh->add_copy(sh->islot[r.prev], chunk_length(a.bytes, f, a.chunk));
     push_dst(j, out + int64_t(q) * a.bytes + f);
-    if (forward) push_dst(j, sh->oslot[next]);
+    if (forward) push_dst(j, sh->oslot[r.next]);
   };
-  auto step = [&](uint32_t out_mask, uint32_t in_mask, auto&& describe) -> bool {
-    if (!ch.acquire(out_mask, in_mask)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      describe();
-    }
-    ch.execute_copy(out_mask, in_mask);
-    return true;
+  auto step = [&](uint32_t out_mask, uint32_t in_mask, auto&& describe) {
+    return run_step</*kCopyOnly=*/true>(ch, sh, out_mask, in_mask, describe);
   };
 
-  if (K > 0 && !step(N, 0u, [&] { add_send(0); })) return false;
+  if (K > 0 && !step(r.N, 0u, [&] { add_send(0); })) return false;
   for (int64_t k = 0; k < K; ++k) {
     const bool more = k + 1 < K;
-    for (int j = 1; j <= n - 2; ++j)
-      if (!step(N, V, [&] { add_recv_copy(k, s(j), /*forward=*/true); })) return false;
-    if (!step(more ? N : 0u, V, [&] {
-          add_recv_copy(k, s(n - 1), /*forward=*/false);
+    for (int j = 1; j <= r.n - 2; ++j)
+      if (!step(r.N, r.V, [&] { add_recv_copy(k, r.segment(j), /*forward=*/true); })) return false;
+    if (!step(more ? r.N : 0u, r.V, [&] {
+          add_recv_copy(k, r.segment(r.n - 1), /*forward=*/false);
           if (more) add_send(k + 1);
         }))
       return false;

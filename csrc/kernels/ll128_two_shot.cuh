@@ -153,16 +153,8 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
   const int b = int(blockIdx.x);
   char* mine = h->base[me];
 
-  wait_for_previous_grid();  // grid_dependency.cuh: nothing but `a` is touched before this
-  let_next_grid_launch();
-  __shared__ uint64_t epoch_sh;
-  int ok = 1;
-  if (threadIdx.x < 32) {  // warp 0: the epoch (lane 0) and the stale-message check (lane q)
-    if (threadIdx.x == 0) epoch_sh = *reinterpret_cast<const uint64_t*>(mine + L.epoch_offset(b)) + 1;
-    ok = ll_no_stale_messages(h, a.check) ? 1 : 0;
-  }
-  if (__syncthreads_and(ok) == 0) return;
-  const uint64_t flag = epoch_sh;
+  uint64_t flag;  // the epoch; nothing but `a` is touched before ll_kernel_start
+  if (!ll_kernel_start(h, a.check, mine + L.epoch_offset(b), flag)) return;
 
   const int64_t seg = a.seg * a.elem_size;  // bytes per segment, a multiple of 16
   const int64_t total = a.count * a.elem_size;
@@ -235,7 +227,7 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
   }
 
   // Every peer's header of this call must match before any of its lines is read.
-  ok = 1;
+  int ok = 1;
   if (threadIdx.x < 32) {
     for (int q = 0; q < n && ok; ++q)
       if (q != me && !ll128_wait_header(h, L, q, 0, flag, a.check)) ok = 0;

@@ -154,6 +154,26 @@ __device__ __forceinline__ bool ll_no_stale_messages(const DeviceHandle* h, uint
   return false;
 }
 
+// The start of the LL and LL128 kernels: wait for the previous grid and let the next one launch
+// (grid_dependency.cuh: the caller touched nothing but its arguments before this), then warp 0
+// loads this call's epoch (lane 0: the CTA's epoch word + 1) and checks that no message of an
+// earlier call is left (lane q: peer q). `epoch` is set on every thread; false (the error
+// reported) when a stale message was found: the kernel returns.
+__device__ __forceinline__ bool ll_kernel_start(const DeviceHandle* h, uint64_t check, const char* epoch_word,
+                                                uint64_t& epoch) {
+  wait_for_previous_grid();
+  let_next_grid_launch();
+  __shared__ uint64_t epoch_sh;
+  int ok = 1;
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) epoch_sh = *reinterpret_cast<const uint64_t*>(epoch_word) + 1;
+    ok = ll_no_stale_messages(h, check) ? 1 : 0;
+  }
+  if (__syncthreads_and(ok) == 0) return false;
+  epoch = epoch_sh;
+  return true;
+}
+
 template <DType D, class Op>
 __global__ void __launch_bounds__(kLLThreads, 1) ll_all_reduce_kernel(const __grid_constant__ ReduceArgs a) {
   const DeviceHandle* h = &a.h;
@@ -166,16 +186,8 @@ __global__ void __launch_bounds__(kLLThreads, 1) ll_all_reduce_kernel(const __gr
   const bool in_aligned = (reinterpret_cast<uintptr_t>(a.in) & 7u) == 0;
   const bool out_aligned = (reinterpret_cast<uintptr_t>(a.out) & 7u) == 0;
 
-  wait_for_previous_grid();  // grid_dependency.cuh: nothing but `a` is touched before this
-  let_next_grid_launch();
-  __shared__ uint64_t epoch_sh;
-  int ok = 1;
-  if (threadIdx.x < 32) {  // warp 0: the epoch (lane 0) and the stale-message check (lane q)
-    if (threadIdx.x == 0) epoch_sh = *reinterpret_cast<const uint64_t*>(mine + L.epoch_offset(b)) + 1;
-    ok = ll_no_stale_messages(h, a.check) ? 1 : 0;
-  }
-  if (__syncthreads_and(ok) == 0) return;
-  const uint64_t epoch = epoch_sh;
+  uint64_t epoch;  // nothing but `a` is touched before ll_kernel_start
+  if (!ll_kernel_start(h, a.check, mine + L.epoch_offset(b), epoch)) return;
   const uint32_t flag = ll_flag(epoch);
   const int parity = int(epoch & 1);
 
@@ -205,6 +217,7 @@ __global__ void __launch_bounds__(kLLThreads, 1) ll_all_reduce_kernel(const __gr
   }
 
   // Receive: the headers (thread 0), then every word from every peer, reduced in rank order.
+  int ok = 1;
   if (threadIdx.x == 0) {
     for (int q = 0; q < n && ok; ++q) {
       if (q == me) continue;

@@ -37,6 +37,7 @@
 #pragma once
 
 #include "kernels/args.h"
+#include "kernels/block_chunks.cuh"
 #include "kernels/channel.cuh"
 #include "kernels/trace.cuh"
 
@@ -47,43 +48,27 @@ static __device__ bool one_shot_all_reduce(const ReduceArgs& a, BlockChannels& c
   const int n = sh->h->nranks;
   const int me = sh->h->rank;
   const uint32_t peers = peer_mask(n, me);
-  const int B = gridDim.x;
-  const int64_t K = block_chunk_count(a.nchunks, blockIdx.x, B);
-  const int64_t es = a.elem_size;
-  const char* in = static_cast<const char*>(a.in);
-  char* out = static_cast<char*>(a.out);
-  auto first = [&](int64_t k) { return (int64_t(blockIdx.x) + k * B) * a.chunk; };
-  auto length = [&](int64_t k) {
-    const int64_t f = first(k);
-    return a.count - f < a.chunk ? a.count - f : a.chunk;
-  };
+  const ReduceChunks c(a);
+  const int64_t K = c.count();
 
   // Copies of chunk k to every peer, as a job of the current step.
   auto add_push = [&](int64_t k) {
-    CopyJob& j = sh->add_copy(in + first(k) * es, length(k) * es);
+    CopyJob& j = sh->add_copy(c.in + c.first(k) * c.es, c.length(k) * c.es);
     for (int p = 0; p < n; ++p)
       if (has(peers, p)) push_dst(j, sh->oslot[p]);
   };
 
-  if (K > 0) {  // push(0)
-    if (!ch.acquire(peers, 0)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      add_push(0);
-    }
-    ch.execute(peers, 0);
-  }
+  if (K > 0 && !run_step</*kCopyOnly=*/false>(ch, sh, peers, 0u, [&] { add_push(0); })) return false;  // push(0)
   for (int64_t k = 0; k < K; ++k) {  // reduce(k) + push(k+1)
     const uint32_t out_mask = k + 1 < K ? peers : 0u;
-    if (!ch.acquire(out_mask, peers)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      ReduceJob& j = sh->set_reduce(length(k), a.div);
-      for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(in + first(k) * es) : sh->islot[q]);
-      push_dst(j, out + first(k) * es);
-      if (k + 1 < K) add_push(k + 1);
-    }
-    ch.execute(out_mask, peers);
+    if (!run_step</*kCopyOnly=*/false>(ch, sh, out_mask, peers, [&] {
+          ReduceJob& j = sh->set_reduce(c.length(k), a.div);
+          for (int q = 0; q < n; ++q)
+            push_src(j, q == me ? static_cast<const void*>(c.in + c.first(k) * c.es) : sh->islot[q]);
+          push_dst(j, c.out + c.first(k) * c.es);
+          if (k + 1 < K) add_push(k + 1);
+        }))
+      return false;
   }
   return true;
 }

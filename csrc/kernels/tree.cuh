@@ -17,6 +17,7 @@
 #pragma once
 
 #include "kernels/args.h"
+#include "kernels/block_chunks.cuh"
 #include "kernels/channel.cuh"
 
 namespace pycoll {
@@ -33,47 +34,32 @@ static __device__ bool tree_all_reduce(const ReduceArgs& a, BlockChannels& ch, S
   const uint32_t up_mask = parent >= 0 ? (1u << parent) : 0u;
   const uint32_t child_mask = (c0 >= 0 ? (1u << c0) : 0u) | (c1 >= 0 ? (1u << c1) : 0u);
   const bool root = parent < 0;
-  const int64_t K = block_chunk_count(a.nchunks, blockIdx.x, B);
-  const int64_t es = a.elem_size;
-  const char* in = static_cast<const char*>(a.in);
-  char* out = static_cast<char*>(a.out);
-  auto first = [&](int64_t k) { return (int64_t(blockIdx.x) + k * B) * a.chunk; };
-  auto length = [&](int64_t k) {
-    const int64_t f = first(k);
-    return a.count - f < a.chunk ? a.count - f : a.chunk;
-  };
+  const ReduceChunks c(a);
+  const int64_t K = c.count();
 
-  auto up = [&](int64_t k) -> bool {
+  auto up = [&](int64_t k) {
     const uint32_t out_mask = root ? child_mask : up_mask;
-    if (!ch.acquire(out_mask, child_mask)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      ReduceJob& j = sh->set_reduce(length(k), root ? a.div : 1);
-      push_src(j, in + first(k) * es);
+    return run_step</*kCopyOnly=*/false>(ch, sh, out_mask, child_mask, [&] {
+      ReduceJob& j = sh->set_reduce(c.length(k), root ? a.div : 1);
+      push_src(j, c.in + c.first(k) * c.es);
       if (c0 >= 0) push_src(j, sh->islot[c0]);
       if (c1 >= 0) push_src(j, sh->islot[c1]);
       if (root) {
-        push_dst(j, out + first(k) * es);
+        push_dst(j, c.out + c.first(k) * c.es);
         if (c0 >= 0) push_dst(j, sh->oslot[c0]);
         if (c1 >= 0) push_dst(j, sh->oslot[c1]);
       } else {
         push_dst(j, sh->oslot[parent]);
       }
-    }
-    ch.execute(out_mask, child_mask);
-    return true;
+    });
   };
-  auto down = [&](int64_t k) -> bool {
-    if (!ch.acquire(child_mask, up_mask)) return false;
-    if (threadIdx.x == 0) {
-      sh->clear();
-      CopyJob& j = sh->add_copy(sh->islot[parent], length(k) * es);
-      push_dst(j, out + first(k) * es);
+  auto down = [&](int64_t k) {
+    return run_step</*kCopyOnly=*/false>(ch, sh, child_mask, up_mask, [&] {
+      CopyJob& j = sh->add_copy(sh->islot[parent], c.length(k) * c.es);
+      push_dst(j, c.out + c.first(k) * c.es);
       if (c0 >= 0) push_dst(j, sh->oslot[c0]);
       if (c1 >= 0) push_dst(j, sh->oslot[c1]);
-    }
-    ch.execute(child_mask, up_mask);
-    return true;
+    });
   };
 
   for (int64_t k = 0; k < K; ++k) {

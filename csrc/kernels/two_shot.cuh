@@ -29,6 +29,7 @@
 #pragma once
 
 #include "kernels/args.h"
+#include "kernels/block_chunks.cuh"
 #include "kernels/channel.cuh"
 #include "kernels/trace.cuh"
 
@@ -42,30 +43,18 @@ static __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels&
   const int n = sh->h->nranks;
   const int me = sh->h->rank;
   const uint32_t peers = peer_mask(n, me);
-  const int B = gridDim.x;
-  const int64_t K = block_chunk_count(a.nchunks, blockIdx.x, B);
-  const int64_t es = a.elem_size;
-  const char* in = static_cast<const char*>(a.in);
-  char* out = static_cast<char*>(a.out);
-  auto first = [&](int64_t k) { return (int64_t(blockIdx.x) + k * B) * a.chunk; };
-  auto slice = [&](int q, int64_t k) {
-    int64_t seglen = a.count - int64_t(q) * a.seg;
-    seglen = seglen < 0 ? 0 : (seglen > a.seg ? a.seg : seglen);
-    const int64_t len = seglen - first(k);
-    return len < 0 ? int64_t(0) : (len > a.chunk ? a.chunk : len);
-  };
-  auto src_of = [&](int q, int64_t k) { return in + (int64_t(q) * a.seg + first(k)) * es; };
-  auto dst_of = [&](int q, int64_t k) { return out + (int64_t(q) * a.out_stride + first(k)) * es; };
+  const ReduceChunks c(a);
+  const int64_t K = c.count();
 
   // Jobs of the current step (thread 0 only).
   auto add_scatter = [&](int64_t k) {
     for (int p = 0; p < n; ++p)
-      if (has(peers, p)) push_dst(sh->add_copy(src_of(p, k), slice(p, k) * es), sh->oslot[p]);
+      if (has(peers, p)) push_dst(sh->add_copy(c.src(p, k), c.slice(p, k) * c.es), sh->oslot[p]);
   };
   auto add_reduce = [&](int64_t k, uint32_t result_to) {
-    ReduceJob& j = sh->set_reduce(slice(me, k), a.div);
-    for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(src_of(me, k)) : sh->islot[q]);
-    push_dst(j, dst_of(me, k));
+    ReduceJob& j = sh->set_reduce(c.slice(me, k), a.div);
+    for (int q = 0; q < n; ++q) push_src(j, q == me ? static_cast<const void*>(c.src(me, k)) : sh->islot[q]);
+    push_dst(j, c.dst(me, k));
     for (int p = 0; p < n; ++p)
       if (has(result_to, p)) push_dst(j, sh->oslot[p]);
   };
@@ -82,7 +71,7 @@ static __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels&
   };
   auto add_gather = [&](int64_t k) {
     for (int q = 0; q < n; ++q)
-      if (has(peers, q)) push_dst(sh->add_copy(sh->islot[q], slice(q, k) * es), dst_of(q, k));
+      if (has(peers, q)) push_dst(sh->add_copy(sh->islot[q], c.slice(q, k) * c.es), c.dst(q, k));
   };
 
   const int H = int(gridDim.x) / 2;
@@ -154,14 +143,11 @@ static __device__ bool direct_reduce_scatter(const ReduceArgs& a, BlockChannels&
       stamp();
     } else {
       // reduce(k) + scatter(k+1).
-      const uint32_t out_mask = more ? peers : 0u;
-      if (!ch.acquire(out_mask, peers)) return false;
-      if (threadIdx.x == 0) {
-        sh->clear();
-        add_reduce(k, 0u);
-        if (more) add_scatter(k + 1);
-      }
-      ch.execute(out_mask, peers);
+      if (!run_step</*kCopyOnly=*/false>(ch, sh, more ? peers : 0u, peers, [&] {
+            add_reduce(k, 0u);
+            if (more) add_scatter(k + 1);
+          }))
+        return false;
     }
   }
   if (follower && threadIdx.x == 0) *wave_word = wave_base + 1;
