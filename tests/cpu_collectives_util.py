@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ranks import ALGOS, IS_GLOO, set_algo
-from reference import FLOAT_OPS, INT_OPS, dist_op, gen, name, reduce_ref
+from ranks import ALGOS, IS_GLOO, quiet, set_algo
+from reference import FLOAT_OPS, INT_OPS, dist_op, filler, gen, name, reduce_ref
 
 WORLD_SIZES = [1, 2, 3, 4]
 P2P_WORLD_SIZES = [2, 3, 4]
@@ -323,3 +323,196 @@ def rank_log():
     sys.stderr.flush()
     with open(os.environ["PYCOLL_TEST_LOG"], errors="replace") as f:
         return f.read()
+
+
+# ---------------------------------------------------------------------------------------------
+# point-to-point larger than the channel, the sender's tensor shared ("send": the message goes by
+# reference, test_cpu_p2p_by_reference.py) or the receiver's ("recv": the sender writes into it,
+# test_cpu_p2p_into_receiver.py). The channel is set to 64 KiB so that messages of a few hundred
+# KiB are "larger than the channel".
+
+P2P_CHANNEL = 64 << 10
+P2P_ENV = {"PYCOLL_P2P_CHANNEL_BYTES": str(P2P_CHANNEL), "PYCOLL_DEBUG": "INFO"}
+P2P_PG_TIMEOUT_S = 4  # p2p_withdrawn_rank's group timeout
+
+
+def p2p_direct_count(shared):
+    """How many messages skipped the channel so far: received by reference ("send", counted by the
+    receiver) or written into the receiver ("recv", counted by the sender)."""
+    from pycollectives import _C
+
+    return _C._test_p2p_by_reference() if shared == "send" else _C._test_p2p_into_receiver()
+
+
+def p2p_tensor(t, shared, side):
+    """`t` itself, or moved into a shared file where `side` ("send" or "recv") is the shared one."""
+    return t.share_memory_() if shared == side else t
+
+
+def p2p_sender_writes_after_wait(cases, rank, nxt, prv, shared):
+    """The send completes only once its bytes are in the receiver's tensor: writing the sent tensor
+    after the send returned does not reach the receiver."""
+    with cases.case(kind="sender writes after wait"):
+        n = elems(torch.float32, 3 * P2P_CHANNEL)
+        src = p2p_tensor(gen(torch.float32, "data", (n,), cases.keyed_seed(rank)), shared, "send")
+        got = p2p_tensor(filler(torch.float32, (n,)), shared, "recv")
+        r = dist.irecv(got, src=prv, tag=6)
+        dist.send(src, dst=nxt, tag=6)
+        src.fill_(-1.0)
+        r.wait()
+        dist.barrier()
+        cases.check("received the bytes as they were at the send", got,
+                    gen(torch.float32, "data", (n,), cases.keyed_seed(prv)))
+
+
+def p2p_dead_receiver_rank(rank, ws, shared):
+    """Rank 1 exits without receiving; rank 0's large send raises within 15 s (returns its error)."""
+    import time
+
+    quiet()
+    no_cpu_to_spare(ws)
+    if rank == 1:
+        dist.barrier()
+        os._exit(3)  # never receives
+    src = p2p_tensor(torch.ones(elems(torch.float32, 3 * P2P_CHANNEL)), shared, "send")
+    dist.barrier()
+    t0 = time.monotonic()
+    try:
+        dist.send(src, dst=1)
+    except RuntimeError as e:
+        took = time.monotonic() - t0
+        assert took < 15, f"raised only after {took:.1f}s: {e}"
+        return str(e)
+    raise AssertionError("a send to a receiver that died returned")
+
+
+def p2p_withdrawn_rank(rank, ws, shared):
+    """Rank 0's large send times out (P2P_PG_TIMEOUT_S) before rank 1 posts its receive: the send
+    raises (rank 0 returns its error), and the receive posted afterwards fails instead of delivering
+    bytes (rank 1 returns its error and the sum of |received tensor|, which must stay 0)."""
+    import time
+
+    quiet()
+    no_cpu_to_spare(ws)
+    n = elems(torch.float32, 3 * P2P_CHANNEL)
+    dist.barrier()
+    if rank == 0:
+        src = p2p_tensor(torch.ones(n), shared, "send")
+        try:
+            dist.send(src, dst=1)
+        except RuntimeError as e:
+            src.fill_(-1.0)  # the caller owns its buffer again once the send has failed
+            return str(e)
+        raise AssertionError("a send that no receive matched in time returned")
+    time.sleep(P2P_PG_TIMEOUT_S + 2)  # past rank 0's deadline
+    got = p2p_tensor(torch.zeros(n), shared, "recv")
+    try:
+        dist.recv(got, src=0)
+    except RuntimeError as e:
+        return str(e), got.abs().sum().item()
+    raise AssertionError(f"the receive of a withdrawn message returned; got {got[:3].tolist()}")
+
+
+def p2p_spare_cpus_rank(rank, ws, seed, shared):
+    """With two CPUs or more per rank, a large send streams through the channel even where it could
+    skip it (the channel's two copies then run on two cores at once)."""
+    quiet()
+    cases = Cases(f"p2p, {shared} tensor shared, spare CPUs", rank, ws, seed)
+    n = elems(torch.float32, 3 * P2P_CHANNEL) + 1
+    with cases.case():
+        mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
+        got = p2p_tensor(filler(torch.float32, (n,)), shared, "recv")
+        before = p2p_direct_count(shared)
+        w = dist.isend(p2p_tensor(mine.clone(), shared, "send"), dst=1 - rank)
+        dist.recv(got, src=1 - rank)
+        w.wait()
+        cases.check("received", got, gen(torch.float32, "data", (n,), cases.keyed_seed(1 - rank)))
+        cases.expect(p2p_direct_count(shared) == before, "a send skipped the channel where the ranks have CPUs to spare")
+    return cases.finish()
+
+
+def p2p_size_mismatch_then_good(cases, rank, nxt, prv, shared):
+    """Inside a case: a receive of the wrong size fails and names the sizes; the next large message
+    still arrives (both ranks' counts of the messages that skip the channel stay in step)."""
+    n = elems(torch.float32, 2 * P2P_CHANNEL)
+    first = p2p_tensor(gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 1)), shared, "send")
+    second = p2p_tensor(gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 2)), shared, "send")
+    works = [dist.isend(first, dst=nxt, tag=9), dist.isend(second, dst=nxt, tag=10)]
+    try:
+        dist.recv(p2p_tensor(filler(torch.float32, (n - 1,)), shared, "recv"), src=prv, tag=9)
+        cases.fail("a receive of the wrong size", "did not raise")
+    except RuntimeError as e:
+        cases.expect("expects" in str(e), f"the error does not name the sizes: {e}")
+    got = p2p_tensor(filler(torch.float32, (n,)), shared, "recv")
+    dist.recv(got, src=prv, tag=10)
+    for w in works:
+        w.wait()
+    cases.check("received after the mismatch", got, gen(torch.float32, "data", (n,), cases.keyed_seed(prv, 2)))
+
+
+def p2p_through_the_channel(cases, rank, nxt, prv, shared, kinds):
+    """Messages that must not skip the channel arrive as before and are not counted. kinds: (name,
+    elements, whether the `shared` side's tensor is shared)."""
+    for kind, n, share in kinds:
+        with cases.case(kind=kind):
+            side = shared if share else None
+            got = p2p_tensor(filler(torch.float32, (n,)), side, "recv")
+            before = p2p_direct_count(shared)
+            w = dist.isend(p2p_tensor(gen(torch.float32, "data", (n,), cases.keyed_seed(rank)), side, "send"),
+                           dst=nxt, tag=7)
+            dist.recv(got, src=prv, tag=7)
+            w.wait()
+            cases.check("received", got, gen(torch.float32, "data", (n,), cases.keyed_seed(prv)))
+            cases.expect(p2p_direct_count(shared) == before, f"a {kind} message skipped the channel")
+
+
+def p2p_out_of_order_tags(cases, rank, shared, want):
+    """Rank 0 sends rank 1 three large messages with tags 1, 2, 3, which rank 1 receives as 3, 1, 2;
+    then the same from any source. The rank that counts (the receiver of messages by reference, the
+    sender of messages into the receiver) expects want[any_source] of them to have skipped the channel."""
+    n = elems(torch.float32, 4 * P2P_CHANNEL) + 1
+    msgs = {tag: gen(torch.float32, "data", (n,), cases.keyed_seed(tag)) for tag in (1, 2, 3)}
+    counting = 1 if shared == "send" else 0
+    for any_source in (False, True):
+        with cases.case(any_source=any_source):
+            before = p2p_direct_count(shared)
+            if rank == 0:
+                srcs = {tag: p2p_tensor(m.clone(), shared, "send") for tag, m in msgs.items()}
+                works = [dist.isend(srcs[tag], dst=1, tag=tag) for tag in (1, 2, 3)]
+                for w in works:
+                    w.wait()
+                for tag, m in msgs.items():
+                    cases.check(f"sent tensor {tag} unchanged", srcs[tag], m)
+            elif rank == 1:
+                for tag in (3, 1, 2):
+                    got = p2p_tensor(filler(torch.float32, (n,)), shared, "recv")
+                    w = dist.irecv(got, src=None if any_source else 0, tag=tag)
+                    w.wait()
+                    cases.check(f"message {tag}", got, msgs[tag])
+                    if any_source:
+                        cases.expect(w._source_rank() == 0, f"source {w._source_rank()}, expected 0")
+            if rank == counting:
+                got = p2p_direct_count(shared) - before
+                cases.expect(got == want[any_source], f"{got} messages skipped the channel, expected {want[any_source]}")
+            dist.barrier()
+
+
+def p2p_refused_messages(cases, rank, shared):
+    """Rank 0 sends rank 1 three large messages that may not skip the channel (the peer's files
+    cannot be mapped): each arrives, the sent tensor unchanged, and none is counted."""
+    n = elems(torch.float32, 3 * P2P_CHANNEL) + 5
+    counting = 1 if shared == "send" else 0
+    for i in range(3):
+        with cases.case(message=i):
+            m = gen(torch.float32, "data", (n,), cases.keyed_seed(i))
+            before = p2p_direct_count(shared)
+            if rank == 0:
+                src = p2p_tensor(m.clone(), shared, "send")
+                dist.send(src, dst=1)
+                cases.check("sent tensor unchanged", src, m)
+            else:
+                got = p2p_tensor(filler(torch.float32, (n,)), shared, "recv")
+                dist.recv(got, src=0)
+                cases.check("received", got, m)
+            if rank == counting:
+                cases.expect(p2p_direct_count(shared) == before, "a refused message skipped the channel")

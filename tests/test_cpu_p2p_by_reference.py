@@ -5,7 +5,7 @@ receiver copies it straight out of the sender's file (csrc/cpu/p2p.h).
 Every case checks the received bytes against the sent ones, that the sent tensor is unchanged, and
 how many messages came by reference (a count the receiver keeps, `_C._test_p2p_by_reference`): all
 the large shared ones, none of the private, small or refused ones. The channel is set to 64 KiB
-so that messages of a few hundred KiB are "larger than the channel".
+(cpu_collectives_util.P2P_ENV) so that messages of a few hundred KiB are "larger than the channel".
 """
 import datetime
 import os
@@ -14,22 +14,22 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cpu_collectives_util import Cases, elems, no_cpu_to_spare, rank_log
+from cpu_collectives_util import (P2P_CHANNEL as CHANNEL, P2P_ENV as ENV, P2P_PG_TIMEOUT_S, Cases, elems,
+                                  no_cpu_to_spare, p2p_dead_receiver_rank, p2p_direct_count, p2p_out_of_order_tags,
+                                  p2p_refused_messages,
+                                  p2p_sender_writes_after_wait, p2p_size_mismatch_then_good, p2p_spare_cpus_rank,
+                                  p2p_through_the_channel, p2p_withdrawn_rank, rank_log)
 from ranks import quiet, run_ranks
 from reference import DTYPES, filler, gen
 
 pytestmark = pytest.mark.pycoll_only
 
-CHANNEL = 64 << 10
-ENV = {"PYCOLL_P2P_CHANNEL_BYTES": str(CHANNEL), "PYCOLL_DEBUG": "INFO"}
 SENDER_REFUSED = "cannot map this rank's shared-memory tensors"
 RECEIVER_REFUSED = "point-to-point messages from it go through the channel"
 
 
 def _by_reference():
-    from pycollectives import _C
-
-    return _C._test_p2p_by_reference()
+    return p2p_direct_count("send")
 
 
 def _ring_rank(rank, ws, seed):
@@ -64,20 +64,7 @@ def _ring_rank(rank, ws, seed):
                         cases.check("between the strided elements", base[1::2], filler(dtype, (2 * n,))[1::2])
                     got = _by_reference() - before
                     cases.expect(got == 1, f"{got} messages by reference, expected 1")
-    # The send completes only once the receiver has copied: writing the tensor after wait() does
-    # not reach the receiver.
-    with cases.case(kind="sender writes after wait"):
-        n = elems(torch.float32, 3 * CHANNEL)
-        mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
-        theirs = gen(torch.float32, "data", (n,), cases.keyed_seed(prv))
-        src = mine.clone().share_memory_()
-        got = filler(torch.float32, (n,))
-        r = dist.irecv(got, src=prv, tag=6)
-        dist.send(src, dst=nxt, tag=6)
-        src.fill_(-1.0)
-        r.wait()
-        dist.barrier()
-        cases.check("received the bytes as they were at the send", got, theirs)
+    p2p_sender_writes_after_wait(cases, rank, nxt, prv, shared="send")
     # A view inside a larger shared tensor: the message starts at its offset in the file.
     with cases.case(kind="view at an offset"):
         n = elems(torch.float32, 2 * CHANNEL) + 1
@@ -93,33 +80,11 @@ def _ring_rank(rank, ws, seed):
     # A receive of the wrong size fails; the next message by reference still arrives (the two
     # ranks' counts of such messages stay in step).
     with cases.case(kind="size mismatch, then a good message"):
-        n = elems(torch.float32, 2 * CHANNEL)
-        first = gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 1)).share_memory_()
-        second = gen(torch.float32, "data", (n,), cases.keyed_seed(rank, 2)).share_memory_()
-        works = [dist.isend(first, dst=nxt, tag=9), dist.isend(second, dst=nxt, tag=10)]
-        try:
-            dist.recv(filler(torch.float32, (n - 1,)), src=prv, tag=9)
-            cases.fail("a receive of the wrong size", "did not raise")
-        except RuntimeError as e:
-            cases.expect("expects" in str(e), f"the error does not name the sizes: {e}")
-        got = filler(torch.float32, (n,))
-        dist.recv(got, src=prv, tag=10)
-        for w in works:
-            w.wait()
-        cases.check("received after the mismatch", got, gen(torch.float32, "data", (n,), cases.keyed_seed(prv, 2)))
+        p2p_size_mismatch_then_good(cases, rank, nxt, prv, "send")
     # Private, small (fits the channel) and empty shared messages stream as before.
-    for kind, n, share in (("private", elems(torch.float32, 3 * CHANNEL), False),
-                           ("small", elems(torch.float32, CHANNEL // 2), True), ("empty", 0, True)):
-        with cases.case(kind=kind):
-            mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
-            src = mine.clone().share_memory_() if share else mine.clone()
-            got = filler(torch.float32, (n,))
-            before = _by_reference()
-            w = dist.isend(src, dst=nxt, tag=7)
-            dist.recv(got, src=prv, tag=7)
-            w.wait()
-            cases.check("received", got, gen(torch.float32, "data", (n,), cases.keyed_seed(prv)))
-            cases.expect(_by_reference() == before, f"a {kind} message came by reference")
+    p2p_through_the_channel(cases, rank, nxt, prv, "send", (("private", elems(torch.float32, 3 * CHANNEL), False),
+                                                            ("small", elems(torch.float32, CHANNEL // 2), True),
+                                                            ("empty", 0, True)))
     dist.barrier()
     return cases.finish()
 
@@ -136,29 +101,7 @@ def _order_rank(rank, ws, seed):
     quiet()
     no_cpu_to_spare(ws)
     cases = Cases("p2p by reference, tag order", rank, ws, seed)
-    n = elems(torch.float32, 4 * CHANNEL) + 1
-    msgs = {tag: gen(torch.float32, "data", (n,), cases.keyed_seed(tag)) for tag in (1, 2, 3)}
-    for any_source in (False, True):
-        with cases.case(any_source=any_source):
-            if rank == 0:
-                srcs = {tag: m.clone().share_memory_() for tag, m in msgs.items()}
-                works = [dist.isend(srcs[tag], dst=1, tag=tag) for tag in (1, 2, 3)]
-                for w in works:
-                    w.wait()
-                for tag, m in msgs.items():
-                    cases.check(f"sent tensor {tag} unchanged", srcs[tag], m)
-            elif rank == 1:
-                before = _by_reference()
-                for tag in (3, 1, 2):
-                    got = filler(torch.float32, (n,))
-                    w = dist.irecv(got, src=None if any_source else 0, tag=tag)
-                    w.wait()
-                    cases.check(f"message {tag}", got, msgs[tag])
-                    if any_source:
-                        cases.expect(w._source_rank() == 0, f"source {w._source_rank()}, expected 0")
-                got = _by_reference() - before
-                cases.expect(got == 3, f"{got} messages by reference, expected 3")
-            dist.barrier()
+    p2p_out_of_order_tags(cases, rank, "send", want={False: 3, True: 3})
     return cases.finish()
 
 
@@ -212,20 +155,7 @@ def _refused_rank(rank, ws, seed, how):
     if rank == 1 and how == "denied":
         _C._set_test_deny_shared_open(True)
     cases = Cases("p2p by reference, refused", rank, ws, seed)
-    n = elems(torch.float32, 3 * CHANNEL) + 5
-    for i in range(3):
-        with cases.case(message=i):
-            m = gen(torch.float32, "data", (n,), cases.keyed_seed(i))
-            if rank == 0:
-                src = m.clone().share_memory_()
-                dist.send(src, dst=1)
-                cases.check("sent tensor unchanged", src, m)
-            else:
-                got = filler(torch.float32, (n,))
-                before = _by_reference()
-                dist.recv(got, src=0)
-                cases.check("received", got, m)
-                cases.expect(_by_reference() == before, "a refused message came by reference")
+    p2p_refused_messages(cases, rank, "send")
     dist.barrier()
     log = rank_log()
     if rank == 0:
@@ -269,88 +199,22 @@ def test_shared_allocator_sends_by_reference(seed):
     run_ranks(2, _allocator_rank, seed, timeout=300, env=ENV)
 
 
-def _dead_receiver_rank(rank, ws):
-    import time
-
-    quiet()
-    no_cpu_to_spare(ws)
-    n = elems(torch.float32, 3 * CHANNEL)
-    if rank == 1:
-        dist.barrier()
-        os._exit(3)  # never receives
-    src = torch.ones(n).share_memory_()
-    dist.barrier()
-    t0 = time.monotonic()
-    try:
-        dist.send(src, dst=1)
-    except RuntimeError as e:
-        took = time.monotonic() - t0
-        assert took < 15, f"raised only after {took:.1f}s: {e}"
-        return str(e)
-    raise AssertionError("a send to a receiver that died returned")
-
-
 def test_send_to_dead_receiver_raises():
-    results = run_ranks(2, _dead_receiver_rank, timeout=120, env=ENV, expect_exit={1: 3},
+    results = run_ranks(2, p2p_dead_receiver_rank, "send", timeout=120, env=ENV, expect_exit={1: 3},
                         pg_timeout=datetime.timedelta(seconds=20), destroy=False)
     # The send waited for the receiver's copy out of this rank's file, and noticed it had gone.
     assert "rank 1 exited" in results[0] and "shared memory" in results[0], results[0]
 
 
-def _withdrawn_rank(rank, ws):
-    """Rank 0's send by reference times out before rank 1 posts its receive: the send raises, and
-    the receive posted afterwards fails instead of delivering the bytes rank 0 then overwrites."""
-    import time
-
-    quiet()
-    no_cpu_to_spare(ws)
-    n = elems(torch.float32, 3 * CHANNEL)
-    dist.barrier()
-    if rank == 0:
-        src = torch.ones(n).share_memory_()
-        try:
-            dist.send(src, dst=1)
-        except RuntimeError as e:
-            src.fill_(-1.0)  # the caller owns its buffer again once the send has failed
-            return str(e)
-        raise AssertionError("a send that no receive matched in time returned")
-    time.sleep(PG_TIMEOUT_S + 2)  # past rank 0's deadline
-    got = torch.zeros(n)
-    try:
-        dist.recv(got, src=0)
-    except RuntimeError as e:
-        return str(e)
-    raise AssertionError(f"the receive of a withdrawn message returned; got {got[:3].tolist()}")
-
-
-PG_TIMEOUT_S = 4
-
-
 def test_withdrawn_send_fails_its_receive():
-    results = run_ranks(2, _withdrawn_rank, timeout=120, env=ENV, destroy=False,
-                        pg_timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    results = run_ranks(2, p2p_withdrawn_rank, "send", timeout=120, env=ENV, destroy=False,
+                        pg_timeout=datetime.timedelta(seconds=P2P_PG_TIMEOUT_S))
     assert "timed out" in results[0] and "shared memory" in results[0], results[0]
-    assert "gave up on the message" in results[1], results[1]
-
-
-def _spare_cpus_rank(rank, ws, seed):
-    """With two CPUs or more per rank, a large shared send streams through the channel, whose two
-    copies then run on two cores at once (faster there than one copy by reference)."""
-    quiet()
-    cases = Cases("p2p by reference, spare CPUs", rank, ws, seed)
-    n = elems(torch.float32, 3 * CHANNEL) + 1
-    with cases.case():
-        mine = gen(torch.float32, "data", (n,), cases.keyed_seed(rank))
-        got = filler(torch.float32, (n,))
-        before = _by_reference()
-        w = dist.isend(mine.clone().share_memory_(), dst=1 - rank)
-        dist.recv(got, src=1 - rank)
-        w.wait()
-        cases.check("received", got, gen(torch.float32, "data", (n,), cases.keyed_seed(1 - rank)))
-        cases.expect(_by_reference() == before, "a send came by reference where the ranks have CPUs to spare")
-    return cases.finish()
+    message, received = results[1]
+    assert "gave up on the message" in message, message
+    assert received == 0, f"{received}: the withdrawn message reached the receiver's tensor"
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 4, reason="needs 4 CPUs (2 per rank)")
 def test_spare_cpus_stream_through_the_channel(seed):
-    run_ranks(2, _spare_cpus_rank, seed, timeout=120, env=ENV)
+    run_ranks(2, p2p_spare_cpus_rank, seed, "send", timeout=120, env=ENV)
