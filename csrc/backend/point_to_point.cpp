@@ -49,23 +49,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::point_to_point(bool is_send, 
   check_dense(op, t, "tensor");
   check_usable(op);
   const FrHandle fr = record_p2p(is_send, t, peer, issued_.load() + 1);
-  const auto tracked = [&fr](c10::intrusive_ptr<c10d::Work> w) {
+  // engine: which one moves it, for the recorder ("self": a copy; "gloo": to another host).
+  const auto tracked = [&fr](const char* engine, c10::intrusive_ptr<c10d::Work> w) {
+    FlightRecorder::get().ran(fr, engine, "direct", std::string());
     if (auto* pw = dynamic_cast<PycollWork*>(w.get())) pw->track(fr);
     return w;
   };
   if (peer == rank_) {
-    return in_block(tracked(is_send ? self_p2p_.send(t, tag, ++issued_) : self_p2p_.recv(t, tag, ++issued_)));
+    return in_block(tracked("self", is_send ? self_p2p_.send(t, tag, ++issued_) : self_p2p_.recv(t, tag, ++issued_)));
   }
   if (hosts_ && t.is_cuda()) {
     // Across hosts the CUDA engine spans this host's ranks (numbered by local rank). A peer on
     // another host gets it through host memory and Gloo, not NCCL: an unbatched NCCL send waits
     // for its receive, so a send then a receive on both ranks would deadlock, and our sends never block.
     const int local_peer = hosts_->local_rank(peer);
-    if (local_peer >= 0 && on_cuda_engine(t)) return tracked(device_p2p(is_send, t, local_peer));
-    return in_block(tracked(host_p2p(is_send, op, t, peer, tag)));
+    if (local_peer >= 0 && on_cuda_engine(t)) return tracked("cuda", device_p2p(is_send, t, local_peer));
+    return in_block(tracked(local_peer >= 0 ? "cpu" : "gloo", host_p2p(is_send, op, t, peer, tag)));
   }
-  if (on_cuda_engine(t)) return tracked(device_p2p(is_send, t, peer));
-  return in_block(tracked(host_p2p(is_send, op, t, peer, tag)));
+  if (on_cuda_engine(t)) return tracked("cuda", device_p2p(is_send, t, peer));
+  const bool other_host = hosts_ && hosts_->local_rank(peer) < 0;
+  return in_block(tracked(other_host ? "gloo" : "cpu", host_p2p(is_send, op, t, peer, tag)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::device_p2p(bool is_send, const at::Tensor& t, int peer) {

@@ -1,0 +1,182 @@
+"""The flight recorder (csrc/backend/flight_recorder.h): what it records, the dumps every rank writes
+when an op fails, and what `pycoll-trace analyze` makes of them; a dead peer left unreaped."""
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ranks import IS_GLOO, run_ranks
+
+pytestmark = pytest.mark.skipif(IS_GLOO, reason="the flight recorder is pycoll's")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _wait_for_dumps(prefix, world, seconds):
+    """Every rank's dump, as JSON, once all exist (the peers answer a request within about 1 s)."""
+    deadline = time.time() + seconds
+    paths = [f"{prefix}{r}" for r in range(world)]
+    while time.time() < deadline and not all(os.path.exists(p) for p in paths):
+        time.sleep(0.05)
+    missing = [p for p in paths if not os.path.exists(p)]
+    assert not missing, f"no dump after {seconds} s: {missing}"
+    return [json.load(open(p)) for p in paths]
+
+
+def _analyze(directory):
+    return subprocess.run([sys.executable, "-m", "pycollectives.trace", "analyze", directory], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+
+
+def _skip_one_all_reduce(rank, world, prefix):
+    for _ in range(3):
+        dist.all_reduce(torch.ones(16))
+    t0 = time.time()
+    if rank != 1:  # rank 1 skips the fourth all_reduce: the others time out in it
+        with pytest.raises(RuntimeError, match="timed out"):
+            dist.all_reduce(torch.ones(16))
+    dumps = _wait_for_dumps(prefix, world, seconds=20)
+    return time.time() - t0, dumps[rank]
+
+
+def test_a_rank_that_skips_an_op_is_named(tmp_path):
+    prefix = str(tmp_path / "rank_")
+    out = run_ranks(3, _skip_one_all_reduce, prefix, env={"TORCH_FR_DUMP_TEMP_FILE": prefix},
+                    pg_timeout=datetime.timedelta(seconds=3), destroy=False, timeout=90)
+    for rank, (elapsed, dump) in enumerate(out):
+        assert elapsed < 3 + 10, f"rank {rank} saw every dump only after {elapsed:.1f} s"
+        assert dump["backend"] == "pycoll" and dump["rank"] == rank and dump["world_size"] == 3
+        last = dump["entries"][-1]
+        if rank == 1:
+            assert last["state"] == "completed" and last["profiling_name"] == "pycoll:all_reduce"
+            assert dump["dump_reason"].startswith("peer request: rank ")
+        else:
+            assert last["state"] == "completed" and "timed out" in last["error"]
+            assert dump["dump_reason"].startswith("error: ") or dump["dump_reason"].startswith("peer request")
+    hung_seq = out[0][1]["entries"][-1]["collective_seq_id"]
+    assert out[1][1]["entries"][-1]["collective_seq_id"] == hung_seq - 1
+    res = _analyze(str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"#{hung_seq}" in res.stdout and "rank 1" in res.stdout and "all_reduce" in res.stdout, res.stdout
+
+
+def _mismatched_size(rank, world, prefix):
+    dist.all_reduce(torch.ones(8))
+    with pytest.raises(RuntimeError, match="mismatch"):
+        dist.all_reduce(torch.ones(16 if rank == 1 else 8))
+    return _wait_for_dumps(prefix, world, seconds=15)[rank]
+
+
+def test_a_size_mismatch_is_named(tmp_path):
+    prefix = str(tmp_path / "rank_")
+    out = run_ranks(2, _mismatched_size, prefix, env={"TORCH_FR_DUMP_TEMP_FILE": prefix}, destroy=False, timeout=90)
+    assert out[1]["entries"][-1]["input_sizes"] == [[16]] and out[0]["entries"][-1]["input_sizes"] == [[8]]
+    res = _analyze(str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "[16]" in res.stdout and "[8]" in res.stdout and "rank 1" in res.stdout, res.stdout
+
+
+def _clean_job(rank, world, prefix, ops):
+    import pycollectives.trace
+
+    sub = dist.new_group([0, 1])
+    for i in range(ops):
+        t = torch.arange(10, dtype=torch.float64)
+        dist.all_reduce(t)
+        if i % 5 == 0 and rank < 2:
+            dist.all_gather_into_tensor(torch.empty(20, dtype=torch.float64), t, group=sub)
+    if rank == 0:
+        dist.send(torch.ones(3), 1)
+    elif rank == 1:
+        dist.recv(torch.empty(3), 0)
+    path = pycollectives.trace.dump(prefix)
+    return path, json.load(open(path))
+
+
+@pytest.mark.parametrize("size", [2000, 8])
+def test_a_clean_job_records_every_op(tmp_path, size):
+    prefix = str(tmp_path / "rank_")
+    ops = 20
+    out = run_ranks(3, _clean_job, prefix, ops, env={"PYCOLL_FR_BUFFER_SIZE": str(size)}, timeout=90)
+    for rank, (path, dump) in enumerate(out):
+        assert path == f"{prefix}{rank}"
+        entries = dump["entries"]
+        ids = [e["record_id"] for e in entries]
+        assert ids == list(range(ids[-1] - len(ids) + 1, ids[-1] + 1)), "oldest first, none missing"
+        expected = ops + (4 + 1 if rank < 2 else 0)  # all_reduce, the sub-group's all_gathers, the send/recv
+        assert ids[-1] == expected and len(entries) == min(size, expected)
+        for e in entries:
+            assert e["state"] == "completed" and not e["error"]
+            assert e["time_created_ns"] <= e["time_discovered_started_ns"] <= e["time_discovered_completed_ns"]
+            assert e["duration_ms"] >= 0 and e["engine"] and e["thread_name"] is not None
+        reduces = [e for e in entries if e["profiling_name"] == "pycoll:all_reduce"]
+        assert reduces and all(e["input_sizes"] == [[10]] and e["input_dtypes"] == ["Double"] for e in reduces)
+        assert all(e["algorithm"] for e in reduces)
+        assert dump["pg_config"]["0"]["ranks"] == "[0, 1, 2]" and dump["pg_config"]["0"]["desc"] == "default_pg"
+        if size == 2000 and rank < 2:
+            p2p = [e for e in entries if e["is_p2p"]]
+            assert len(p2p) == 1 and p2p[0]["peer"] == 1 - rank and p2p[0]["p2p_seq_id"] == 1
+            assert p2p[0]["profiling_name"] == ("pycoll:send" if rank == 0 else "pycoll:recv")
+    res = _analyze(str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_recording_is_cheap():
+    import pycollectives._C as C
+
+    ns = min(C.flight_recorder_bench(50000) for _ in range(3))
+    # The issue's bound is 300 ns on the 2-core machine; a loaded CI machine gets some slack here.
+    assert ns < 1500, f"{ns:.0f} ns per op"
+
+
+_UNREAPED = textwrap.dedent("""
+    import datetime, os, signal, sys, time
+    import torch, torch.distributed as dist
+    import pycollectives
+    rank = int(sys.argv[1])
+    dist.init_process_group("pycoll", init_method="file://" + sys.argv[2], rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=30))
+    for _ in range(5):
+        dist.all_reduce(torch.ones(4))
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # the parent does not reap it until the end
+    t0 = time.time()
+    try:
+        dist.all_reduce(torch.ones(4))
+    except RuntimeError as e:
+        print(f"ELAPSED {time.time() - t0:.3f}")
+        print("ERROR", str(e).splitlines()[0])
+        os._exit(0)
+    os._exit(3)
+""")
+
+
+def test_a_peer_killed_and_not_reaped_is_noticed_at_once(tmp_path):
+    script = tmp_path / "unreaped.py"
+    script.write_text(_UNREAPED)
+    store = str(tmp_path / "store")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), store], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env) for r in range(2)]
+    try:
+        out, _ = procs[0].communicate(timeout=60)
+        # Rank 1 was never waited for: it is a zombie until the end of the test.
+        assert procs[1].returncode is None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+            p.wait()
+    assert procs[0].returncode == 0, out
+    elapsed = float(out.split("ELAPSED ")[1].split()[0])
+    assert elapsed < 1.0, out
+    assert "rank 1 exited" in out, out
