@@ -1,6 +1,6 @@
 """The settings registry (csrc/common/setting.h, pycollectives.settings): every PYCOLL_* variable
-declared once; bad values raise a ValueError naming the setting and its range; the README's and
-docs/settings.md's tables are what the declarations say."""
+declared once; bad values raise a ValueError naming the setting and its range; docs/settings.md's
+tables are what the declarations say."""
 
 import os
 import re
@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER = {"PYCOLL_ALGO", "PYCOLL_CPU_THREADS", "PYCOLL_DEBUG", "PYCOLL_SHM_BYTES", "PYCOLL_P2P_CHANNEL_BYTES", "PYCOLL_COST_MODEL",
         "PYCOLL_INTER_HOST_BACKEND", "PYCOLL_CHECK_ACROSS_HOSTS", "PYCOLL_COALESCE_P2P",
         "PYCOLL_CPU_PEER_READ", "PYCOLL_CPU_SHARED_TENSORS", "PYCOLL_CPU_ALLOCATOR", "PYCOLL_SHARED_CPU_MIN_BYTES",
-        "PYCOLL_SHARED_CPU_CACHE_BYTES"}
+        "PYCOLL_SHARED_CPU_CACHE_BYTES", "PYCOLL_FR_BUFFER_SIZE", "PYCOLL_FR_DUMP_SIGNAL", "PYCOLL_FR_DUMP_ON_ERROR"}
 
 
 def test_every_setting_is_declared_once_with_doc_and_range():
@@ -82,7 +82,7 @@ def test_group_creation_raises_on_a_bad_cpu_engine_setting(tmp_path, name, bad, 
     assert all(w in out.stdout for w in words), out.stdout + out.stderr
 
 
-def test_readme_and_docs_tables_are_generated_from_the_declarations():
+def test_docs_tables_are_generated_from_the_declarations():
     for path, text in ps.generated_files(ROOT).items():
         with open(path) as fh:
             assert fh.read() == text, f"{path} is stale: run python -m pycollectives.settings --write"

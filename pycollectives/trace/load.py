@@ -223,7 +223,9 @@ def peer_of(entry: dict, members=None) -> int:
 
 
 def state(entry: dict) -> str:
-    return str(entry.get("state") or "?")
+    """scheduled, started, completed, or failed (completed with an error)."""
+    s = str(entry.get("state") or "?")
+    return "failed" if s == "completed" and entry.get("error") else s
 
 
 def tensor_bytes(sizes, dtypes) -> int | None:
