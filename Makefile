@@ -32,8 +32,10 @@ bench-regression: install
 	$(PYTHON) -m pytest -q benchmarks/regression $(ARGS)
 
 # Is the working tree slower than BASE? Both built, timed in one launch, interleaved round by round.
+# BASE_ENV="NAME=VALUE ...": one build under two settings instead (BASE with those variables).
+BASE_ENV ?=
 bench-compare: install
-	$(PYTHON) benchmarks/regression/compare.py --base $(BASE) $(ARGS)
+	$(PYTHON) benchmarks/regression/compare.py $(if $(BASE_ENV),$(foreach e,$(BASE_ENV),--base-env $(e)),--base $(BASE)) $(ARGS)
 
 # Soak (benchmarks/soak.py, docs/testing.md): 100,000 random ops on 2 ranks, each checked against
 # Gloo; fails on a mismatch or error, on RSS growth of 1% or more after a 1,000-op warm-up, on fd or

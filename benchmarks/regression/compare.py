@@ -24,6 +24,11 @@ at least --min-change (6%). Why these, measured (docs/regression-benchmarks.md h
 
     python benchmarks/regression/compare.py --base HEAD~3 [--rounds 8] [--cases 'all_reduce-*']
     python benchmarks/regression/compare.py --base HEAD --inject all_reduce   # must flag all_reduce
+    python benchmarks/regression/compare.py --base-env PYCOLL_FR_BUFFER_SIZE=0   # one build, two settings
+
+Settings mode: with --base-env NAME=VALUE (repeatable) and no --base, both sides run the working
+tree's build, BASE with those variables set (and the working tree with --work-env ones): e.g. the
+flight recorder off (BASE) against on (the working tree, its default).
 
 --inject wraps the matching cases' call on the working-tree side with a delay of --inject-frac
 (10%) of BASE's time per call, where the call spends it (rank_server.py): a self-test of the
@@ -53,7 +58,12 @@ from rank_pool import PoolError, RankPool  # noqa: E402
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="bench-compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", required=True, help="git ref to compare the working tree with")
+    p.add_argument("--base", default=None, help="git ref to compare the working tree with (default: the working "
+                   "tree itself, with --base-env)")
+    p.add_argument("--base-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment of BASE's ranks (repeatable); without --base, BASE is the working tree")
+    p.add_argument("--work-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment of the working tree's ranks (repeatable)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--rounds", type=int, default=None,
@@ -70,7 +80,22 @@ def parse_args(argv):
                    help="never flag a change below this fraction (what one launch resolves; see above)")
     p.add_argument("--json", default=None, help="write every round's times here")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even when cases are flagged")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.base is None and not args.base_env:
+        p.error("give --base REF, or --base-env NAME=VALUE to compare one build under two settings")
+    args.base_env = _env_pairs(p, args.base_env)
+    args.work_env = _env_pairs(p, args.work_env)
+    return args
+
+
+def _env_pairs(parser, items):
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"expected NAME=VALUE, got {item!r}")
+        out[name] = value
+    return out
 
 
 def _device(choice):
@@ -127,7 +152,13 @@ def print_table(rows, out=sys.stdout):
 
 def run(args):
     device = _device(args.device)
-    base_tree, base_commit = prepare_base(args.base, log=lambda m: print(m, flush=True))
+    if args.base is None:
+        base_tree, base_commit = REPO_ROOT, "working tree"
+    else:
+        base_tree, base_commit = prepare_base(args.base, log=lambda m: print(m, flush=True))
+    base_label = args.base or "working tree"
+    if args.base_env:
+        base_label += " with " + " ".join(f"{k}={v}" for k, v in args.base_env.items())
     round_s = (args.round_ms or (10.0 if device == "cuda" else 30.0)) / 1e3
     if args.rounds is None:
         args.rounds = 8 if device == "cuda" else 24
@@ -138,9 +169,9 @@ def run(args):
     if not cases:
         raise SystemExit("bench-compare: no case matches --cases")
     t0 = time.monotonic()
-    base = RankPool(args.world, device, base_tree, label=f"BASE {args.base}")
+    base = RankPool(args.world, device, base_tree, label=f"BASE {base_label}", env=args.base_env)
     try:
-        work = RankPool(args.world, device, REPO_ROOT, label="working tree")
+        work = RankPool(args.world, device, REPO_ROOT, label="working tree", env=args.work_env)
     except BaseException:
         base.close()
         raise
@@ -193,7 +224,8 @@ def run(args):
                                                                args.min_change)
     return dict(device=device, card=card, world=args.world, rounds=args.rounds, round_s=round_s,
                 min_change=args.min_change,
-                base=args.base, base_commit=base_commit, inject=inject, inject_frac=args.inject_frac,
+                base=base_label, base_commit=base_commit, base_env=args.base_env, work_env=args.work_env,
+                inject=inject, inject_frac=args.inject_frac,
                 elapsed_s=time.monotonic() - t0, rows=rows)
 
 
@@ -206,7 +238,8 @@ def main(argv=None):
     result["work_commit"] = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT,
                                            capture_output=True, text=True).stdout.strip()
     print()
-    print(f"BASE {result['base']} ({result['base_commit'][:12]}) vs working tree {result['work_commit']}, "
+    work_label = "working tree" + "".join(f" {k}={v}" for k, v in result["work_env"].items())
+    print(f"BASE {result['base']} ({result['base_commit'][:12]}) vs {work_label} {result['work_commit']}, "
           f"{result['card']}, {result['world']} ranks, {result['rounds']} rounds, {result['elapsed_s']:.0f} s")
     print_table(result["rows"])
     flagged = [r["name"] for r in result["rows"] if r.get("flagged")]
