@@ -1,7 +1,7 @@
 /* What a two-process broadcast over shared memory costs when only the reader copies (the root
  * waits) against the root writing half of the message into the reader's buffer while the reader
  * copies the other half: the measurement behind shared_broadcast's split
- * (csrc/algorithms/shared_storage.h; docs/algorithms.md, "Tensors in shared memory").
+ * (csrc/cpu/shared_storage.h; docs/algorithms.md, "Tensors in shared memory").
  *
  *   floor            both ranks at once: one private memcpy of the message (pycoll-bench's floor).
  *   pull             the reader copies the root's shared buffer into its own shared buffer.

@@ -253,7 +253,7 @@ def test_pipelined_lane_counts_rise_and_fall(seed):
     Between them the identity check's all_gathers run lanes of their own (6 after the 2 MiB
     step, for example), so the pool sees more counts than these. A pool that failed to wake a
     worker with a lane would hang here and fail at the timeout; one that woke too many would
-    still pass (that costs only time: algorithms.md has the measurement)."""
+    still pass (that costs only time: docs/decisions/0026-cpu-pipeline-lanes-slots-and-steps.md)."""
     plan = [(4096, 8), (1024, 2), (2048, 4), (4096, 8), (512, 1), (1024, 2), (4096, 8)]
     run_ranks(3, _lane_counts_vary_rank, seed, plan, timeout=300,
               env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_THREADS": "8"})

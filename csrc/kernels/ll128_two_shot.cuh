@@ -3,7 +3,7 @@
 //
 // Why: the channel two-shot (two_shot.cuh) pays at each of its two phase changes a system-scope
 // fence after the data, a flag hop and the loads' ramp-up, about 5 us each on 2x H200 at 16 MiB,
-// while the link idles (docs/algorithms.md). Here every 128-byte line carries 120 payload bytes and
+// while the link idles (docs/decisions/0010-ll128-two-shot.md). Here every 128-byte line carries 120 payload bytes and
 // a 64-bit flag in its last 8 bytes, written by 8 lanes of one warp with one 16-byte store each.
 // NVLink delivers such a line whole, so a reader that sees the flag sees the line's payload once it
 // loads the line again (the first load's other sectors may have been read before the flag's: NCCL

@@ -22,7 +22,7 @@
 // once their partner b - H has issued its own, so that while the first wave waits for its flags,
 // fences and loads between phases, the second wave's data keeps the link busy, and the first
 // wave's final copy overlaps the second wave's last phase. Without it all CTAs run their phases in
-// lockstep and the link idles at every phase change (two-shot's timeline in docs/algorithms.md).
+// lockstep and the link idles at every phase change (docs/decisions/0009-two-shot-waves.md).
 // Only a start delay: no data depends on it. The partner counts its posts in SplitLayout::pushed
 // and the follower its waits in ::reduced (both once per call, so they are equal at every kernel
 // start, the split one-shot's invariant too, whose channels share the words).
