@@ -53,7 +53,19 @@ COMPRESSION_NATIVE = PackageSetting(
     "0: the compression hooks run their plain torch reference kernels instead of the extension's "
     "(to compare, or to rule the kernels out).", audience="developer", fallback="1", choices=("0", "1"))
 
-PACKAGE_SETTINGS = (COST_MODEL, HOSTID, COMPRESSION_NATIVE)
+LINK = PackageSetting(
+    "PYCOLL_LINK", "none (no table of forms keyed by a link)", "a rate as tc writes it: 100mbit, 1gbit, 10gbit",
+    "The rate of the links between hosts. It keys the tables of forms across hosts that pycoll-bench --calibrate "
+    "writes and that auto follows, so calibrations on different links do not overwrite each other. pycoll-cluster "
+    "sets it in every rank.", audience="developer", ranks_agree=True)
+
+LINK_MEASURED = PackageSetting(
+    "PYCOLL_LINK_MEASURED", "none", "bits per second",
+    "The TCP rate pycoll-cluster measured between two of its hosts before the ranks started (set by "
+    "pycoll-cluster in every rank); pycoll-bench prints it beside its table and stores it in the result.",
+    audience="developer")
+
+PACKAGE_SETTINGS = (COST_MODEL, HOSTID, COMPRESSION_NATIVE, LINK, LINK_MEASURED)
 _BY_NAME = {s.name: s for s in PACKAGE_SETTINGS}
 
 
