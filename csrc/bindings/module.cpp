@@ -7,9 +7,10 @@
 #include <torch/python.h>
 
 #include "cpu/lane_pool.h"
-#include "cpu/select.h"
+#include "cpu/cost_table.h"
 #include "bindings/allocator_bindings.h"
 #include "bindings/compression_bindings.h"
+#include "bindings/cpu_plan_bindings.h"
 #include "bindings/cuda_plan_bindings.h"
 #include "bindings/flight_recorder_bindings.h"
 #include "bindings/host_form_bindings.h"
@@ -170,7 +171,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   m.def("select_algorithm", [](const std::string& op, size_t bytes, int world) {
-    return std::string(pycoll::algo_name(pycoll::select_algorithm(parse_op(op), bytes, world)));
+    return std::string(pycoll::algo_name(pycoll::cheapest_algorithm(parse_op(op), bytes, world)));
   });
   m.def("cpu_threads_per_rank", &pycoll::cpu_threads_per_rank, py::arg("ranks_on_host"),
         "Threads per rank the CPU engine uses for large ops (csrc/cpu/lane_pool.h).");
@@ -283,6 +284,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pycoll::register_layout(m);
   pycoll::register_cuda_plan(m);
   pycoll::register_flight_recorder(m);
+  pycoll::register_cpu_plan(m);
   pycoll::register_host_forms(m);
   pycoll::register_shared_cpu_allocator(m);
 }

@@ -10,8 +10,8 @@
 #include "cpu/direct.h"
 #include "cpu/peer_read.h"
 #include "cpu/pipelined.h"
+#include "cpu/plan.h"
 #include "cpu/ring.h"
-#include "cpu/select.h"
 #include "cpu/tree.h"
 #include "common/check.h"
 #include "common/env.h"
@@ -59,57 +59,6 @@ const TextSetting kSharedTensors(
     "by the sender straight into the receiver's file. Where the OS forbids opening a peer's "
     "file, ops stage "
     "and the debug log says so once.");
-// A one-lane all_gather of 16 MiB or more, or broadcast of 64 MiB or more, stages even where it
-// could read shared tensors in place. Staged, each input is read from memory once, by its owner,
-// and reaches the peers through slots that stay in cache, with the copying spread over every
-// rank's core; read in place, every rank reads every input from memory itself. With one thread
-// per rank that costs more than the staging copy once the buffers leave the cache (2-core CI
-// machine, 2026-11-29, 2 ranks: all_gather 64 MiB 0.82-0.91 of the floor in place against
-// 1.04-1.13 staged, 16 MiB about equal; broadcast 64 MiB 1.14-1.23 against 1.49-1.57, 16 MiB
-// 1.47-1.89 against 1.06-1.27). With several lanes, in place won or tied at every size measured
-// (16-CPU Xeon). reduce_scatter and all_reduce read in place at every size: staging adds a copy.
-constexpr size_t kSharedOneLaneAllGatherMaxBytes = size_t(16) << 20;
-constexpr size_t kSharedOneLaneBroadcastMaxBytes = size_t(64) << 20;
-
-// A broadcast over shared tensors splits the copying between the root and the readers
-// (shared_broadcast) up to this many lanes. With one lane it halves the time (2-core CI machine,
-// 2 ranks: 1 MiB 55-71 us against 80-90, 4 MiB 137-175 against 197-226), and with 2 lanes on the
-// 16-CPU Xeon too (1 MiB 19-27 us against 30-34, 4 MiB 62-121 against 219-229); with 7 lanes
-// the readers' copy alone runs as fast (1-4 MiB within 30% either way with buffers reused), and
-// in pycoll-bench, where every row makes new buffers, 4 of 5 launches of the split took 167-220 us
-// at 4 MiB against 58-91 in 3 of 4 of the readers' copy: the root's 7 lanes only compete for
-// the host's CPUs there (docs/performance.md, "Writing into peers' buffers").
-constexpr int kBroadcastRootWritesMaxLanes = 2;
-
-// auto's rule (PYCOLL_CPU_PEER_READ), measured on Xeons of 16 and 32 CPUs (docs/algorithms.md, "CPU
-// engine"). The kernel pins the peer's pages on every call, and many lanes pinning at once cost
-// more than the staging copy saves until the copies leave the cache:
-// - all_gather: in place, 64 MiB took 0.75-0.83x the staged time on 32 CPUs, 1-16 MiB 1.05-3x;
-// - broadcast: 0.95-3x at every size, so never;
-// - reduce_scatter (sizes are its whole input) stages (n-1)/n of every input, more than an
-//   all_gather, and saves more. Median time in place over staged, launches alternated: 32 CPUs,
-//   4 ranks (7 threads each) 1.26 at 4 MiB, 0.84 at 8, 0.70 at 16, 0.95 at 32, 0.90 at 64;
-//   3 ranks (10 threads) 1.97 at 4 MiB, 0.91 at 8, 0.79 at 16, 0.67 at 32 (sizes a multiple of 3
-//   elements, just under these; 6 MiB sits between); 2 ranks (15 threads) 1.33 at 8 MiB, 1.06 at
-//   16, 1.02 at 32, 0.88 at 64; 16 CPUs, 2 ranks (7 threads) 0.82 / 0.72 / 0.83 at 16 / 32 /
-//   64 MiB on a quiet host, more in two launches on a busy one (1.15-1.45); on 2026-12-02, quiet,
-//   three launches each, 1.64 at 4 MiB, 0.83 at 8, 0.85 at 16, 0.67 at 32, 0.90 at 64, and 4
-//   ranks (3 threads) 0.96 / 0.82 / 0.68 / 0.80 / 1.09 at 4 / 8 / 16 / 32 / 64 MiB. So 2 ranks
-//   from 16 MiB (at most 6% slower on 32 CPUs, 15-33% faster on a quiet 16), and 3 threads are
-//   enough over 4+ ranks (2 or 3 ranks were measured with 7 threads or more only).
-bool auto_reads_in_place(OpCode op, size_t bytes, int ranks, int threads) {
-  constexpr size_t MiB = size_t(1) << 20;
-  switch (op) {
-    case OpCode::AllGather: return bytes >= 64 * MiB && threads >= 4;
-    case OpCode::ReduceScatter: return bytes >= (ranks <= 2 ? 16 : 6) * MiB && threads >= (ranks >= 4 ? 3 : 4);
-    default: return false;
-  }
-}
-
-// Broadcast, all_gather and reduce_scatter run pipelined from this size (cpu/pipelined.h);
-// below it the direct ops' single barrier is as fast (both measured within noise at 32-256 KiB
-// on the CI machine, the pipelined ones 1.3-1.7x faster from 512 KiB).
-constexpr size_t kPipelineMinBytes = 256 << 10;
 
 size_t shm_data_bytes() { return static_cast<size_t>(kShmBytes.get()); }
 size_t p2p_channel_bytes() { return static_cast<size_t>(kP2PChannelBytes.get()); }
@@ -144,11 +93,11 @@ OpHeader header(OpCode op, DType t, int64_t count, ReduceKind r = ReduceKind::Su
 
 }  // namespace
 
-CpuEngine::PeerRead CpuEngine::parse_peer_read() {
+PeerRead CpuEngine::parse_peer_read() {
   const std::string v = kPeerRead.get();
-  if (v == "auto") return CpuEngine::PeerRead::Auto;
-  if (v == "on") return CpuEngine::PeerRead::On;
-  if (v == "off") return CpuEngine::PeerRead::Off;
+  if (v == "auto") return PeerRead::Auto;
+  if (v == "on") return PeerRead::On;
+  if (v == "off") return PeerRead::Off;
   throw std::invalid_argument(str("pycoll: PYCOLL_CPU_PEER_READ=", v, " is not one of auto, on, off"));
 }
 
@@ -175,8 +124,6 @@ CpuEngine::~CpuEngine() {
   pool_.reset();
 }
 
-bool CpuEngine::pipelines(size_t bytes) const { return size_ > 1 && bytes >= kPipelineMinBytes; }
-
 std::vector<int64_t> CpuEngine::header_addrs() const {
   std::vector<int64_t> addrs(size_);
   for (int r = 0; r < size_; ++r) addrs[r] = header_of(r).addr;
@@ -191,39 +138,82 @@ int CpuEngine::offered_threads() const {
   return offered;
 }
 
-Pipeline CpuEngine::pipeline(Waiter& w, size_t bytes, size_t streamed_out_bytes) {
-  const int lanes = pipeline_lanes(bytes, size_, offered_threads());
-  if (lanes > 1 && (!pool_ || pool_->workers() < lanes - 1)) pool_ = std::make_unique<LanePool>(threads_ - 1);
-  last_lanes_ = lanes;
-  const bool stream_out = streamed_out_bytes > 0 && streamed_out_bytes >= stream_min_bytes_;
-  return Pipeline{*transport_, w, lane_step_.data(), lanes, pool_.get(), stream_out};
-}
-
-bool CpuEngine::reads_in_place(CpuContext& c, OpCode op, size_t bytes) {
-  // Every rank decides from the same headers: the least mode any rank set, so none waits for a probe
-  // or a peer's reads that another skips.
+PeerRead CpuEngine::agreed_peer_read() const {
+  // The least mode any rank set: every rank decides the same, so none waits for a probe or a
+  // peer's reads that another skips.
   PeerRead mode = peer_read_mode_;
   for (int r = 0; r < size_; ++r) mode = std::min(mode, static_cast<PeerRead>(header_of(r).peer_read));
-  if (mode == PeerRead::Off || peer_read_allowed_ == PeerReadAllowed::No) return false;
-  if (mode == PeerRead::Auto && !auto_reads_in_place(op, bytes, size_, offered_threads())) return false;
-  if (peer_read_allowed_ == PeerReadAllowed::Unknown) {
-    int err = 0, failed = -1;
-    for (int r = 0; r < size_ && failed < 0; ++r) {
-      const auto* addr = reinterpret_cast<const void*>(header_of(r).addr);
-      if (r != rank_ && !can_read_peer(transport_->control(r).pid, addr, &err)) failed = r;
-    }
-    const Vote v = vote(c, &ControlBlock::peer_read_probe, failed < 0 ? 1 : 2);  // 2: may not read
-    peer_read_allowed_ = v.worst == 1 ? PeerReadAllowed::Yes : PeerReadAllowed::No;
-    if (v.worst != 1 && debug_info_enabled()) {
-      const std::string why = failed >= 0 ? str("reading rank ", failed, " failed: ", std::strerror(err))
-                                          : str("rank ", v.worst_rank, " may not read its peers");
-      std::fprintf(stderr,
-                   "[pycoll %d/%d] cross-memory attach (process_vm_readv) is not allowed (%s): large CPU "
-                   "all_gather, reduce_scatter and broadcast stage through shared memory\n",
-                   rank_, size_, why.c_str());
+  return mode;
+}
+
+CpuMemory CpuEngine::memory_of(OpCode op, int root) const {
+  // Every rank must be willing, or a rank whose setting differs would skip the vote the others wait in.
+  if (shared_open_ == SharedOpen::No) return CpuMemory::Private;
+  bool every = true;
+  for (int r = 0; r < size_; ++r) {
+    const OpHeader& h = header_of(r);
+    if (h.reads_shared != 1) return CpuMemory::Private;
+    const bool shared = h.shared_in.valid() && (op != OpCode::AllReduce || h.shared_out.valid());
+    if (!shared && op != OpCode::Broadcast) return CpuMemory::Private;
+    every = every && shared;
+  }
+  if (op == OpCode::Broadcast && !header_of(root).shared_in.valid()) return CpuMemory::Private;
+  return every ? CpuMemory::SharedEvery : CpuMemory::Shared;
+}
+
+Pipeline CpuEngine::pipeline(Waiter& w, const CpuPlan& p) {
+  if (p.lanes > 1 && (!pool_ || pool_->workers() < p.lanes - 1)) pool_ = std::make_unique<LanePool>(threads_ - 1);
+  return Pipeline{*transport_, w, lane_step_.data(), p.lanes, pool_.get(), p.stream_out};
+}
+
+void CpuEngine::probe_peer_read(CpuContext& c) {
+  int err = 0, failed = -1;
+  for (int r = 0; r < size_ && failed < 0; ++r) {
+    const auto* addr = reinterpret_cast<const void*>(header_of(r).addr);
+    if (r != rank_ && !can_read_peer(transport_->control(r).pid, addr, &err)) failed = r;
+  }
+  const Vote v = vote(c, &ControlBlock::peer_read_probe, failed < 0 ? 1 : 2);  // 2: may not read
+  peer_read_probe_ = v.worst == 1 ? PeerReadProbe::Allowed : PeerReadProbe::Denied;
+  if (v.worst != 1 && debug_info_enabled()) {
+    const std::string why = failed >= 0 ? str("reading rank ", failed, " failed: ", std::strerror(err))
+                                        : str("rank ", v.worst_rank, " may not read its peers");
+    std::fprintf(stderr,
+                 "[pycoll %d/%d] cross-memory attach (process_vm_readv) is not allowed (%s): large CPU "
+                 "all_gather, reduce_scatter and broadcast stage through shared memory\n",
+                 rank_, size_, why.c_str());
+  }
+}
+
+CpuOpFacts CpuEngine::facts(OpCode op, int64_t count, DType t, Algo requested) const {
+  // What agree() adds comes from the headers; until then the plan is good for its algorithm and eagerness.
+  CpuOpFacts f{op, count, t, size_, requested, transport_->data_bytes()};
+  f.stream_min_bytes = stream_min_bytes_;  // this rank's
+  return f;
+}
+
+CpuPlan CpuEngine::agree(CpuContext& c, CpuOpFacts f, Algo planned, int root, const char* in, size_t in_bytes,
+                         char* out, size_t out_bytes, std::optional<SharedBuffers>& mapped) {
+  // Every input from the headers and the group's votes: every rank plans the same.
+  f.requested = planned;  // the algorithm every rank's header carries (verified alike)
+  f.threads = offered_threads();
+  f.memory = memory_of(f.op, root);
+  f.peer_read = agreed_peer_read();
+  f.probe = peer_read_probe_;
+  CpuPlan p = plan_cpu_op(f);
+  if (p.path == CpuPath::Mapped) {
+    mapped = shared_buffers(c, p, root, in, in_bytes, out, out_bytes);
+    if (!mapped) {
+      f.memory = CpuMemory::Private;
+      p = plan_cpu_op(f);
     }
   }
-  return peer_read_allowed_ == PeerReadAllowed::Yes;
+  if (p.probe_first) {
+    probe_peer_read(c);
+    f.probe = peer_read_probe_;
+    p = plan_cpu_op(f);
+  }
+  last_plan_ = p;
+  return p;
 }
 
 CpuEngine::Vote CpuEngine::vote(CpuContext& c, Counter ControlBlock::* slot, uint64_t code) {
@@ -240,29 +230,17 @@ CpuEngine::Vote CpuEngine::vote(CpuContext& c, Counter ControlBlock::* slot, uin
   return v;
 }
 
-bool CpuEngine::worth_reading_shared(OpCode op, size_t bytes) const {
-  if (pipeline_lanes(bytes, size_, offered_threads()) > 1) return true;
-  if (op == OpCode::AllGather) return bytes < kSharedOneLaneAllGatherMaxBytes;
-  if (op == OpCode::Broadcast) return bytes < kSharedOneLaneBroadcastMaxBytes;
-  return true;
-}
-
-std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c, OpCode op, int root, const char* in,
-                                                                  size_t in_bytes, char* out, size_t out_bytes) {
-  // Every rank must be willing, or a rank whose setting differs would skip the vote the others wait in.
-  if (shared_open_ == SharedOpen::No) return std::nullopt;
-  for (int r = 0; r < size_; ++r) {
-    if (header_of(r).reads_shared != 1) return std::nullopt;
-  }
-  // Every buffer a peer reads or writes, and who maps it; decided from the headers alone, so every
-  // rank decides the same. Broadcast: every rank reads the root's buffer, and the root writes the
-  // others' where all are shared and the op has few lanes (shared_broadcast), else the others read
-  // all of it. all_reduce: every rank writes every output and reads every input (the writes first,
-  // so that an in-place buffer is mapped once, writable, and its read finds that mapping).
+std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c, const CpuPlan& p, int root,
+                                                                  const char* in, size_t in_bytes, char* out,
+                                                                  size_t out_bytes) {
+  // Every buffer a peer reads or writes, and who maps it; decided from the headers and the plan
+  // alone, so every rank decides the same. Broadcast: every rank reads the root's buffer, and the
+  // root writes the others' where the plan says so (shared_broadcast), else the others read all of
+  // it. all_reduce: every rank writes every output and reads every input (the writes first, so
+  // that an in-place buffer is mapped once, writable, and its read finds that mapping).
   constexpr int every = PeerBuffer::kEvery, nobody = PeerBuffer::kNobody;
-  bool root_writes =
-      op == OpCode::Broadcast && pipeline_lanes(in_bytes, size_, offered_threads()) <= kBroadcastRootWritesMaxLanes;
-  for (int r = 0; r < size_ && root_writes; ++r) root_writes = header_of(r).shared_in.valid();
+  const OpCode op = p.op;
+  const bool root_writes = p.root_writes;
   std::vector<PeerBuffer> uses;
   for (int r = 0; r < size_; ++r) {
     const OpHeader& h = header_of(r);
@@ -291,7 +269,7 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
       }
     }
   }
-  SharedBuffers bufs{std::vector<const char*>(size_, nullptr), std::vector<char*>(size_, nullptr), root_writes};
+  SharedBuffers bufs{std::vector<const char*>(size_, nullptr), std::vector<char*>(size_, nullptr)};
   bufs.in[rank_] = in;
   bufs.out[rank_] = out;
   const auto mine_to_map = [&](const PeerBuffer& a) {
@@ -400,28 +378,12 @@ void CpuEngine::ensure_transport() {
 }
 
 bool CpuEngine::may_ever_read_in_place() const {
-  if (size_ < 2 || peer_read_mode_ == PeerRead::Off) return false;
-  if (peer_read_mode_ == PeerRead::On) return true;
-  constexpr size_t kAnySize = size_t(1) << 62;
-  return auto_reads_in_place(OpCode::AllGather, kAnySize, size_, threads_) ||
-         auto_reads_in_place(OpCode::ReduceScatter, kAnySize, size_, threads_);
+  return pycoll::may_ever_read_in_place(peer_read_mode_, size_, threads_);
 }
 
 PointToPoint& CpuEngine::p2p() {
   ensure_transport();
   return *p2p_;
-}
-
-Algo CpuEngine::resolve(OpCode op, Algo requested, size_t bytes) const {
-  if (size_ == 1) return Algo::OneShot;
-  if (requested != Algo::Auto && algorithm_available(op, requested)) {
-    // Two-shot is the direct reduce-scatter; one-shot the direct all-gather.
-    if (op == OpCode::AllGather && requested == Algo::TwoShot) return Algo::OneShot;
-    if (op == OpCode::ReduceScatter && requested == Algo::OneShot) return Algo::TwoShot;
-    if ((op == OpCode::Broadcast || op == OpCode::Reduce) && requested == Algo::TwoShot) return Algo::OneShot;
-    return requested;
-  }
-  return select_algorithm(op, bytes, size_);
 }
 
 Waiter CpuEngine::waiter(OpCode op) {
@@ -435,8 +397,7 @@ CpuContext CpuEngine::begin(OpHeader h, Waiter& w, const char* eager, size_t eag
   h.lanes = threads_;
   h.reads_shared = shared_tensors_on_ ? 1 : 0;
   h.peer_read = static_cast<int64_t>(peer_read_mode_);
-  last_lanes_ = 0;
-  last_data_path_ = "pipelined";
+  last_plan_.reset();
   ControlBlock& mine = transport_->control(rank_);
   std::memcpy(&mine.header[h.seq & 1], &h, sizeof(OpHeader));
   CpuContext c{*transport_, w, barrier_epoch_, phase_, ring_step_, up_step_, down_step_};
@@ -479,161 +440,134 @@ void CpuEngine::finish(CpuContext& c) {
   c.barrier();
 }
 
+CpuEngine::Begun CpuEngine::start(OpHeader h, Waiter& w, const CpuOpFacts& f, int root, const char* in, size_t in_bytes,
+                                  char* out, size_t out_bytes) {
+  const CpuPlan mine = plan_cpu_op(f);
+  h.algo = static_cast<int32_t>(mine.algo);
+  const bool eager = mine.path == CpuPath::Eager;  // the input goes with the header
+  Begun b{begin(h, w, eager ? in : nullptr, eager ? mine.bytes : 0), mine, std::nullopt};
+  b.plan = agree(b.c, f, mine.algo, root, in, in_bytes, out, out_bytes, b.mapped);
+  return b;
+}
+
+template <typename Direct, typename Staged, typename Mapped, typename Read>
+void CpuEngine::execute(Begun& b, Waiter& w, Direct&& direct, Staged&& staged, Mapped&& mapped, Read&& read) {
+  Pipeline pl = pipeline(w, b.plan);
+  switch (b.plan.path) {
+    case CpuPath::Eager:
+    case CpuPath::Direct: direct(); break;
+    case CpuPath::Pipelined: staged(pl); break;
+    case CpuPath::Mapped:
+      mapped(pl, *b.mapped);
+      finish(b.c);  // every rank's buffers stay valid until every peer has read (or written) them
+      break;
+    case CpuPath::ReadInPlace:
+      read(pl, header_addrs().data());
+      finish(b.c);  // every rank's buffer stays valid until every peer has read it
+      break;
+  }
+}
+
 Algo CpuEngine::all_reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, Algo algo,
                            const SharedRefs& shared) {
-  const size_t E = dtype_size(t);
-  const size_t bytes = static_cast<size_t>(count) * E;
-  const Algo a = resolve(OpCode::AllReduce, algo, bytes);
   Waiter w = waiter(OpCode::AllReduce);
-  const ReduceSpec spec{t, op, size_};
-  // Small one-shot ops publish their data together with the header: one barrier in all.
-  const bool eager = a == Algo::OneShot && bytes <= (transport_->data_bytes() / 2 & ~size_t(63));
-  OpHeader h = header(OpCode::AllReduce, t, count, op, 0, a);
+  OpHeader h = header(OpCode::AllReduce, t, count, op);
   h.shared_in = shared.in;
   h.shared_out = shared.out;
-  CpuContext c = begin(h, w, eager ? in : nullptr, eager ? bytes : 0);
-  switch (a) {
-    case Algo::OneShot: oneshot_all_reduce(c, spec, in, out, count, eager); break;
-    case Algo::TwoShot: {
-      // The two-shot is pipelined at every size it is chosen for (from ~32 KiB).
-      std::optional<SharedBuffers> mapped;
-      if (pipelines(bytes)) mapped = shared_buffers(c, OpCode::AllReduce, 0, in, bytes, out, bytes);
-      Pipeline p = pipeline(w, bytes, 0);
-      if (mapped) {
-        last_data_path_ = "mapped in place";
-        shared_all_reduce(p, spec, mapped->in, mapped->out, count);
-        finish(c);  // inputs stay valid until read, outputs until every peer has written its slice
-      } else {
-        pipelined_all_reduce(p, spec, in, out, count);
-      }
-      break;
-    }
-    case Algo::Ring: ring_all_reduce(c, spec, in, out, count); break;
-    case Algo::Tree: tree_all_reduce(c, spec, in, out, count); break;
-    case Algo::Auto:
-    case Algo::Direct:
-    case Algo::Hierarchical:
-    case Algo::Flat: break;  // resolve() never returns these for all_reduce
-  }
-  return a;
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(t);
+  Begun b = start(h, w, facts(OpCode::AllReduce, count, t, algo), 0, in, bytes, out, bytes);
+  const ReduceSpec spec{t, op, size_};
+  execute(
+      b, w,
+      [&] {
+        if (b.plan.algo == Algo::Ring) {
+          ring_all_reduce(b.c, spec, in, out, count);
+        } else if (b.plan.algo == Algo::Tree) {
+          tree_all_reduce(b.c, spec, in, out, count);
+        } else {
+          oneshot_all_reduce(b.c, spec, in, out, count, b.plan.path == CpuPath::Eager);
+        }
+      },
+      [&](Pipeline& pl) { pipelined_all_reduce(pl, spec, in, out, count); },
+      [&](Pipeline& pl, const SharedBuffers& s) { shared_all_reduce(pl, spec, s.in, s.out, count); },
+      [](Pipeline&, const int64_t*) {});  // never planned for all_reduce
+  return b.plan.algo;
 }
 
 Algo CpuEngine::reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, int root, Algo algo) {
-  const size_t bytes = static_cast<size_t>(count) * dtype_size(t);
-  const Algo a = resolve(OpCode::Reduce, algo, bytes);
   Waiter w = waiter(OpCode::Reduce);
+  Begun b =
+      start(header(OpCode::Reduce, t, count, op, root), w, facts(OpCode::Reduce, count, t, algo), root, in, 0, out, 0);
   const ReduceSpec spec{t, op, size_};
-  CpuContext c = begin(header(OpCode::Reduce, t, count, op, root, a), w);
-  if (a == Algo::Tree) {
-    tree_reduce(c, spec, in, out, count, root);
-    finish(c);
+  if (b.plan.algo == Algo::Tree) {  // reduce has no other path than its direct form
+    tree_reduce(b.c, spec, in, out, count, root);
+    finish(b.c);
   } else {
-    direct_reduce(c, spec, in, out, count, root);
+    direct_reduce(b.c, spec, in, out, count, root);
   }
-  return a;
+  return b.plan.algo;
 }
 
 Algo CpuEngine::broadcast(char* buf, int64_t count, DType t, int root, Algo algo, const SharedRefs& shared) {
-  const size_t bytes = static_cast<size_t>(count) * dtype_size(t);
-  const Algo a = resolve(OpCode::Broadcast, algo, bytes);
   Waiter w = waiter(OpCode::Broadcast);
-  OpHeader h = header(OpCode::Broadcast, t, count, ReduceKind::Sum, root, a);
+  OpHeader h = header(OpCode::Broadcast, t, count, ReduceKind::Sum, root);
   h.addr = reinterpret_cast<int64_t>(buf);
   h.shared_in = shared.in;
-  CpuContext c = begin(h, w);
-  std::optional<SharedBuffers> mapped;
-  if (a != Algo::Tree && pipelines(bytes) && worth_reading_shared(OpCode::Broadcast, bytes)) {
-    mapped = shared_buffers(c, OpCode::Broadcast, root, buf, bytes, buf, bytes);
-  }
-  if (a == Algo::Tree) {
-    tree_broadcast(c, t, buf, count, root);
-    finish(c);
-  } else if (mapped) {
-    Pipeline p = pipeline(w, bytes, 0);
-    last_data_path_ = "mapped in place";
-    shared_broadcast(p, t, mapped->in[root], mapped->out, mapped->root_writes, count, root);
-    finish(c);  // the root's buffer stays valid until every rank has read it, and its writes land
-  } else if (pipelines(bytes) && reads_in_place(c, OpCode::Broadcast, bytes)) {
-    Pipeline p = pipeline(w, bytes, 0);
-    last_data_path_ = "read in place";
-    peer_read_broadcast(p, header_addrs().data(), t, buf, count, root);
-    finish(c);  // the root's buffer stays valid until every rank has read it
-  } else if (pipelines(bytes)) {
-    Pipeline p = pipeline(w, bytes, 0);
-    pipelined_broadcast(p, t, buf, count, root);
-  } else {
-    direct_broadcast(c, t, buf, count, root);
-  }
-  return a;
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(t);
+  Begun b = start(h, w, facts(OpCode::Broadcast, count, t, algo), root, buf, bytes, buf, bytes);
+  execute(
+      b, w,
+      [&] {
+        if (b.plan.algo == Algo::Tree) {
+          tree_broadcast(b.c, t, buf, count, root);
+          finish(b.c);
+        } else {
+          direct_broadcast(b.c, t, buf, count, root);
+        }
+      },
+      [&](Pipeline& pl) { pipelined_broadcast(pl, t, buf, count, root); },
+      [&](Pipeline& pl, const SharedBuffers& s) {
+        shared_broadcast(pl, t, s.in[root], s.out, b.plan.root_writes, count, root);
+      },
+      [&](Pipeline& pl, const int64_t* addrs) { peer_read_broadcast(pl, addrs, t, buf, count, root); });
+  return b.plan.algo;
 }
 
 Algo CpuEngine::all_gather(const char* in, char* out, int64_t m, DType t, Algo algo, const SharedRefs& shared) {
-  const size_t bytes = static_cast<size_t>(m) * dtype_size(t) * size_;
-  const Algo a = resolve(OpCode::AllGather, algo, bytes);
   Waiter w = waiter(OpCode::AllGather);
-  OpHeader h = header(OpCode::AllGather, t, m, ReduceKind::Sum, 0, a);
+  OpHeader h = header(OpCode::AllGather, t, m);
   h.addr = reinterpret_cast<int64_t>(in);
   h.shared_in = shared.in;
-  CpuContext c = begin(h, w);
   const size_t in_bytes = static_cast<size_t>(m) * dtype_size(t);
-  std::optional<SharedBuffers> mapped;
-  if (a != Algo::Ring && pipelines(bytes) && worth_reading_shared(OpCode::AllGather, bytes)) {
-    mapped = shared_buffers(c, OpCode::AllGather, 0, in, in_bytes, out, bytes);
-  }
-  if (a == Algo::Ring) {
-    ring_all_gather(c, t, in, out, m);
-  } else if (mapped) {
-    Pipeline p = pipeline(w, bytes, bytes);
-    last_data_path_ = "mapped in place";
-    shared_all_gather(p, t, mapped->in, out, m);
-    finish(c);  // every rank's input stays valid until every peer has read it
-  } else if (pipelines(bytes) && reads_in_place(c, OpCode::AllGather, bytes)) {
-    Pipeline p = pipeline(w, bytes, bytes);
-    last_data_path_ = "read in place";
-    peer_read_all_gather(p, header_addrs().data(), t, in, out, m);
-    finish(c);  // every rank's input stays valid until every peer has read it
-  } else if (pipelines(bytes)) {
-    Pipeline p = pipeline(w, bytes, bytes);
-    pipelined_all_gather(p, t, in, out, m);
-  } else {
-    direct_all_gather(c, t, in, out, m);
-  }
-  return a;
+  Begun b = start(h, w, facts(OpCode::AllGather, m, t, algo), 0, in, in_bytes, out, in_bytes * size_);
+  execute(
+      b, w,
+      [&] { b.plan.algo == Algo::Ring ? ring_all_gather(b.c, t, in, out, m) : direct_all_gather(b.c, t, in, out, m); },
+      [&](Pipeline& pl) { pipelined_all_gather(pl, t, in, out, m); },
+      [&](Pipeline& pl, const SharedBuffers& s) { shared_all_gather(pl, t, s.in, out, m); },
+      [&](Pipeline& pl, const int64_t* addrs) { peer_read_all_gather(pl, addrs, t, in, out, m); });
+  return b.plan.algo;
 }
 
 Algo CpuEngine::reduce_scatter(const char* in, char* out, int64_t m, DType t, ReduceKind op, Algo algo,
                                const SharedRefs& shared) {
-  const size_t bytes = static_cast<size_t>(m) * dtype_size(t) * size_;
-  const Algo a = resolve(OpCode::ReduceScatter, algo, bytes);
   Waiter w = waiter(OpCode::ReduceScatter);
-  const ReduceSpec spec{t, op, size_};
-  OpHeader h = header(OpCode::ReduceScatter, t, m, op, 0, a);
+  OpHeader h = header(OpCode::ReduceScatter, t, m, op);
   h.addr = reinterpret_cast<int64_t>(in);
   h.shared_in = shared.in;
-  CpuContext c = begin(h, w);
-  std::optional<SharedBuffers> mapped;
-  if (a != Algo::Ring && pipelines(bytes)) {
-    mapped = shared_buffers(c, OpCode::ReduceScatter, 0, in, bytes, out, bytes / size_);
-  }
-  if (a == Algo::Ring) {
-    ring_reduce_scatter(c, spec, in, out, m);
-  } else if (mapped) {
-    Pipeline p = pipeline(w, bytes, 0);
-    last_data_path_ = "mapped in place";
-    shared_reduce_scatter(p, spec, mapped->in, out, m);
-    finish(c);  // every rank's input stays valid until every peer has read it
-  } else if (pipelines(bytes) && reads_in_place(c, OpCode::ReduceScatter, bytes)) {
-    Pipeline p = pipeline(w, bytes, 0);
-    last_data_path_ = "read in place";
-    peer_read_reduce_scatter(p, spec, header_addrs().data(), in, out, m);
-    finish(c);  // every rank's input stays valid until every peer has read it
-  } else if (pipelines(bytes)) {
-    Pipeline p = pipeline(w, bytes, 0);
-    pipelined_reduce_scatter(p, spec, in, out, m);
-  } else {
-    direct_reduce_scatter(c, spec, in, out, m);
-  }
-  return a;
+  const size_t out_bytes = static_cast<size_t>(m) * dtype_size(t);
+  Begun b = start(h, w, facts(OpCode::ReduceScatter, m, t, algo), 0, in, out_bytes * size_, out, out_bytes);
+  const ReduceSpec spec{t, op, size_};
+  execute(
+      b, w,
+      [&] {
+        b.plan.algo == Algo::Ring ? ring_reduce_scatter(b.c, spec, in, out, m)
+                                  : direct_reduce_scatter(b.c, spec, in, out, m);
+      },
+      [&](Pipeline& pl) { pipelined_reduce_scatter(pl, spec, in, out, m); },
+      [&](Pipeline& pl, const SharedBuffers& s) { shared_reduce_scatter(pl, spec, s.in, out, m); },
+      [&](Pipeline& pl, const int64_t* addrs) { peer_read_reduce_scatter(pl, spec, addrs, in, out, m); });
+  return b.plan.algo;
 }
 
 void CpuEngine::gather(const char* in, char* out, int64_t m, DType t, int root) {

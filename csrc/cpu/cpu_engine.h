@@ -1,6 +1,6 @@
 // The CPU engine of one group: owns the shared-memory transport, checks that
-// every rank called the same collective (op header exchange), picks the
-// algorithm and runs it. Works on raw pointers; the backend does the torch
+// every rank called the same collective (op header exchange), plans it (cpu/plan.h)
+// and runs the plan. Works on raw pointers; the backend does the torch
 // side (argument checks, contiguity, futures). Collectives must be called
 // from one thread at a time, in the same order on every rank; point-to-point
 // runs on its own threads.
@@ -20,6 +20,7 @@
 #include "cpu/lane_pool.h"
 #include "cpu/p2p.h"
 #include "cpu/pipelined.h"
+#include "cpu/plan.h"
 #include "cpu/shared_storage.h"
 #include "common/rendezvous.h"
 #include "common/types.h"
@@ -37,7 +38,7 @@ class CpuEngine {
   CpuEngine(Rendezvous rv, int rank, int size, std::chrono::milliseconds timeout);
   ~CpuEngine();
 
-  // Each returns the algorithm that ran. `algo` Auto asks the cost model.
+  // Each returns the algorithm that ran. `algo` Auto asks the cost table (cpu/cost_table.h).
   // `shared`: where the buffers live in shared-memory files; large ops read peers' in place when
   // every buffer they read has one (cpu/shared_storage.h).
   Algo all_reduce(const char* in, char* out, int64_t count, DType t, ReduceKind op, Algo algo,
@@ -61,16 +62,12 @@ class CpuEngine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   uint64_t seq() const { return seq_; }
-  // Lanes of the last op if it ran pipelined (cpu/pipelined.h), else 0: for the debug log.
-  int last_pipeline_lanes() const { return last_lanes_; }
-  // How the last pipelined op moved its data, for the debug log: "pipelined" (staged), "read in
-  // place" (cross-memory attach, cpu/peer_read.h) or "mapped in place" (peers' shared-memory
-  // files, cpu/shared_storage.h).
-  const char* last_data_path() const { return last_data_path_; }
+  // The plan the last collective ran (none for gather, scatter, all_to_all and barrier): for the debug log.
+  const std::optional<CpuPlan>& last_plan() const { return last_plan_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   // Whether an op of `bytes` runs on its calling thread alone, with no lane threads: a waiter may
   // then poll on another CPU without stalling a lane (backend/work.h, poll_before_sleep).
-  bool runs_on_one_thread(size_t bytes) const { return !pipelines(bytes) || threads_ == 1; }
+  bool runs_on_one_thread(size_t bytes) const { return !cpu_pipelines(bytes, size_) || threads_ == 1; }
 
  private:
   void ensure_transport();
@@ -83,24 +80,23 @@ class CpuEngine {
   CpuContext begin(OpHeader h, Waiter& w, const char* eager = nullptr, size_t eager_bytes = 0);
   void verify(const OpHeader& mine);
   Waiter waiter(OpCode op);
-  Algo resolve(OpCode op, Algo requested, size_t bytes) const;
+  // What this rank knows of an op before the header exchange: enough to plan its algorithm and
+  // whether it goes eager (cpu/plan.h).
+  CpuOpFacts facts(OpCode op, int64_t count, DType t, Algo requested) const;
   // Ring and tree ops end with a barrier: later ops may reuse any slot.
   void finish(CpuContext& c);
-  // True when a direct op of `bytes` runs pipelined instead (large messages).
-  bool pipelines(size_t bytes) const;
-  // The pipeline of the op begun last: lanes agreed from every rank's header. streamed_out_bytes:
-  // the size of this rank's output tensor, which the op may write with streaming stores
-  // (cpu/kernels/stream_store.h); among collectives all_gather only. 0 for all_reduce and
-  // broadcast, which torch.distributed runs in place (the lines are in the cache then; streamed, a
-  // 16 MiB all_reduce over 2 ranks on the 2-core CI machine took 3510 us against 2644), and for
-  // reduce_scatter, which was no faster.
-  Pipeline pipeline(Waiter& w, size_t bytes, size_t streamed_out_bytes);
+  // The pipeline that runs plan `p` (its lanes and whether it streams its output).
+  Pipeline pipeline(Waiter& w, const CpuPlan& p);
   // The fewest threads any rank offered the op begun last.
   int offered_threads() const;
-  // Whether the all_gather, reduce_scatter or broadcast of `bytes` begun last (every rank's buffer in
-  // OpHeader::addr) reads its peers' buffers in place (PYCOLL_CPU_PEER_READ). The first time the
-  // rule says yes, every rank probes whether it may, and all agree (one extra barrier, once per group).
-  bool reads_in_place(CpuContext& c, OpCode op, size_t bytes);
+  // The least PYCOLL_CPU_PEER_READ any rank set for the op begun last.
+  PeerRead agreed_peer_read() const;
+  // Where the buffers of the op begun last live (cpu/plan.h, CpuMemory), from every rank's header
+  // and what the group knows of opening peers' files.
+  CpuMemory memory_of(OpCode op, int root) const;
+  // Every rank probes whether it may read its peers (every rank's buffer in OpHeader::addr) with
+  // cross-memory attach, and all agree (one extra barrier, once per group): sets peer_read_probe_.
+  void probe_peer_read(CpuContext& c);
   // Rank r's header of the op begun last.
   const OpHeader& header_of(int r) const { return transport_->control(r).header[seq_ & 1]; }
   // Every rank's OpHeader::addr for the op begun last.
@@ -112,13 +108,9 @@ class CpuEngine {
     int worst_rank;
   };
   Vote vote(CpuContext& c, Counter ControlBlock::* slot, uint64_t code);
-  // Whether the op begun last is worth reading shared tensors in place at all (cpu_engine.cpp:
-  // a one-lane all_gather or broadcast of many MiB stages); the same answer on every rank.
-  bool worth_reading_shared(OpCode op, size_t bytes) const;
   struct SharedBuffers {
     std::vector<const char*> in;  // every rank's input (broadcast: the root's buffer), where this rank reads it
     std::vector<char*> out;       // every rank's output (broadcast: buffer), writable, where this rank writes it
-    bool root_writes;             // broadcast: the root writes part of every buffer (all are shared)
   };
   // One buffer of rank `rank` that an op reads or writes in place; `mapper`: the one rank that
   // maps it, kEvery for every rank (but its owner), kNobody for a buffer no peer touches that must
@@ -131,16 +123,37 @@ class CpuEngine {
     bool write;
     static constexpr int kEvery = -1, kNobody = -2;
   };
-  // Every rank's buffers, mapped here, when the op begun last works on its peers' shared-memory
-  // files in place: every buffer it reads or writes (every rank's input; all_reduce: the outputs
-  // too; broadcast: the root's buffer, and every rank's where the root writes into them) lives in
-  // one, no two ranks' overlap, and every rank mapped what it uses of its peers' (one vote, one
-  // extra barrier, skipped when every rank is known to hold those mapped already). A peer's file
+  // Every rank's buffers, mapped here, for the op begun last, planned Mapped (`p`): every buffer it
+  // reads or writes (every rank's input; all_reduce: the outputs too; broadcast: the root's
+  // buffer, and every rank's where p.root_writes) lives in one, no two ranks' overlap, and every
+  // rank mapped what it uses of its peers' (one vote, one extra barrier, skipped when every rank
+  // is known to hold those mapped already). A peer's file
   // that cannot be opened for writing (not the case for memfd or torch's shared-memory files,
   // which their owner may write) stops the group's use of shared tensors, as a failed read-only
   // open does. nullopt on every rank otherwise.
-  std::optional<SharedBuffers> shared_buffers(CpuContext& c, OpCode op, int root, const char* in, size_t in_bytes,
-                                              char* out, size_t out_bytes);
+  std::optional<SharedBuffers> shared_buffers(CpuContext& c, const CpuPlan& p, int root, const char* in,
+                                              size_t in_bytes, char* out, size_t out_bytes);
+  // The plan of the op begun last, from every rank's header: where it says to map the peers'
+  // shared files or to probe cross-memory attach first, does that (one vote each, the same on
+  // every rank) and plans again with what it found. `mapped`: the buffers, where it runs mapped.
+  // Records the plan for last_plan().
+  CpuPlan agree(CpuContext& c, CpuOpFacts f, Algo planned, int root, const char* in, size_t in_bytes, char* out,
+                size_t out_bytes, std::optional<SharedBuffers>& mapped);
+  // An op begun: its context, its agreed plan, and its peers' buffers where it runs mapped.
+  struct Begun {
+    CpuContext c;
+    CpuPlan plan;
+    std::optional<SharedBuffers> mapped;
+  };
+  // Plans the op of facts `f` (header `h`, its algorithm from the plan), begins it (an eager
+  // one-shot sends `in` with the header) and agrees its plan with every rank (agree()).
+  Begun start(OpHeader h, Waiter& w, const CpuOpFacts& f, int root, const char* in, size_t in_bytes, char* out,
+              size_t out_bytes);
+  // Runs the schedule of b.plan's path: `direct()` (ring and tree too), `staged(pipeline)`,
+  // `mapped(pipeline, buffers)` or `read(pipeline, every rank's OpHeader::addr)`; the in-place
+  // paths end with finish().
+  template <typename Direct, typename Staged, typename Mapped, typename Read>
+  void execute(Begun& b, Waiter& w, Direct&& direct, Staged&& staged, Mapped&& mapped, Read&& read);
 
   Rendezvous rv_;
   int rank_;
@@ -157,8 +170,7 @@ class CpuEngine {
   uint64_t up_step_ = 0;
   uint64_t down_step_ = 0;
   int threads_ = 1;  // what this rank offers a pipelined op
-  int last_lanes_ = 0;
-  const char* last_data_path_ = "pipelined";
+  std::optional<CpuPlan> last_plan_;
   bool shared_tensors_on_;  // PYCOLL_CPU_SHARED_TENSORS
   enum class SharedOpen { Unknown, Yes, No } shared_open_ = SharedOpen::Unknown;
   PeerFileMaps peer_files_;
@@ -173,12 +185,11 @@ class CpuEngine {
     bool writable;  // mapped for writing
   };
   std::vector<AgreedFile> agreed_files_;
-  enum class PeerRead { Off, Auto, On };  // ordered: ranks that differ use the least (OpHeader::peer_read)
-  static PeerRead parse_peer_read();      // PYCOLL_CPU_PEER_READ
-  static bool parse_shared_tensors();     // PYCOLL_CPU_SHARED_TENSORS
+  static PeerRead parse_peer_read();   // PYCOLL_CPU_PEER_READ
+  static bool parse_shared_tensors();  // PYCOLL_CPU_SHARED_TENSORS
   PeerRead peer_read_mode_;
   size_t stream_min_bytes_;  // stream_store_min_bytes(size_), read once
-  enum class PeerReadAllowed { Unknown, Yes, No } peer_read_allowed_ = PeerReadAllowed::Unknown;
+  PeerReadProbe peer_read_probe_ = PeerReadProbe::NotYet;
   std::unique_ptr<LanePool> pool_;  // made on the first op that uses more than one lane
   std::array<uint64_t, kMaxLanes> lane_step_{};
 };

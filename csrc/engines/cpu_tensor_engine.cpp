@@ -16,12 +16,7 @@ bool CpuTensorEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& 
 
 Algo CpuTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   const Algo ran = run_op(c, stream);
-  // "tree" is a different schedule on each engine: the log names this one (the CUDA engine's is
-  // the double binary tree, cuda/all_reduce_plan.h).
-  if (c.plan_text && ran == Algo::Tree) *c.plan_text = "pipelined_binary_tree";
-  if (c.plan_text && cpu_.last_pipeline_lanes() > 0) {
-    *c.plan_text = std::string(cpu_.last_data_path()) + " lanes=" + std::to_string(cpu_.last_pipeline_lanes());
-  }
+  if (c.plan_text && cpu_.last_plan()) *c.plan_text = cpu_.last_plan()->describe();  // cpu/plan.h
   return ran;
 }
 

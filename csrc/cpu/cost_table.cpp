@@ -1,4 +1,4 @@
-#include "cpu/select.h"
+#include "cpu/cost_table.h"
 
 #include <limits>
 #include <mutex>
@@ -12,10 +12,9 @@ std::mutex& table_mutex() {
   return m;
 }
 
-// Provisional constants for 2-4 CPU ranks on one host, from pycoll-bench runs
-// on the 2-core CI machine (measured 2026-11-26, before the two-shot was pipelined; not refitted since): one-shot wins
-// below ~32 KiB (one barrier), two-shot above (each rank reads 1/n of the data).
-// Ring and tree are never cheaper on shared memory; they exist to be compared.
+// The built-in pairs, for 2-4 ranks on one host (docs/decisions/0025-cpu-algorithm-cost-table.md):
+// one-shot all_reduce below about 26 KiB, two-shot above; ring and tree never win on shared
+// memory and run only when asked for.
 std::vector<CostEntry>& table() {
   static std::vector<CostEntry> t = {
       {OpCode::AllReduce, Algo::OneShot, 4.0, 4.0e-4},     {OpCode::AllReduce, Algo::TwoShot, 8.0, 2.5e-4},
@@ -30,19 +29,8 @@ std::vector<CostEntry>& table() {
 
 }  // namespace
 
-bool algorithm_available(OpCode op, Algo algo) {
-  switch (op) {
-    case OpCode::AllReduce: return algo != Algo::Auto;
-    case OpCode::AllGather: return algo == Algo::OneShot || algo == Algo::TwoShot || algo == Algo::Ring;
-    case OpCode::ReduceScatter: return algo == Algo::OneShot || algo == Algo::TwoShot || algo == Algo::Ring;
-    case OpCode::Broadcast:
-    case OpCode::Reduce: return algo == Algo::OneShot || algo == Algo::TwoShot || algo == Algo::Tree;
-    default: return algo == Algo::OneShot;
-  }
-}
-
-Algo select_algorithm(OpCode op, size_t bytes, int world) {
-  if (world <= 1) return Algo::OneShot;
+Algo cheapest_algorithm(OpCode op, size_t bytes, int ranks) {
+  if (ranks <= 1) return Algo::OneShot;
   std::lock_guard<std::mutex> g(table_mutex());
   Algo best = Algo::OneShot;
   double best_t = std::numeric_limits<double>::infinity();
