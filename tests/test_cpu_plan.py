@@ -1,7 +1,7 @@
 """The CPU engine's plan (csrc/cpu/plan.cpp), checked without ranks: the one value from which the
 engine runs an op and logs it. These tests pin the decisions at every boundary (the decision records
-0022-0025 in docs/decisions/ say why each is where it is) and check the plan against the engine's
-rules written out as a ladder."""
+0022-0025 in docs/decisions/ say why each is where it is), check the plan against the engine's
+rules written out as a ladder, and check the settings' help texts that quote the thresholds."""
 import itertools
 
 import pytest
@@ -318,3 +318,28 @@ def test_the_plan_is_the_engines_ladder_everywhere(op):
         checked += 1
     assert checked == 4 * 4 * len(SIZES) * 3 * 3 * 3
 
+
+# --- the settings' help texts quote the plan's thresholds -------------------------------------------
+
+def _doc(name):
+    return next(s["doc"] for s in _C.settings() if s["name"] == name)
+
+
+def test_the_peer_read_help_quotes_the_rule():
+    doc = _doc("PYCOLL_CPU_PEER_READ")
+    assert ("auto reads in place, when every rank has at least 4 threads (PYCOLL_CPU_THREADS), an all_gather of "
+            "64 MiB or more and a reduce_scatter of 16 MiB or more over 2 ranks, 6 MiB or more over 3 or more "
+            "(over 4 or more, 3 threads are enough for a reduce_scatter)") in doc
+    # What it says is what the plan does.
+    assert _read("allgather", 64 * MiB, 2, 4) == "read in place" and _read("allgather", 64 * MiB, 2, 3) != "read in place"
+    assert _read("reduce_scatter", 16 * MiB, 2, 4) == "read in place"
+    assert _read("reduce_scatter", 6 * MiB, 3, 4) == "read in place"
+    assert _read("reduce_scatter", 6 * MiB, 4, 3) == "read in place"
+
+
+def test_the_shared_tensors_help_quotes_the_staging_sizes():
+    doc = _doc("PYCOLL_CPU_SHARED_TENSORS")
+    assert ("with one thread per rank an all_gather of 16 MiB or more and a broadcast of 64 MiB or more still "
+            "stage") in doc
+    assert bytes_plan("allgather", 16 * MiB, threads=1, memory="shared")["path"] == "pipelined"
+    assert bytes_plan("broadcast", 64 * MiB, threads=1, memory="shared")["path"] == "pipelined"

@@ -36,29 +36,13 @@ const IntSetting kP2PChannelBytes("PYCOLL_P2P_CHANNEL_BYTES", 4 << 20, 1 << 12, 
                                   nullptr,
                                   /*bytes=*/true);
 
+// Their help texts quote the plan's thresholds (cpu/plan.h), so they are built from its constants.
+const std::string kPeerReadHelp = peer_read_setting_help();
 const TextSetting kPeerRead("PYCOLL_CPU_PEER_READ", "auto", "auto, on, off", "cpu engine", false, Audience::User,
-                            "Large CPU all_gather, reduce_scatter and broadcast: read each peer's buffer in place "
-                            "with cross-memory attach (on) or stage it through shared memory (off); auto reads in "
-                            "place, when every rank has at least 4 threads (PYCOLL_CPU_THREADS), an all_gather of "
-                            "64 MiB or more and a reduce_scatter of 16 MiB or more over 2 ranks, 6 MiB or more over "
-                            "3 or more (over 4 or more, 3 threads are enough for a reduce_scatter). Ranks that "
-                            "differ use the least (off, then auto, then on). Under Yama's ptrace_scope=1 (Ubuntu's "
-                            "default), a rank that may read in place names the ranks' nearest common ancestor (their "
-                            "launcher) as its tracer, so that its sibling ranks may read it; off names none. Where "
-                            "the OS forbids cross-memory attach, ops stage and the debug log says so once.");
-const TextSetting kSharedTensors(
-    "PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
-    "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors "
-    "live in shared memory (tensor.share_memory_()) on every rank the op reads from: "
-    "map the peers' files and read them in place (on; with one thread per rank an "
-    "all_gather of 16 MiB or more and a broadcast of 64 MiB or more still stage, "
-    "which is faster there) or stage them like any tensor (off). A send larger than "
-    "PYCOLL_P2P_CHANNEL_BYTES from such a tensor, where the ranks have fewer than two CPUs "
-    "each, goes by reference: the receiver copies it straight out of the sender's file (on) "
-    "instead of through the channel; a private send as large into such a tensor is written "
-    "by the sender straight into the receiver's file. Where the OS forbids opening a peer's "
-    "file, ops stage "
-    "and the debug log says so once.");
+                            kPeerReadHelp.c_str());
+const std::string kSharedTensorsHelp = shared_tensors_setting_help();
+const TextSetting kSharedTensors("PYCOLL_CPU_SHARED_TENSORS", "on", "on, off", "cpu engine", true, Audience::User,
+                                 kSharedTensorsHelp.c_str());
 
 size_t shm_data_bytes() { return static_cast<size_t>(kShmBytes.get()); }
 size_t p2p_channel_bytes() { return static_cast<size_t>(kP2PChannelBytes.get()); }

@@ -9,6 +9,8 @@ namespace pycoll {
 
 namespace {
 
+constexpr size_t kMiB = size_t(1) << 20;
+
 // Which algorithms the CPU engine implements for an op (a request for another asks the cost table).
 bool algorithm_available(OpCode op, Algo algo) {
   switch (op) {
@@ -50,6 +52,8 @@ bool reads_peers(const CpuOpFacts& f, size_t bytes) {
   if (f.peer_read == PeerRead::Off || f.probe == PeerReadProbe::Denied) return false;
   return f.peer_read == PeerRead::On || auto_reads_in_place(f.op, bytes, f.ranks, f.threads);
 }
+
+size_t mib(size_t bytes) { return bytes / kMiB; }
 
 }  // namespace
 
@@ -136,6 +140,36 @@ std::string CpuPlan::describe() const {
   if (stream_out) s += " streamed";
   if (probe_first) s += " probe-first";
   return s;
+}
+
+std::string peer_read_setting_help() {
+  const std::string few = std::to_string(kPeerReadFewRanks), many = std::to_string(kPeerReadManyRanks);
+  return "Large CPU all_gather, reduce_scatter and broadcast: read each peer's buffer in place "
+         "with cross-memory attach (on) or stage it through shared memory (off); auto reads in "
+         "place, when every rank has at least " +
+         std::to_string(kPeerReadMinThreads) + " threads (PYCOLL_CPU_THREADS), an all_gather of " +
+         std::to_string(mib(kPeerReadAllGatherMinBytes)) + " MiB or more and a reduce_scatter of " +
+         std::to_string(mib(kPeerReadFewRanksReduceScatterMinBytes)) + " MiB or more over " + few + " ranks, " +
+         std::to_string(mib(kPeerReadReduceScatterMinBytes)) + " MiB or more over " +
+         std::to_string(kPeerReadFewRanks + 1) + " or more (over " + many + " or more, " +
+         std::to_string(kPeerReadManyRanksReduceScatterMinThreads) +
+         " threads are enough for a reduce_scatter). Ranks that differ use the least (off, then auto, then on). "
+         "Under Yama's ptrace_scope=1 (Ubuntu's default), a rank that may read in place names the ranks' "
+         "nearest common ancestor (their launcher) as its tracer, so that its sibling ranks may read it; off "
+         "names none. Where the OS forbids cross-memory attach, ops stage and the debug log says so once.";
+}
+
+std::string shared_tensors_setting_help() {
+  return "Large CPU all_reduce, reduce_scatter, all_gather and broadcast whose tensors live in shared memory "
+         "(tensor.share_memory_()) on every rank the op reads from: map the peers' files and read them in place "
+         "(on; with one thread per rank an all_gather of " +
+         std::to_string(mib(kSharedOneLaneAllGatherMaxBytes)) + " MiB or more and a broadcast of " +
+         std::to_string(mib(kSharedOneLaneBroadcastMaxBytes)) +
+         " MiB or more still stage, which is faster there) or stage them like any tensor (off). A send larger "
+         "than PYCOLL_P2P_CHANNEL_BYTES from such a tensor, where the ranks have fewer than two CPUs each, goes "
+         "by reference: the receiver copies it straight out of the sender's file (on) instead of through the "
+         "channel; a private send as large into such a tensor is written by the sender straight into the "
+         "receiver's file. Where the OS forbids opening a peer's file, ops stage and the debug log says so once.";
 }
 
 }  // namespace pycoll

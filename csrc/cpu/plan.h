@@ -125,4 +125,8 @@ bool auto_reads_in_place(OpCode op, size_t bytes, int ranks, int threads);
 // does it name a tracer for them (common/ptracer.h).
 bool may_ever_read_in_place(PeerRead mode, int ranks, int threads);
 
+// The help texts of PYCOLL_CPU_PEER_READ and PYCOLL_CPU_SHARED_TENSORS, which quote the thresholds above.
+std::string peer_read_setting_help();
+std::string shared_tensors_setting_help();
+
 }  // namespace pycoll
