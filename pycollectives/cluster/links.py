@@ -68,12 +68,12 @@ def run_id() -> str:
 
 
 def netem_available(rid: str):
-    """(True, "") when the kernel has netem (tried on a dummy link in a scratch namespace), else
+    """(True, "") when the kernel has netem (tried on a veth pair in a scratch namespace), else
     (False, tc's message)."""
     ns = f"{PREFIX}{rid}-probe"
     try:
         sh(["ip", "netns", "add", ns])
-        sh(["ip", "-n", ns, "link", "add", "d0", "type", "dummy"])
+        sh(["ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d1"])
         p = sh(["tc", "-n", ns, "qdisc", "add", "dev", "d0", "root", "netem", "delay", "1ms"], check=False)
         return p.returncode == 0, p.stderr.strip()
     finally:
