@@ -84,16 +84,23 @@ def load_cost_model(path: Optional[str] = None) -> int:
 
 def _load_host_forms(tables) -> int:
     """Which form (flat or hierarchical) won where in groups across hosts (csrc/engines/
-    host_form_model.h): all of the tables or none (a bad one raises ValueError, none installed)."""
+    host_form_model.h): all of the tables or none (a bad one raises ValueError, none installed).
+    A table measured on links of a given rate ("link", pycoll-bench --link) is installed only where
+    PYCOLL_LINK names that rate, and a table without one only where PYCOLL_LINK is unset."""
+    from .cluster.rates import canonical
+    from .package_settings import LINK
+
     _C.clear_host_form_tables()
     try:
         if not isinstance(tables, list):
             raise ValueError("expected a list of {device, op, num_hosts, local_size, steps, max_bytes}")
+        here = canonical(LINK.get()) if LINK.get() else None
+        tables = [t for t in tables if (canonical(t["link"]) if t.get("link") else None) == here]
         for t in tables:
             _C.set_host_form_table(str(t["device"]), str(t["op"]), int(t["num_hosts"]), int(t["local_size"]),
                                    [(int(b), str(f)) for b, f in t["steps"]], int(t["max_bytes"]))
         return len(tables)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         _C.clear_host_form_tables()
         raise ValueError(f"host_forms: {exc}") from exc
 

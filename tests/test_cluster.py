@@ -170,3 +170,45 @@ def test_2x1_over_1gbit_powersgd_rank4_is_1_8x_faster_per_step(tmp_path):
     c = json.loads(out.read_text())["compression"]
     assert c["speedup"] >= 1.8, c
     assert c["powersgd"]["loss"] < c["powersgd"]["loss0"], c  # it still trains
+
+
+# -- pycoll-bench --link -------------------------------------------------------------------------
+def test_bench_link_needs_hosts_and_a_rate(capsys):
+    from pycollectives.bench.cli import parse_config
+    for argv, words in ((["--link", "1gbit"], "add --hosts N"), (["--hosts", "2", "--link", "fast"], "1gbit")):
+        with pytest.raises(SystemExit) as exc:
+            parse_config(argv)
+        assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_calibrations_on_different_links_keep_each_other():
+    from pycollectives.bench.calibrate import merge_host_forms
+    e = lambda link, steps: dict(device="cpu", op="all_reduce", num_hosts=2, local_size=2, link=link,  # noqa: E731
+                                 steps=steps, max_bytes=1 << 20)
+    old = [e("1gbit", [[1, "flat"]]), e(None, [[1, "flat"]]), e("100mbit", [[1, "flat"]])]
+    merged = merge_host_forms(old, [e("1gbit", [[8, "hierarchical"]])])
+    assert sorted((m["link"] or "", m["steps"][0][1]) for m in merged) == [
+        ("", "flat"), ("100mbit", "flat"), ("1gbit", "hierarchical")]
+
+
+@needs_cluster
+def test_bench_over_a_link_reports_the_measured_rate_and_keys_the_calibration(tmp_path):
+    cal = tmp_path / "cal.json"
+    p = subprocess.run([sys.executable, "-m", "pycollectives.bench", "--hosts", "2", "--nproc", "4", "--link", "1000mbit",
+                        "--ops", "all_reduce", "-b", "1M", "-e", "1M", "--budget", "0.02", "--prewarm", "0",
+                        "--no-progress", "--no-plot", "--out", str(tmp_path), "--calibrate", "--calibrate-out",
+                        str(cal)], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = re.search(r"# link between hosts: 1gbit each way \(pycoll-cluster, tc tbf\); measured (\d+) Mbit/s", p.stdout)
+    assert m and 900 <= int(m.group(1)) <= 1100, p.stdout[:2000]
+    doc = json.loads(next(f for f in tmp_path.glob("*.json") if f != cal).read_text())
+    assert doc["metadata"]["link"] == "1gbit" and doc["metadata"]["launcher"] == "pycoll-cluster"
+    assert 0.9e9 <= doc["metadata"]["link_measured_bps"] <= 1.1e9
+    assert "--in-cluster" not in doc["metadata"]["command"]
+    forms = json.loads(cal.read_text())["host_forms"]
+    assert forms and all(t["link"] == "1gbit" for t in forms), forms
+    # Installed where PYCOLL_LINK names that rate only.
+    code = "import pycollectives.config as c, json; print(c._load_host_forms(json.load(open(%r))['host_forms']))" % str(cal)
+    counts = [subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True, text=True,
+                             timeout=60).stdout.strip() for env in ({"PYCOLL_LINK": "1gbit"}, {"PYCOLL_LINK": "10gbit"})]
+    assert counts == [str(len(forms)), "0"], counts

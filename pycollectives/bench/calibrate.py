@@ -251,10 +251,11 @@ HOST_FORMS = ("flat", "hierarchical")
 HOST_FORM_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
-def fit_host_forms(rows, dtype, device, num_hosts, local_size, builtin, margin=CUDA_CHOICE_MARGIN):
+def fit_host_forms(rows, dtype, device, num_hosts, local_size, builtin, margin=CUDA_CHOICE_MARGIN, link=None):
     """[{device, op, num_hosts, local_size, max_bytes, steps, sizes, margin}, ...], one per op measured
     in both forms, from eager, error-free, correct pycoll rows of ``dtype`` forced to a form.
-    ``builtin(op, bytes)``: the engine's form without a table (``_C.host_form(..., builtin=True)``)."""
+    ``builtin(op, bytes)``: the engine's form without a table (``_C.host_form(..., builtin=True)``).
+    ``link``: the rate of the links between the hosts (PYCOLL_LINK), which keys the table too."""
     times = {}
     for r in rows:
         if not _timed_pycoll_row(r, dtype):
@@ -265,14 +266,19 @@ def fit_host_forms(rows, dtype, device, num_hosts, local_size, builtin, margin=C
     for op in HOST_FORM_OPS:
         table = winner_steps(times.get(op) or {}, lambda nb, op=op: builtin(op, nb), margin)
         if table:
-            out.append(dict(device=device, op=op, num_hosts=num_hosts, local_size=local_size, margin=margin, **table))
+            entry = dict(device=device, op=op, num_hosts=num_hosts, local_size=local_size, margin=margin, **table)
+            if link:
+                entry["link"] = link
+            out.append(entry)
     return out
 
 
 def merge_host_forms(existing, new_entries):
-    """The file's host_forms with those of the (device, layout)s just measured replaced."""
-    layouts = {(e["device"], e["num_hosts"], e["local_size"]) for e in new_entries}
-    kept = [e for e in (existing or []) if (e.get("device"), e.get("num_hosts"), e.get("local_size")) not in layouts]
+    """The file's host_forms with those of the (device, layout, link)s just measured replaced."""
+    def key(e):
+        return e.get("device"), e.get("num_hosts"), e.get("local_size"), e.get("link")
+    layouts = {key(e) for e in new_entries}
+    kept = [e for e in (existing or []) if key(e) not in layouts]
     return kept + list(new_entries)
 
 

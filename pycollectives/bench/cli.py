@@ -32,6 +32,7 @@ examples:
   pycoll-bench --backends pycoll,gloo --algo ring,tree,auto --nproc 4
   pycoll-bench --calibrate --rounds 3            # calibrate auto on this machine -> ~/.cache/pycollectives/cost_model.json
   pycoll-bench --hosts 2 --nproc 4 --calibrate --rounds 3   # + when auto runs flat or hierarchical across hosts
+  pycoll-bench --hosts 2 --nproc 4 --link 1gbit  # hosts in network namespaces, links shaped to 1 Gbit/s (root)
   torchrun --nproc-per-node 8 -m pycollectives.bench --backends pycoll,nccl
 
 sizes are bytes of the op's largest buffer (all_gather: output, reduce_scatter: input), with
@@ -81,6 +82,14 @@ def _positive_float(text):
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
     return value
+
+
+def _rate_arg(text):
+    from ..cluster.rates import canonical
+    try:
+        return canonical(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
 
 
 def build_parser():
@@ -151,6 +160,13 @@ def build_parser():
     g.add_argument("--hosts", type=_positive_int, default=1,
                    help="simulate this many hosts on one machine: consecutive blocks of ranks get their own "
                         "PYCOLL_HOSTID and NCCL_HOSTID, for pycoll and the comparison backend alike (default: 1)")
+    g.add_argument("--link", type=_rate_arg, default=None,
+                   help="with --hosts: run the simulated hosts as a pycoll-cluster, each in its own network "
+                        "namespace, joined by links shaped to this rate each way (100mbit, 1gbit, 10gbit); the "
+                        "link's measured rate is printed beside the table and --calibrate's table of forms is "
+                        "keyed by it. Needs root or user namespaces (docs/cluster.md)")
+    # Set by --link on the ranks it starts inside the cluster (hidden).
+    g.add_argument("--in-cluster", action="store_true", help=argparse.SUPPRESS)
     g.add_argument("--timeout", type=_positive_float, default=600.0,
                    help="seconds before a collective or the rendezvous times out (default: 600)")
     g = p.add_argument_group("output")
@@ -297,7 +313,13 @@ def parse_config(argv, parser=None):
 
     if world % a.hosts != 0:
         err(f"--hosts {a.hosts}: {world} ranks do not split evenly into {a.hosts} hosts")
-    if launched and a.hosts > 1:
+    if a.link and a.hosts < 2:
+        err("--link shapes the links between simulated hosts: add --hosts N (N >= 2)")
+    if a.in_cluster and not launched:
+        err("--in-cluster is set by --link on the ranks it starts")
+    if launched and a.link and not a.in_cluster:
+        err("--link builds a cluster for the ranks pycoll-bench starts; under torchrun or pycoll-cluster leave it out")
+    if launched and a.hosts > 1 and not a.in_cluster:
         err("--hosts simulates hosts for spawned ranks; under torchrun give each agent its own PYCOLL_HOSTID")
     if launched and a.nproc and a.nproc != world:
         print(f"pycoll-bench: --nproc {a.nproc} ignored: launched with WORLD_SIZE={world}", file=sys.stderr)
@@ -307,8 +329,9 @@ def parse_config(argv, parser=None):
         budget_s=a.budget, rounds=a.rounds,
         inplace=a.inplace, shared_tensors=a.shared_tensors, async_op=a.async_op, check=a.check, graph=a.graph, inject_fault=a.inject_fault, out_dir=a.out, name=a.name,
         save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out,
-        timeout_s=a.timeout, progress=not a.no_progress, command=_command(argv), argv=list(argv),
-        launcher="torchrun" if launched else "spawn", hosts=a.hosts)
+        timeout_s=a.timeout, progress=not a.no_progress,
+        command=_command([x for x in argv if x != "--in-cluster"]), argv=[x for x in argv if x != "--in-cluster"],
+        launcher="pycoll-cluster" if a.in_cluster else "torchrun" if launched else "spawn", hosts=a.hosts, link=a.link)
     return cfg, launched
 
 
@@ -338,10 +361,22 @@ def _spawn(cfg):
         os.unlink(status_path)
 
 
+def _cluster(cfg, argv):
+    """--link: the same command once per rank, on simulated hosts of a pycoll-cluster."""
+    from ..cluster import cli as cluster_cli
+    per_host = cfg.nproc // cfg.hosts
+    args = ["--hosts", str(cfg.hosts), "--nproc-per-host", str(per_host), "--link", cfg.link]
+    if cfg.device == "cuda":
+        args += ["--gpus-per-host", str(per_host)]   # one GPU per rank, as without --link
+    return cluster_cli.main(args + ["--", sys.executable, "-m", "pycollectives.bench"] + list(argv) + ["--in-cluster"])
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg, launched = parse_config(argv)
     os.environ["NCCL_NVLS_ENABLE"] = "0"   # never NVLink multicast, in every rank we start
+    if cfg.link and not launched:
+        return _cluster(cfg, argv)
     if launched:
         from .runner import run_rank
         rank, world, local_rank = launched

@@ -35,10 +35,11 @@ class BenchConfig:
     calibrate_out: Optional[str] = None
     timeout_s: float = 600.0
     hosts: int = 1                   # simulated hosts: rank r is on host r * hosts // nproc
+    link: Optional[str] = None       # --link: the hosts' links shaped to this rate (pycoll-cluster)
     progress: bool = True
     command: str = ""
     argv: List[str] = dataclasses.field(default_factory=list)
-    launcher: str = "spawn"          # "spawn" or "torchrun"
+    launcher: str = "spawn"          # "spawn", "torchrun" or "pycoll-cluster"
 
     def to_json(self):
         d = dataclasses.asdict(self)

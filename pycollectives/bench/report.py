@@ -97,7 +97,20 @@ def slugify(text):
     return text or "unknown"
 
 
+def link_info(cfg):
+    """The links between hosts: the rate they are shaped to (--link, or PYCOLL_LINK as pycoll-cluster
+    sets it) and the TCP rate pycoll-cluster measured on them (PYCOLL_LINK_MEASURED), else None."""
+    from ..package_settings import LINK, LINK_MEASURED
+    link = cfg.link or LINK.get() or None
+    try:
+        measured = float(LINK_MEASURED.get()) or None
+    except ValueError:
+        measured = None
+    return link, measured
+
+
 def metadata(cfg, world):
+    link, measured = link_info(cfg)
     now = datetime.datetime.now().astimezone()
     try:
         import pycollectives
@@ -118,6 +131,8 @@ def metadata(cfg, world):
         "nproc": world,
         "world_size": world,
         "hosts": cfg.hosts,
+        "link": link,
+        "link_measured_bps": measured,
         "command": cfg.command,
         "argv": list(cfg.argv),
         "launcher": cfg.launcher,
@@ -174,6 +189,10 @@ def format_table(rows, meta, cfg, baseline):
         + "; algbw = size / time; busbw = algbw * nccl-tests factor;",
         f"# {ratio_head} = busbw / busbw of {baseline} at the same size (>1: faster than {baseline})",
     ]
+    if meta.get("link"):
+        measured = meta.get("link_measured_bps")
+        lines.insert(1, f"# link between hosts: {meta['link']} each way (pycoll-cluster, tc tbf)"
+                        + (f"; measured {measured / 1e6:.0f} Mbit/s (one TCP stream)" if measured else ""))
     label_w = max([len("backend")] + [len(r["label"]) + (8 if r["mode"] == "graph" else 0) for r in rows])
     head = (f"{'op':<15}{'size':>9}{'count':>12}  {'backend':<{label_w}}{'time_us':>12}"
             f"{'algbw GB/s':>12}{'busbw GB/s':>12}{ratio_head:>{max(9, len(ratio_head) + 2)}}  check")
@@ -272,7 +291,8 @@ def finish(cfg, world, data):
             # A layout across hosts adds its forms to the file and keeps the one-host constants there.
             host_forms = calibrate.fit_host_forms(
                 rows, cfg.dtypes[0], cfg.device, layout[0], layout[1],
-                lambda op, nb: hosts_C.host_form(cfg.device, op, layout[0], layout[1], nb, builtin=True))
+                lambda op, nb: hosts_C.host_form(cfg.device, op, layout[0], layout[1], nb, builtin=True),
+                link=meta.get("link"))
             if existing:
                 cdoc = existing
         cdoc["host_forms"] = calibrate.merge_host_forms(existing.get("host_forms"), host_forms)
@@ -287,7 +307,8 @@ def finish(cfg, world, data):
                       flush=True)
             for t in host_forms:
                 steps = ", ".join(f"{f} from {format_size(b)}" for b, f in t["steps"])
-                print(f"#   {t['device']} {t['num_hosts']}x{t['local_size']} {t['op']}: auto runs {steps} "
+                on = f" on links of {t['link']}" if t.get("link") else ""
+                print(f"#   {t['device']} {t['num_hosts']}x{t['local_size']}{on} {t['op']}: auto runs {steps} "
                       f"(up to {format_size(t['max_bytes'])})", flush=True)
         elif not entries:
             print("#   no pycoll row with a forced algorithm (ring, tree, oneshot, twoshot): "
