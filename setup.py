@@ -150,6 +150,7 @@ setup(
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
     entry_points={"console_scripts": ["pycoll-bench=pycollectives.bench.cli:main",
+                                      "pycoll-sim=pycollectives.schedule.simulate:main",
                                       "pycoll-trace=pycollectives.trace.cli:main",
                                       "pycoll-cluster=pycollectives.cluster.cli:main"]},
     python_requires=">=3.9",

@@ -19,6 +19,7 @@ from .hosts import make_backend
 from .memory import shared_cpu_memory, shared_cpu_memory_stats, use_shared_cpu_memory
 from .split_options import backend_options
 from .hooks import PowerSGDState, SignSGDState, powerSGD_hook, powersgd_hook, signsgd_hook
+from .schedule.registry import register_algorithm  # noqa: F401 (docs/schedules.md)
 
 __all__ = [
     "get_algo", "set_algo", "stats", "reset_stats", "cuda_built", "load_cost_model", "BACKEND_NAME",
