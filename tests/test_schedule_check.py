@@ -231,7 +231,11 @@ def test_tampered_ir():
     """The checker reads the IR, whatever made it: a JSON edited by hand or a synthesizer."""
     d = json.loads(ring_all_reduce(3).lower().dumps())
     d["steps"][1][0][1]["seq"] = 7
-    check_fails(IR.from_json(d), r"unmatched")
+    check_fails(IR.from_json(d), r"message 7 from rank 0 on lane 0 comes where message 0 is next")
+    d["steps"][1][0].append({"op": "recv", "dst": ["in", 0, 1], "peer": 2, "seq": 0})
+    d["steps"][1][0][1]["seq"] = 0
+    check_fails(IR.from_json(d), r"^rank 1, step 8 \(lane 0\): receive from rank 2 \(message 0 on lane 0\) "
+                                 r"has no matching send \(unmatched receive\)$")
     d = json.loads(ring_all_reduce(3).lower().dumps())
     d["steps"][2][0][0]["deps"] = [[3, 0]]
     check_fails(IR.from_json(d), r"depends on step 0 of lane 3, which rank 2 does not have")

@@ -162,6 +162,19 @@ class _Checker:
                 self.nodes.extend((r, l, i) for i in range(len(lst)))
         sends: Dict[Tuple[int, int, int, int], int] = {}
         recvs: Dict[Tuple[int, int, int, int], int] = {}
+        # A channel is first in, first out: its messages are numbered in the order of its lane.
+        for r, lanes in enumerate(ir.steps):
+            for l, lst in enumerate(lanes):
+                nxt = {}
+                for i, s in enumerate(lst):
+                    if s.op in ("send", "recv", "recv_reduce"):
+                        key = (s.op == "send", s.peer)
+                        want = nxt.get(key, 0)
+                        if s.seq != want:
+                            way = f"to rank {s.peer}" if s.op == "send" else f"from rank {s.peer}"
+                            self.fail((r, l, i), f"message {s.seq} {way} on lane {l} comes where message "
+                                                 f"{want} is next: a channel's messages go in order")
+                        nxt[key] = want + 1
         for n, (r, l, i) in enumerate(self.nodes):
             s = ir.steps[r][l][i]
             if s.op == "send":
