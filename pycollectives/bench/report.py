@@ -119,6 +119,10 @@ def metadata(cfg, world):
         pyc_version = None
     env = {k: v for k, v in sorted(os.environ.items())
            if k.startswith(("PYCOLL_", "NCCL_", "GLOO_")) or k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}
+    if cfg.link:  # set by pycoll-cluster for --link, which the command names; "link" below says both
+        for k in ("PYCOLL_LINK", "PYCOLL_LINK_MEASURED", "PYCOLL_HOSTID", "NCCL_HOSTID", "GLOO_SOCKET_IFNAME",
+                  "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"):
+            env.pop(k, None)
     return {
         "card": card_name(cfg.device),
         "device": cfg.device,
