@@ -74,9 +74,13 @@ class _Checker:
 
     def loc(self, buf: str, chunk: int) -> str:
         s = f"{BUFFER_NAMES.get(buf, buf)} chunk {chunk}"
-        P = self.ir.pieces
-        if P > 1:
-            s += f" (piece {chunk % P} of chunk {chunk // P})"
+        ir = self.ir
+        P = ir.pieces
+        if P > 1:  # IR chunk i * C + c of a block is piece i of chunk c
+            C = (ir.scratch if buf == "scratch" else ir.chunks) // P
+            b, j = divmod(chunk, C * P) if C else (0, chunk)
+            if C:
+                s += f" (piece {j // C} of chunk {b * C + j % C})"
         return s
 
     def fail(self, node, msg):

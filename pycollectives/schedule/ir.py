@@ -15,7 +15,9 @@ message; a buffer of B blocks has B * chunks of them). Steps (JSON objects):
   finished before this one starts.
 
 A channel holds at most `channel_depth` messages: send k may start once receive k - channel_depth
-of its channel has finished. Chunk c of a block of E elements is elements
+of its channel has finished. A program cut into `pieces` numbers a block's chunks piece first
+(IR chunk i * C + c is piece i of the program's chunk c, C = chunks / pieces); nothing in the IR
+depends on it, but it keeps a piece of neighbouring chunks one region. Chunk c of a block of E elements is elements
 [c * s, min((c + 1) * s, E)) with s = ceil(E / chunks) (the last chunks may be short or empty);
 scratch chunk c is elements [c * s, (c + 1) * s) of the scratch buffer; a copy between chunks of
 different lengths moves the shorter length. With `inplace`, the input and output alias as

@@ -23,6 +23,7 @@ order is their own (they are matched per channel, in order).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -144,8 +145,21 @@ class Program:
     def lower(self) -> IR:
         """The IR (cached until the next step is added)."""
         if self._ir is None:
-            self._ir = _Lowering(self).run()
+            with _no_gc():
+                self._ir = _Lowering(self).run()
         return self._ir
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """Millions of small tuples and no cycles among them: the cyclic collector only costs time."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class _Lowering:
@@ -225,12 +239,23 @@ class _Lowering:
                   channel_depth=p.channel_depth)
 
     def regions(self, ref: Ref, piece: int, pieces: int) -> List[Tuple[str, int, int]]:
-        """IR regions of piece `piece` of `pieces` of every chunk of ref."""
+        """IR regions of piece `piece` of `pieces` of ref. The IR numbers a block's chunks piece
+        first: IR chunk i * C + c is piece i of chunk c (C chunks per block, or the scratch's
+        size), so that one piece of several neighbouring chunks is one region."""
         P = self.P
-        if pieces == 1:
-            return [(ref.buffer, ref.start * P, ref.count * P)]
+        if P == 1:
+            return [(ref.buffer, ref.start, ref.count)]
+        C = self.p.scratch_chunks if ref.buffer == "scratch" else self.p.chunks
         w = P // pieces
-        return [(ref.buffer, (ref.start + c) * P + piece * w, w) for c in range(ref.count)]
+        out = []
+        for i in range(piece * w, (piece + 1) * w):
+            x, end = ref.start, ref.start + ref.count
+            while x < end:  # one region per block the ref touches
+                b, c = divmod(x, C) if C else (0, x)
+                n = min(end - x, C - c) if C else end - x
+                out.append((ref.buffer, b * C * P + i * C + c, n))
+                x += n
+        return out
 
     def emit(self, op: _Op, piece: int):
         srcs = self.regions(op.src, piece, op.pieces) if op.src is not None else None
@@ -325,8 +350,12 @@ class _Lowering:
         return g
 
     def chunks_of(self, rank, reg):
-        p = self.p
         buf, start, count = reg
-        if self.identity:
-            return [(buf, start)] if count == 1 else [(buf, c) for c in range(start, start + count)]
-        return [collectives.storage(p.collective, p.inplace, rank, buf, c, self.K) for c in range(start, start + count)]
+        if not self.identity:
+            p = self.p
+            if p.collective in ("all_reduce", "broadcast", "reduce"):
+                buf = "in" if buf == "out" else buf
+            else:
+                return [collectives.storage(p.collective, True, rank, buf, c, self.K)
+                        for c in range(start, start + count)]
+        return [(buf, start)] if count == 1 else [(buf, c) for c in range(start, start + count)]

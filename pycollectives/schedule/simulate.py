@@ -250,8 +250,11 @@ def load_program(program, ranks: Optional[int] = None, hosts: int = 1, **kwargs)
         params = {}
     if hosts > 1 and "per_host" in params and "per_host" not in kwargs:
         kwargs["per_host"] = ranks // hosts
-    built = program(ranks, **kwargs)
-    return built.lower() if isinstance(built, Program) else built
+    from .language import _no_gc
+
+    with _no_gc():
+        built = program(ranks, **kwargs)
+        return built.lower() if isinstance(built, Program) else built
 
 
 def simulate(program, ranks: Optional[int] = None, *, size: int = 1 << 20, dtype_bytes: int = 4,
@@ -266,7 +269,10 @@ def simulate(program, ranks: Optional[int] = None, *, size: int = 1 << 20, dtype
                             copy_gamma=copy_gamma)
     elif topology.ranks != ir.ranks:
         raise ScheduleError(f"topology of {topology.ranks} ranks for a program of {ir.ranks}")
-    return _Sim(ir, topology, size, dtype_bytes).run()
+    from .language import _no_gc
+
+    with _no_gc():
+        return _Sim(ir, topology, size, dtype_bytes).run()
 
 
 class _Sim:
@@ -441,11 +447,13 @@ def main(argv=None) -> int:
     ap.add_argument("--net", default="400gbit", help="between hosts (with --hosts > 1), as --link")
     ap.add_argument("--nics", type=int, default=None, help="network ports per host (default: one per rank)")
     ap.add_argument("--gamma", type=float, default=0.0, help="seconds per byte reduced")
+    ap.add_argument("--pieces", type=int, default=None, help="the program's pieces= (pipelining), if it takes one")
     ap.add_argument("--check", action="store_true", help="check the program first")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     try:
-        ir = load_program(args.program, args.ranks, args.hosts)
+        ir = load_program(args.program, args.ranks, args.hosts,
+                          **({"pieces": args.pieces} if args.pieces else {}))
         if args.check:
             from .check import check
 
