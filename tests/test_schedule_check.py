@@ -318,3 +318,24 @@ def test_lookup_by_module_name():
         lookup("pycollectives.schedule.examples.bruck:nothing", "all_reduce", 2)
     with pytest.raises(ScheduleError, match="unknown algorithm"):
         lookup("nothing_at_all", "all_reduce", 2)
+
+
+def test_tutorial_in_the_docs():
+    """docs/schedules.md shows real output: its ring, its check, its broken ring's message."""
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "schedules.md")
+    with open(path) as fh:
+        doc = fh.read()
+    blocks = re.findall(r"```python\n(.*?)```", doc, re.S)
+    ns = {}
+    for b in blocks:
+        if "def my_ring" in b or "def my_broken_ring" in b:
+            exec(b, ns)
+    ir = check(ns["my_ring"](4))
+    assert f">>> ir.num_steps(), ir.digest()[:16]\n{(ir.num_steps(), ir.digest()[:16])!r}\n" in doc
+    for s in ir.steps[1][0][:4]:
+        assert f"\n{s.to_json()!r}\n" in doc
+    with pytest.raises(ScheduleError) as e:
+        check(ns["my_broken_ring"](4))
+    assert f"\npycollectives.schedule.errors.ScheduleError: {e.value}\n" in doc

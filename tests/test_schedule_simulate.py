@@ -141,3 +141,13 @@ def test_cli_as_a_module():
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert "14 messages on the longest chain" in out.stdout and out.stderr == ""
+
+
+def test_docs_simulation_output(capsys):
+    """docs/schedules.md's Rabenseifner run at 1,024 ranks is this simulator's output."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "schedules.md")
+    with open(path) as fh:
+        doc = fh.read()
+    assert main(["rabenseifner", "--ranks", "1024", "--link", "nvlink", "--size", "64MiB"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "\n".join(lines[1:3]) in doc
