@@ -339,3 +339,19 @@ def test_tutorial_in_the_docs():
     with pytest.raises(ScheduleError) as e:
         check(ns["my_broken_ring"](4))
     assert f"\npycollectives.schedule.errors.ScheduleError: {e.value}\n" in doc
+
+
+def test_what_an_engine_reads():
+    """Per rank: its lanes, its channels and slot sizes, the element range of every chunk."""
+    ir = resolve("hierarchical")(8, per_host=4, pieces=2).lower()
+    mine = ir.for_rank(5)
+    assert mine["rank"] == 5 and mine["digest"] == ir.digest() and len(mine["steps"]) == ir.lanes
+    json.dumps(mine)
+    ch = ir.channels()
+    assert ch[(5, 6, 0)] == {"messages": 12, "max_chunks": 2}  # 2 pieces x 6 steps; a group of H=2 chunks
+    assert ch[(5, 7, 1)]["max_chunks"] == 1  # across hosts: single chunks, on lane 1
+    ir = ring_all_reduce(3).lower()
+    assert [ir.chunk_bounds("in", c, 7) for c in range(3)] == [(0, 3), (3, 6), (6, 7)]
+    assert ir.chunk_bounds("scratch", 1, 7) == (3, 6)
+    ag = resolve("ring_all_gather")(2).lower()
+    assert ag.chunk_bounds("out", 1, 5) == (5, 10) and ag.chunk_bounds("out", 0, 0) == (0, 0)

@@ -57,7 +57,7 @@ class _Buffers:
 
     def __init__(self, ir: IR, rank: int, x: torch.Tensor, numel: int):
         coll, N, K = ir.collective, ir.ranks, ir.chunks
-        self.E, self.K = numel, K
+        self.ir, self.E, self.K = ir, numel, K
         self.s = -(-numel // K) if K else 0
         nin, nout = collectives.blocks(coll, "in", N), collectives.blocks(coll, "out", N)
         x = x.reshape(-1)
@@ -80,12 +80,8 @@ class _Buffers:
         self.scratch = torch.zeros(ir.scratch * self.s, dtype=x.dtype)
 
     def chunk(self, buf: str, c: int) -> torch.Tensor:
-        s = self.s
-        if buf == "scratch":
-            return self.scratch[c * s:(c + 1) * s]
-        b, j = divmod(c, self.K)
-        lo, hi = min(j * s, self.E), min((j + 1) * s, self.E)
-        return (self.inp if buf == "in" else self.out)[b * self.E + lo:b * self.E + hi]
+        lo, hi = self.ir.chunk_bounds(buf, c, self.E)
+        return {"in": self.inp, "out": self.out, "scratch": self.scratch}[buf][lo:hi]
 
     def region(self, reg) -> List[torch.Tensor]:
         buf, start, count = reg

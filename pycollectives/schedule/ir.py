@@ -165,6 +165,36 @@ class IR:
                    root=d.get("root"), inplace=bool(d.get("inplace", False)),
                    scratch=int(d.get("scratch", 0)), channel_depth=int(d.get("channel_depth", 2)))
 
+    def chunk_bounds(self, buffer: str, chunk: int, numel: int) -> Tuple[int, int]:
+        """Elements [start, end) of chunk `chunk` of `buffer`, for a message of `numel` elements
+        per block (the layout every engine and the interpreter use)."""
+        s = -(-numel // self.chunks)
+        if buffer == "scratch":
+            return chunk * s, (chunk + 1) * s
+        b, j = divmod(chunk, self.chunks)
+        return b * numel + min(j * s, numel), b * numel + min((j + 1) * s, numel)
+
+    def channels(self) -> dict:
+        """{(src, dst, lane): {"messages": n, "max_chunks": largest message in chunks}}: what an
+        engine connects and how large its slots must be (scratch chunks are full size)."""
+        out = {}
+        for r, lanes in enumerate(self.steps):
+            for lane, lst in enumerate(lanes):
+                for s in lst:
+                    if s.op == "send":
+                        c = out.setdefault((r, s.peer, lane), {"messages": 0, "max_chunks": 0})
+                        c["messages"] += 1
+                        c["max_chunks"] = max(c["max_chunks"], s.src[2])
+        return out
+
+    def for_rank(self, rank: int) -> dict:
+        """The header and rank `rank`'s lanes only, as JSON: what one engine process executes."""
+        d = self.to_json()
+        d["rank"] = rank
+        d["steps"] = d["steps"][rank]
+        d["digest"] = self.digest()
+        return d
+
     def digest(self) -> str:
         """sha256 (hex) of the canonical JSON: equal for equal schedules on every rank."""
         return hashlib.sha256(self.dumps().encode()).hexdigest()
