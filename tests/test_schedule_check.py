@@ -349,7 +349,7 @@ def test_what_an_engine_reads():
     json.dumps(mine)
     ch = ir.channels()
     assert ch[(5, 6, 0)] == {"messages": 12, "max_chunks": 2}  # 2 pieces x 6 steps; a group of H=2 chunks
-    assert ch[(5, 7, 1)]["max_chunks"] == 1  # across hosts: single chunks, on lane 1
+    assert ch[(5, 1, 1)]["max_chunks"] == 1  # across hosts, to rank 1: single chunks, on lane 1
     ir = ring_all_reduce(3).lower()
     assert [ir.chunk_bounds("in", c, 7) for c in range(3)] == [(0, 3), (3, 6), (6, 7)]
     assert ir.chunk_bounds("scratch", 1, 7) == (3, 6)
