@@ -9,8 +9,6 @@ namespace pycoll {
 
 namespace {
 
-constexpr size_t kMiB = size_t(1) << 20;
-
 // Which algorithms the CPU engine implements for an op (a request for another asks the cost table).
 bool algorithm_available(OpCode op, Algo algo) {
   switch (op) {
@@ -53,7 +51,7 @@ bool reads_peers(const CpuOpFacts& f, size_t bytes) {
   return f.peer_read == PeerRead::On || auto_reads_in_place(f.op, bytes, f.ranks, f.threads);
 }
 
-size_t mib(size_t bytes) { return bytes / kMiB; }
+size_t mib(size_t bytes) { return bytes / kPlanMiB; }
 
 }  // namespace
 

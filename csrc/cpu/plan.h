@@ -19,18 +19,20 @@
 
 namespace pycoll {
 
+constexpr size_t kPlanKiB = size_t(1) << 10, kPlanMiB = size_t(1) << 20;  // the units below
+
 // Broadcast, all_gather and reduce_scatter run pipelined from this size of the op's buffer
 // (bytes; all_gather and reduce_scatter count all n blocks): below it the direct form's one
 // barrier is as fast. The two-shot all_reduce is pipelined at every size.
 // docs/decisions/0024-cpu-pipelined-from-256-kib.md
-constexpr size_t kPipelineMinBytes = size_t(256) << 10;
+constexpr size_t kPipelineMinBytes = 256 * kPlanKiB;
 
 // With one lane, an all_gather from this size (bytes of the output) stages even where it could
 // read shared tensors in place: every rank reading every input from memory costs more than the
 // staging copy once the buffers leave the cache. docs/decisions/0023-cpu-shared-tensor-staging-thresholds.md
-constexpr size_t kSharedOneLaneAllGatherMaxBytes = size_t(16) << 20;
+constexpr size_t kSharedOneLaneAllGatherMaxBytes = 16 * kPlanMiB;
 // The same for a broadcast, from this size (bytes). Same record.
-constexpr size_t kSharedOneLaneBroadcastMaxBytes = size_t(64) << 20;
+constexpr size_t kSharedOneLaneBroadcastMaxBytes = 64 * kPlanMiB;
 // A broadcast over shared tensors splits the copying between the root and the readers up to this
 // many lanes; with more, the root's lanes only compete for the host's CPUs. Same record.
 constexpr int kBroadcastRootWritesMaxLanes = 2;
@@ -38,12 +40,12 @@ constexpr int kBroadcastRootWritesMaxLanes = 2;
 // PYCOLL_CPU_PEER_READ=auto reads private buffers in place only where the kernel's page pinning
 // costs less than the staging copy saves: docs/decisions/0022-cpu-peer-read-rule.md.
 // all_gather: from this size (bytes of the output)...
-constexpr size_t kPeerReadAllGatherMinBytes = size_t(64) << 20;
+constexpr size_t kPeerReadAllGatherMinBytes = 64 * kPlanMiB;
 // ...reduce_scatter over at most kPeerReadFewRanks ranks: from this size (bytes of the input)...
-constexpr size_t kPeerReadFewRanksReduceScatterMinBytes = size_t(16) << 20;
+constexpr size_t kPeerReadFewRanksReduceScatterMinBytes = 16 * kPlanMiB;
 constexpr int kPeerReadFewRanks = 2;
 // ...over more ranks: from this size (bytes of the input)...
-constexpr size_t kPeerReadReduceScatterMinBytes = size_t(6) << 20;
+constexpr size_t kPeerReadReduceScatterMinBytes = 6 * kPlanMiB;
 // ...with at least this many threads on every rank...
 constexpr int kPeerReadMinThreads = 4;
 // ...or, a reduce_scatter over kPeerReadManyRanks ranks or more, this many. Broadcast: never.
