@@ -355,3 +355,22 @@ def test_what_an_engine_reads():
     assert ir.chunk_bounds("scratch", 1, 7) == (3, 6)
     ag = resolve("ring_all_gather")(2).lower()
     assert ag.chunk_bounds("out", 1, 5) == (5, 10) and ag.chunk_bounds("out", 0, 0) == (0, 0)
+
+
+def test_identical_results_on_every_rank():
+    """identical=True: every rank's output is a copy of one reduction (bitwise equal floats)."""
+    def direct(n):  # every rank adds the others' inputs itself, each in its own order
+        p = Program("direct", "all_reduce", ranks=n, chunks=1)
+        for r in range(n):
+            p.copy(p.input(r), p.output(r))
+        for k in range(1, n):
+            for r in range(n):
+                p.reduce(p.input((r + k) % n), p.output(r))
+        return p
+
+    for name in EXAMPLES:
+        check(resolve(name)(4), identical=True)
+    check(direct(3))
+    check(direct(2), identical=True)  # a + b and b + a are the same bits
+    check_fails(direct(3), r"^rank 1, step 4 \(lane 0\): output chunk 0 is reduced in another order than on "
+                           r"rank 0: the results may differ in their last bits \(not identical\)$", identical=True)

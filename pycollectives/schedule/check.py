@@ -27,10 +27,17 @@ from .ir import IR, Step
 __all__ = ["check", "ScheduleError", "render"]
 
 
-def check(program, collective: Optional[str] = None, ranks: Optional[int] = None) -> IR:
-    """Checks a Program or IR (see the module's docstring); returns the IR."""
+def check(program, collective: Optional[str] = None, ranks: Optional[int] = None, *,
+          identical: bool = False) -> IR:
+    """Checks a Program or IR (see the module's docstring); returns the IR.
+
+    identical=True also requires that every rank's copy of an output chunk comes from the same
+    reductions in the same order (a copy of one result), so that floating-point results are
+    bitwise equal on all ranks, as data-parallel training needs."""
     ir = program if isinstance(program, IR) else program.lower()
-    _Checker(ir, collective, ranks).run()
+    c = _Checker(ir, collective, ranks)
+    c.identical = identical
+    c.run()
     return ir
 
 
@@ -66,6 +73,7 @@ def _times(k):
 class _Checker:
     def __init__(self, ir: IR, collective, ranks):
         self.ir, self.want_collective, self.want_ranks = ir, collective, ranks
+        self.identical = False
 
     # Names -------------------------------------------------------------------------------------
     def where(self, node) -> str:
@@ -302,6 +310,13 @@ class _Checker:
             return collectives.storage(coll, ir.inplace, r, buf, c, K)
 
         value: Dict[Tuple[int, str, int], tuple] = {}
+        tree: Dict[Tuple[int, str, int], int] = {}  # the reduction tree of a value, interned
+        trees: Dict[tuple, int] = {}
+        firsts: Dict[int, tuple] = {}
+
+        def intern(key):
+            return trees.setdefault(key, len(trees))
+
         writer: Dict[Tuple[int, str, int], int] = {}
         readers: Dict[Tuple[int, str, int], List[int]] = {}
         n_in = collectives.buffer_chunks(coll, "in", ir.ranks, K, 0)
@@ -309,6 +324,7 @@ class _Checker:
             for c in range(n_in):
                 b, sc = where_(r, "in", c)
                 value[(r, b, sc)] = ((r, c),)
+                tree[(r, b, sc)] = intern((r, c))
         messages: Dict[int, list] = {}
 
         def cells(r, reg):
@@ -330,7 +346,7 @@ class _Checker:
                     self.fail(self.nodes[n], f"reads {name_cell(r, reg, k)} before any step writes it "
                                              f"(read before write)")
                 readers.setdefault(cell, []).append(n)
-                out.append(v)
+                out.append((v, tree.get(cell)))
             return out
 
         def write(n, r, reg, vals, reduce):
@@ -344,7 +360,7 @@ class _Checker:
                         self.fail(self.nodes[n], f"writes {name_cell(r, reg, k)} that {self.where(self.nodes[x])} "
                                                  f"reads, and nothing orders the two (write before the read "
                                                  f"finished: read-write race)")
-                new = vals[k]
+                new, new_tree = vals[k]
                 if reduce:
                     if not reducing:
                         self.fail(self.nodes[n], f"reduces into {name_cell(r, reg, k)}, but {coll} "
@@ -366,7 +382,10 @@ class _Checker:
                         self.fail(self.nodes[n], f"{name_cell(r, reg, k)} holds {render(new, shown)}"
                                                  f"{_diff(new, tuple(sorted(set(new))))} but {coll} needs "
                                                  f"every contribution once ({render(need, shown)})")
+                if reduce:  # the same two operands give the same bits, in either order
+                    new_tree = intern(("op",) + tuple(sorted((tree[cell], new_tree))))
                 value[cell] = new
+                tree[cell] = new_tree
                 writer[cell] = n
                 readers.pop(cell, None)
 
@@ -397,6 +416,13 @@ class _Checker:
                 have = value.get(cell)
                 w = writer.get(cell)
                 if have == need:
+                    if self.identical and coll == "all_reduce":  # the one with copies of a reduction
+                        first = firsts.setdefault(c, (r, tree.get(cell), w))
+                        if first[1] != tree.get(cell):
+                            self.fail(self.nodes[w] if w is not None else None,
+                                      f"{'rank ' + str(r) + ': ' if w is None else ''}{self.loc('out', c)} is "
+                                      f"reduced in another order than on rank {first[0]}: the results may "
+                                      f"differ in their last bits (not identical)")
                     continue
                 shown = c if all(x == c for _, x in need) else None
                 what = self.loc("out", c)
