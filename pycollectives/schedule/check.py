@@ -7,7 +7,8 @@ receives, a cycle in the dependency graph (a deadlock), then, walking the steps 
 order: a step that reads a region whose writer it is not ordered after (read before write), two
 unordered writes of one region (write-write race), a write unordered with an earlier read, a
 reduction of chunks that must not meet, a contribution counted twice; at the end, every output
-chunk against what the collective needs there.
+chunk against what the collective needs there (and, with identical=True, the same reduction on
+every rank).
 
 Happens-before is the order of each lane, the `deps` between lanes, send -> matching receive,
 and receive k - channel_depth -> send k on each channel. Provenance is symbolic: a chunk's value
