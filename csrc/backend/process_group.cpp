@@ -248,7 +248,9 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   // Every part runs with the algorithm read at issue; PREMUL_SUM becomes a pre-scale + SUM (as NCCL).
   FlightRecorder& recorder = FlightRecorder::get();
   recorder.started(call.fr);
-  std::string plan_text;
+  // Reused by every op of this thread: its capacity stays, so the copy of a plan allocates nothing.
+  thread_local std::string plan_text;
+  plan_text.clear();
   std::string* const plan_out = debug_info_enabled() || call.fr.recorded() ? &plan_text : nullptr;
   const auto ready_part = [&call, plan_out](Collective& c) {
     c.algo = call.algo;

@@ -113,6 +113,11 @@ struct CpuPlan {
   // "mapped in place lanes=3 twoshot", "direct oneshot", "pipelined_binary_tree", ... for the
   // debug log: the path first, as the log has always named it.
   std::string describe() const;
+  // Whether o's describe() is this one's (what it prints: not the op or its size).
+  bool describes_as(const CpuPlan& o) const {
+    return algo == o.algo && path == o.path && lanes == o.lanes && root_writes == o.root_writes &&
+           stream_out == o.stream_out && probe_first == o.probe_first;
+  }
 };
 
 // Throws std::invalid_argument for an op the plan does not cover (gather, scatter, all_to_all and

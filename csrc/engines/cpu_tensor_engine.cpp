@@ -16,7 +16,16 @@ bool CpuTensorEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& 
 
 Algo CpuTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   const Algo ran = run_op(c, stream);
-  if (c.plan_text && cpu_.last_plan()) *c.plan_text = cpu_.last_plan()->describe();  // cpu/plan.h
+  if (c.plan_text && cpu_.last_plan()) {
+    // Ops of a training step repeat the same few plans: describe each once (the flight recorder
+    // asks for every op's plan, and formatting it costs more than the rest of its record).
+    const CpuPlan& plan = *cpu_.last_plan();
+    if (!described_ || !described_->describes_as(plan)) {
+      described_ = plan;
+      description_ = plan.describe();
+    }
+    *c.plan_text = description_;
+  }
   return ran;
 }
 

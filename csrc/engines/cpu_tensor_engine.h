@@ -2,6 +2,10 @@
 // one host (cpu/cpu_engine.h does the work on raw pointers).
 #pragma once
 
+#include <optional>
+#include <string>
+
+#include "cpu/plan.h"
 #include "engines/engine.h"
 
 namespace pycoll {
@@ -20,6 +24,8 @@ class CpuTensorEngine : public Engine {
   Algo run_op(const Collective& c, const c10::Stream& stream);
 
   CpuEngine& cpu_;
+  std::optional<CpuPlan> described_;  // the plan description_ describes (run() reuses it)
+  std::string description_;
 };
 
 }  // namespace pycoll
