@@ -180,3 +180,18 @@ def test_a_peer_killed_and_not_reaped_is_noticed_at_once(tmp_path):
     elapsed = float(out.split("ELAPSED ")[1].split()[0])
     assert elapsed < 1.0, out
     assert "rank 1 exited" in out, out
+
+
+def test_bench_writes_a_timeline_of_its_run(tmp_path):
+    out = tmp_path / "run.json"
+    res = subprocess.run([sys.executable, "-m", "pycollectives.bench", "--device", "cpu", "--nproc", "2",
+                          "--backends", "pycoll", "--ops", "all_reduce,all_gather", "-b", "8", "-e", "1K",
+                          "--prewarm", "0", "--budget", "0.005", "--no-save", "--no-progress", "--trace", str(out)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"timeline of" in res.stdout and str(out) in res.stdout, res.stdout
+    ops = [e for e in json.load(open(out))["traceEvents"] if e["ph"] == "X" and e.get("cat") == "op"]
+    assert {e["pid"] for e in ops} == {0, 1}
+    assert {e["args"]["op"] for e in ops} >= {"all_reduce", "all_gather"}
+    assert {e["args"]["bytes"] for e in ops if e["args"]["op"] == "all_reduce"} >= {8, 1024}
+    assert sorted(os.listdir(str(out) + ".dumps")) == ["rank_0", "rank_1"]

@@ -183,6 +183,9 @@ def build_parser():
                         f"auto then follows (default algorithms: {','.join(CALIBRATE_ALGOS['cuda'])}); with "
                         "--hosts, alpha and beta of the flat and the hierarchical form per op, added to the file, "
                         "which auto then chooses between for that layout")
+    g.add_argument("--trace", default=None, metavar="PATH",
+                   help="write a Perfetto/Chrome timeline of every pycoll op of the run to PATH (from each rank's "
+                        "flight recorder, docs/tracing.md); the ranks' dumps go to PATH.dumps/")
     g.add_argument("--calibrate-out", default=None,
                    help="constants file (default: this user's cache, $XDG_CACHE_HOME/pycollectives/cost_model.json "
                         "or ~/.cache/pycollectives/cost_model.json, which import pycollectives loads; "
@@ -328,7 +331,7 @@ def parse_config(argv, parser=None):
         reduce_op=a.reduce_op, root=a.root, warmup=a.warmup, prewarm_s=max(0.0, a.prewarm), iters=a.iters,
         budget_s=a.budget, rounds=a.rounds,
         inplace=a.inplace, shared_tensors=a.shared_tensors, async_op=a.async_op, check=a.check, graph=a.graph, inject_fault=a.inject_fault, out_dir=a.out, name=a.name,
-        save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out,
+        save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out, trace=a.trace,
         timeout_s=a.timeout, progress=not a.no_progress,
         command=_command([x for x in argv if x != "--in-cluster"]), argv=[x for x in argv if x != "--in-cluster"],
         launcher="pycoll-cluster" if a.in_cluster else "torchrun" if launched else "spawn", hosts=a.hosts, link=a.link)

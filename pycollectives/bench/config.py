@@ -33,6 +33,7 @@ class BenchConfig:
     plot: bool = True
     calibrate: bool = False
     calibrate_out: Optional[str] = None
+    trace: Optional[str] = None      # --trace: a Perfetto timeline of the run from every rank's flight recorder
     timeout_s: float = 600.0
     hosts: int = 1                   # simulated hosts: rank r is on host r * hosts // nproc
     link: Optional[str] = None       # --link: the hosts' links shaped to this rate (pycoll-cluster)

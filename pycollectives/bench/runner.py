@@ -397,10 +397,15 @@ def run_rank(cfg, rank, world, local_rank, store=None):
     """Run the whole benchmark on this rank; rank 0 reports.  Returns the exit status, the
     same on every rank: 1 if a result was wrong or an op failed, else 0."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"   # never NVLink multicast (docs/using-gpus.md)
+    if cfg.trace:
+        # The recorder keeps the most recent ops only: room for a whole run (about 1 KB per op).
+        os.environ.setdefault("PYCOLL_FR_BUFFER_SIZE", "1000000")
     runner = RankRunner(cfg, rank, world, local_rank)
     runner.init_groups(store)
     try:
         data = runner.run()
+        if cfg.trace:
+            write_trace(cfg.trace, runner.ctrl, rank)
         status = 0
         if rank == 0:
             try:
@@ -415,6 +420,20 @@ def run_rank(cfg, rank, world, local_rank, store=None):
     finally:
         dist.destroy_process_group()
     return status
+
+
+def write_trace(path, ctrl, rank):
+    """--trace: every rank dumps its flight recorder into PATH.dumps/, rank 0 makes the timeline."""
+    from .. import trace
+
+    dumps = os.path.abspath(path) + ".dumps"
+    os.makedirs(dumps, exist_ok=True)
+    trace.dump(os.path.join(dumps, "rank_"), reason="pycoll-bench --trace")
+    ctrl.barrier()
+    if rank == 0:
+        events = trace.timeline(trace.load_dumps(dumps), path)["traceEvents"]
+        slices = sum(1 for e in events if e["ph"] == "X" and e.get("cat") == "op")
+        print(f"pycoll-bench: a timeline of {slices} ops in {path}; open it in https://ui.perfetto.dev")
 
 
 def spawn_entry(rank, cfg, world, host, port, status_path):
