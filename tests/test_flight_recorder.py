@@ -85,6 +85,75 @@ def test_a_size_mismatch_is_named(tmp_path):
     assert "[16]" in res.stdout and "[8]" in res.stdout and "rank 1" in res.stdout, res.stdout
 
 
+def _mismatched_dtype(rank, world, prefix):
+    dist.all_reduce(torch.ones(8))
+    with pytest.raises(RuntimeError, match="mismatch"):
+        dist.all_reduce(torch.ones(8, dtype=torch.float64 if rank == 1 else torch.float32))
+    return _wait_for_dumps(prefix, world, seconds=15)[rank]
+
+
+def test_a_dtype_mismatch_is_named(tmp_path):
+    prefix = str(tmp_path / "rank_")
+    run_ranks(2, _mismatched_dtype, prefix, env={"TORCH_FR_DUMP_TEMP_FILE": prefix}, destroy=False, timeout=90)
+    res = _analyze(str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Double" in res.stdout and "Float" in res.stdout and "rank 1" in res.stdout, res.stdout
+
+
+def _two_groups_one_rank_gone(rank, world, prefix):
+    # Groups {0,1,2} (the world) and {1,2} interleave; rank 0 leaves the job after two ops of the
+    # world, without a dump: rank 1's and 2's next world op fails and names it.
+    sub = dist.new_group([1, 2])
+    for _ in range(2):
+        dist.all_reduce(torch.ones(4))
+        if rank > 0:
+            dist.all_reduce(torch.ones(4), group=sub)
+    if rank == 0:
+        os._exit(0)
+    with pytest.raises(RuntimeError):
+        dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(4), group=sub)  # the sub-group still works
+    deadline = time.time() + 15
+    while time.time() < deadline and not all(os.path.exists(f"{prefix}{r}") for r in (1, 2)):
+        time.sleep(0.05)
+    return True
+
+
+def test_two_groups_and_a_rank_that_left(tmp_path):
+    prefix = str(tmp_path / "rank_")
+    run_ranks(3, _two_groups_one_rank_gone, prefix, env={"TORCH_FR_DUMP_TEMP_FILE": prefix}, destroy=False,
+              timeout=90, expect_exit={0: 0}, pg_timeout=datetime.timedelta(seconds=20))
+    assert sorted(os.listdir(tmp_path)) == ["rank_1", "rank_2"]
+    dumps = {r: json.load(open(tmp_path / f"rank_{r}")) for r in (1, 2)}
+    for d in dumps.values():
+        groups = {e["process_group"][0] for e in d["entries"]}
+        assert len(groups) == 2, groups  # both groups' ops, told apart
+        failed = [e for e in d["entries"] if e["error"]]
+        assert len(failed) == 1 and "rank 0" in failed[0]["error"], failed
+    res = _analyze(str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "rank 0 left no dump" in res.stdout, res.stdout
+
+
+def _recv_without_send(rank, world, prefix):
+    dist.all_reduce(torch.ones(4))
+    if rank == 1:
+        with pytest.raises(RuntimeError):
+            dist.recv(torch.empty(4), src=0)
+    return _wait_for_dumps(prefix, world, seconds=15)[rank]
+
+
+def test_a_receive_without_its_send_is_named(tmp_path):
+    prefix = str(tmp_path / "rank_")
+    out = run_ranks(2, _recv_without_send, prefix, env={"TORCH_FR_DUMP_TEMP_FILE": prefix}, destroy=False,
+                    timeout=90, pg_timeout=datetime.timedelta(seconds=3))
+    recv = out[1]["entries"][-1]
+    assert recv["profiling_name"] == "pycoll:recv" and recv["peer"] == 0 and recv["error"], recv
+    res = _analyze(str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "recv" in res.stdout and "rank 1" in res.stdout, res.stdout
+
+
 def _clean_job(rank, world, prefix, ops):
     import pycollectives.trace
 
