@@ -53,13 +53,6 @@ int64_t wall_ns() {
       .count();
 }
 
-template <size_t N>
-void copy_text(char (&dst)[N], const char* src) {
-  if (src == nullptr) src = "";
-  std::strncpy(dst, src, N - 1);
-  dst[N - 1] = '\0';
-}
-
 // A JSON string literal of s.
 void put_string(std::string& out, const char* s) {
   out += '"';
@@ -195,7 +188,10 @@ FrHandle FlightRecorder::record(int pg_id, uint64_t op_id, uint64_t collective_s
   e.started_ns = e.completed_ns = 0;
   e.timeout_ms = timeout.count();
   e.thread_id = tid;
-  e.thread_name[0] = e.engine[0] = e.algo[0] = e.plan[0] = e.error[0] = '\0';
+  e.thread_name[0] = e.plan[0] = '\0';
+  e.engine = e.algo = "";
+  if (e.failed) errors_.erase(id - capacity_);  // the error of the entry this slot held
+  e.failed = false;
   if (pg_id >= 0 && pg_id < static_cast<int>(groups_.size()) && collective_seq > 0) {
     groups_[pg_id].last_enqueued = std::max(groups_[pg_id].last_enqueued, collective_seq);
   }
@@ -230,9 +226,11 @@ void FlightRecorder::ran(const FrHandle& h, const char* engine, const char* algo
   std::lock_guard<std::mutex> g(mu_);
   Entry* e = live(h);
   if (e == nullptr) return;
-  copy_text(e->engine, engine);
-  copy_text(e->algo, algo);
-  copy_text(e->plan, plan.c_str());
+  e->engine = engine ? engine : "";
+  e->algo = algo ? algo : "";
+  const size_t n = std::min(plan.size(), sizeof(e->plan) - 1);
+  std::memcpy(e->plan, plan.data(), n);
+  e->plan[n] = '\0';
 }
 
 void FlightRecorder::completed(const FrHandle& h, const char* error) {
@@ -244,7 +242,10 @@ void FlightRecorder::completed(const FrHandle& h, const char* error) {
   if (e->started_ns == 0) e->started_ns = now;
   e->state = State::Completed;
   e->completed_ns = now;
-  if (error != nullptr) copy_text(e->error, error);
+  if (error != nullptr) {
+    e->failed = true;
+    errors_[e->record_id] = error;
+  }
   if (e->collective_seq > 0 && e->pg_id < static_cast<int>(groups_.size())) {
     Group& grp = groups_[e->pg_id];
     grp.last_completed = std::max(grp.last_completed, e->collective_seq);
@@ -354,7 +355,8 @@ std::string FlightRecorder::dump_json(const std::string& reason) const {
     out += ", \"plan\": ";
     put_string(out, e.plan);
     out += ", \"error\": ";
-    put_string(out, e.error);
+    const auto err = e.failed ? errors_.find(e.record_id) : errors_.end();
+    put_string(out, err != errors_.end() ? err->second : std::string());
     out += "}";
   }
   out += "\n]}\n";

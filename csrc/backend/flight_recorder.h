@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -71,7 +72,8 @@ class FlightRecorder {
                   Tensors inputs, Tensors outputs, std::chrono::milliseconds timeout,
                   bool inputs_may_hold_outputs = false);
   void started(const FrHandle& h);
-  // engine: "cpu", "cuda", "staged", "hierarchical"; algo and plan: what the engine ran.
+  // engine: "cpu", "cuda", "staged", "hierarchical"; algo and plan: what the engine ran. engine
+  // and algo must be static strings (they are kept as pointers).
   void ran(const FrHandle& h, const char* engine, const char* algo, const std::string& plan);
   // error: empty when the op succeeded.
   void completed(const FrHandle& h, const char* error = nullptr);
@@ -104,10 +106,10 @@ class FlightRecorder {
     int64_t timeout_ms = 0;
     uint64_t thread_id = 0;
     char thread_name[16] = {};
-    char engine[16] = {};
-    char algo[16] = {};
-    char plan[112] = {};
-    char error[224] = {};
+    const char* engine = "";  // static names (Engine::name(), algo_name())
+    const char* algo = "";
+    char plan[96] = {};
+    bool failed = false;  // its error is in errors_ (failures are rare: the ring stays small)
   };
   struct Group {
     std::string name, desc;
@@ -121,6 +123,7 @@ class FlightRecorder {
   uint64_t next_id_ = 1;
   mutable std::mutex mu_;
   std::vector<Group> groups_;
+  std::map<uint64_t, std::string> errors_;  // record id -> error, for entries still in the ring
   int process_rank_ = -1, world_size_ = 0;
 };
 

@@ -72,12 +72,11 @@ void PycollWork::track(const FrHandle& fr) {
   if (!fr.recorded()) return;
   fr_ = fr;
   fr_set_.store(true);  // seq_cst, as done_ in wake_waiters: whichever side comes second reports
-  if (done_.load()) report_to_recorder();
+  if (done_.load()) report_to_recorder(exception());
 }
 
-void PycollWork::report_to_recorder() {
+void PycollWork::report_to_recorder(const std::exception_ptr& err) {
   if (!fr_set_.load()) return;
-  std::exception_ptr err = exception();
   if (!err) {
     if (!query) FlightRecorder::get().completed(fr_);
     return;
@@ -161,15 +160,15 @@ std::function<void()> PycollWork::record_outcome(std::exception_ptr err) {
   return end_profiling;
 }
 
-void PycollWork::wake_waiters() {
+void PycollWork::wake_waiters(const std::exception_ptr& err) {
   done_.store(true);  // seq_cst: see track()
-  report_to_recorder();
+  report_to_recorder(err);
   cv_.notify_all();
 }
 
 void PycollWork::mark_done(std::exception_ptr err) {
   auto end_profiling = record_outcome(err);
-  wake_waiters();
+  wake_waiters(err);
   if (end_profiling) end_profiling();
 }
 
@@ -184,7 +183,7 @@ void PycollWork::mark_done_and_settle(std::exception_ptr err) {
   }
   // Settled before the waiter wakes, so wait() does not sleep a second time for the Future.
   if (settled_here) settled_cv_.notify_all();
-  wake_waiters();
+  wake_waiters(err);
   if (end_profiling) end_profiling();
   if (!settled_here) {
     auto self = c10::intrusive_ptr<PycollWork>::unsafe_reclaim_from_nonowning(this);  // callers hold a reference

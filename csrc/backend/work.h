@@ -83,7 +83,7 @@ class PycollWork : public c10d::Work {
   FrHandle fr_;
   std::atomic<bool> fr_set_{false};  // fr_ is written; with done_, a Dekker pair: one side reports
   // Completes fr_'s entry (and reports a failure) once both it is set and the op is done.
-  void report_to_recorder();
+  void report_to_recorder(const std::exception_ptr& err);
   std::mutex future_mu_;
   std::condition_variable settled_cv_;
   bool settled_ = false;  // settle_future() ran (what a lazy Future must show when made)
@@ -94,8 +94,9 @@ class PycollWork : public c10d::Work {
   // Records the outcome (what wait() and a later getFuture() report); returns the profiler's end
   // callback, to run once waiters are notified.
   std::function<void()> record_outcome(std::exception_ptr err);
-  // Wakes wait(): done_ for its poll, cv_ for its sleep.
-  void wake_waiters();
+  // Wakes wait(): done_ for its poll, cv_ for its sleep; then reports the outcome `err` to the
+  // flight recorder.
+  void wake_waiters(const std::exception_ptr& err);
   // Blocks until settle_future() has marked the Future completed (not until its callbacks ran).
   void wait_future_marked();
 };
