@@ -175,10 +175,17 @@ CpuOpFacts CpuEngine::facts(OpCode op, int64_t count, DType t, Algo requested) c
   return f;
 }
 
-CpuPlan CpuEngine::agree(CpuContext& c, CpuOpFacts f, Algo planned, int root, const char* in, size_t in_bytes,
+CpuPlan CpuEngine::agree(CpuContext& c, CpuOpFacts f, const CpuPlan& mine, int root, const char* in, size_t in_bytes,
                          char* out, size_t out_bytes, std::optional<SharedBuffers>& mapped) {
+  // An op that runs a direct form at its size (or the eager one-shot) depends on nothing the peers'
+  // headers add (plan_cpu_op reads the group's facts only for the pipelined forms): its own plan is
+  // the group's, and the peers' header lines, written by other cores, stay unread.
+  if (mine.path == CpuPath::Direct || mine.path == CpuPath::Eager) {
+    last_plan_ = mine;
+    return mine;
+  }
   // Every input from the headers and the group's votes: every rank plans the same.
-  f.requested = planned;  // the algorithm every rank's header carries (verified alike)
+  f.requested = mine.algo;  // the algorithm every rank's header carries (verified alike)
   f.threads = offered_threads();
   f.memory = memory_of(f.op, root);
   f.peer_read = agreed_peer_read();
@@ -430,7 +437,7 @@ CpuEngine::Begun CpuEngine::start(OpHeader h, Waiter& w, const CpuOpFacts& f, in
   h.algo = static_cast<int32_t>(mine.algo);
   const bool eager = mine.path == CpuPath::Eager;  // the input goes with the header
   Begun b{begin(h, w, eager ? in : nullptr, eager ? mine.bytes : 0), mine, std::nullopt};
-  b.plan = agree(b.c, f, mine.algo, root, in, in_bytes, out, out_bytes, b.mapped);
+  b.plan = agree(b.c, f, mine, root, in, in_bytes, out, out_bytes, b.mapped);
   return b;
 }
 

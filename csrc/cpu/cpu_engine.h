@@ -133,11 +133,12 @@ class CpuEngine {
   // open does. nullopt on every rank otherwise.
   std::optional<SharedBuffers> shared_buffers(CpuContext& c, const CpuPlan& p, int root, const char* in,
                                               size_t in_bytes, char* out, size_t out_bytes);
-  // The plan of the op begun last, from every rank's header: where it says to map the peers'
+  // The plan of the op begun last, from every rank's header (`mine`: this rank's plan before the
+  // exchange, which is the group's for the direct and eager forms): where it says to map the peers'
   // shared files or to probe cross-memory attach first, does that (one vote each, the same on
   // every rank) and plans again with what it found. `mapped`: the buffers, where it runs mapped.
   // Records the plan for last_plan().
-  CpuPlan agree(CpuContext& c, CpuOpFacts f, Algo planned, int root, const char* in, size_t in_bytes, char* out,
+  CpuPlan agree(CpuContext& c, CpuOpFacts f, const CpuPlan& mine, int root, const char* in, size_t in_bytes, char* out,
                 size_t out_bytes, std::optional<SharedBuffers>& mapped);
   // An op begun: its context, its agreed plan, and its peers' buffers where it runs mapped.
   struct Begun {
