@@ -398,8 +398,12 @@ def run_rank(cfg, rank, world, local_rank, store=None):
     same on every rank: 1 if a result was wrong or an op failed, else 0."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"   # never NVLink multicast (docs/using-gpus.md)
     if cfg.trace:
-        # The recorder keeps the most recent ops only: room for a whole run (about 1 KB per op).
-        os.environ.setdefault("PYCOLL_FR_BUFFER_SIZE", "1000000")
+        from .. import settings
+
+        # The recorder keeps the most recent ops only: room for a whole run (about 0.5 KB per op),
+        # unless the user chose a size.
+        if settings.read("PYCOLL_FR_BUFFER_SIZE") == "2000":
+            os.environ["PYCOLL_FR_BUFFER_SIZE"] = "1000000"
     runner = RankRunner(cfg, rank, world, local_rank)
     runner.init_groups(store)
     try:
