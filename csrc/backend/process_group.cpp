@@ -2,7 +2,6 @@
 
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
@@ -136,7 +135,6 @@ void ProcessGroupPycoll::describe_for_recorder(const std::string& desc, const st
   FlightRecorder& rec = FlightRecorder::get();
   rec.describe_group(fr_pg_id_, desc, global_ranks);
   global_ranks_ = global_ranks;
-  group_desc_ = desc;
   if (rank_ < static_cast<int>(global_ranks.size()) && rec.process_rank() < 0) {
     // The first group (torch makes the default group first) names this process's global rank.
     rec.set_process_rank(static_cast<int>(global_ranks[rank_]), static_cast<int>(global_ranks.size()));
@@ -283,40 +281,6 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
-  if (C10_UNLIKELY(at::hasCallbacks())) return run_profiled(std::move(call));
-  return issue(std::move(call));
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run_profiled(OpCall call) {
-  // torch's communication metadata, the "record_param_comms" event that ProcessGroupNCCL and
-  // ProcessGroupGloo record around each call: tools that read profiler traces (Holistic Trace
-  // Analysis, the profiler's comms view) find collectives by it.
-  int64_t in_nelems = 0, out_nelems = 0;
-  if (!call.prepare && (call.direct.input.defined() || call.direct.output.defined())) {
-    in_nelems = call.direct.input.defined() ? call.direct.input.numel() : 0;
-    out_nelems = call.direct.output.defined() ? call.direct.output.numel() : 0;
-  } else {
-    for (const at::Tensor& t : call.outputs) out_nelems += t.defined() ? t.numel() : 0;
-    for (const at::Tensor& t : call.tensors) in_nelems += t.defined() ? t.numel() : 0;
-    in_nelems -= out_nelems;  // call.tensors holds the outputs too
-    if (in_nelems <= 0) in_nelems = out_nelems;
-  }
-  // Global ranks as torch describes them: a start and a stride where they form one (else -1).
-  int start = global_ranks_.empty() ? 0 : static_cast<int>(global_ranks_.front());
-  int stride = global_ranks_.size() > 1 ? static_cast<int>(global_ranks_[1] - global_ranks_[0]) : 1;
-  for (size_t i = 1; i < global_ranks_.size(); ++i) {
-    if (global_ranks_[i] - global_ranks_[i - 1] != stride) start = stride = -1;
-  }
-  const auto pg_name = std::make_tuple(group_name_, group_desc_);
-  const auto seq = std::make_tuple(static_cast<int64_t>(issued_.load() + 1), false);
-  const std::vector<at::Tensor>& inputs = call.tensors;
-  const std::vector<at::Tensor>& outputs = call.outputs;
-  RECORD_PARAM_COMMS_DATA(seq, pg_name, inputs, outputs, rank_, call.stats_name, in_nelems, out_nelems, call.dtype,
-                          std::vector<int64_t>(), std::vector<int64_t>(), start, stride, size_);
-  return issue(std::move(call));
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::issue(OpCall call) {
   check_usable(call.name);
   Engine& engine = engine_for(call);
   const uint64_t seq = ++issued_;

@@ -128,11 +128,8 @@ class ProcessGroupPycoll : public c10d::Backend {
   CpuEngine& cpu() { return *cpu_; }
 
  private:
-  // The one runner: sequence number, engine, Work (see the top of this file). While torch.profiler
-  // records, run_profiled() wraps issue() in torch's communication metadata.
+  // The one runner: sequence number, engine, Work (see the top of this file).
   c10::intrusive_ptr<c10d::Work> run(OpCall call);
-  c10::intrusive_ptr<c10d::Work> run_profiled(OpCall call);
-  c10::intrusive_ptr<c10d::Work> issue(OpCall call);
   // prepare → pre-scale → the engine runs each part → finish → stats (on the op's thread/stream).
   void execute(OpCall& call, Engine& engine, const c10::Stream& stream);
   // The engine that runs `call`: the first of CUDA engine, staged, CPU that serves it.
@@ -202,7 +199,6 @@ class ProcessGroupPycoll : public c10d::Backend {
   int fr_pg_id_ = -1;
   std::atomic<uint64_t> fr_collectives_{0}, fr_p2p_{0};
   std::vector<int64_t> global_ranks_;  // group rank -> global rank, once Python said (else empty)
-  std::string group_desc_ = "undefined";
 
  public:
   // torch's creator knows the group's global ranks: the recorder's dumps name them.
