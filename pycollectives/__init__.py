@@ -19,6 +19,7 @@ from .hosts import make_backend
 from .memory import shared_cpu_memory, shared_cpu_memory_stats, use_shared_cpu_memory
 from .split_options import backend_options
 from .hooks import PowerSGDState, SignSGDState, powerSGD_hook, powersgd_hook, signsgd_hook
+from .schedule import engine_tables as _schedule_tables
 from .schedule.registry import register_algorithm  # noqa: F401 (docs/schedules.md)
 
 __all__ = [
@@ -70,6 +71,7 @@ def cuda_built() -> bool:
 
 
 _register()
+_C.set_schedule_source(_schedule_tables.provide)  # programs PYCOLL_ALGO or set_algo forces (schedule/)
 _C.apply_cpu_allocator_setting()  # PYCOLL_CPU_ALLOCATOR=shared (pycollectives/memory.py)
 # torch 2.11's split_group (DeviceMesh) deep-copies parent_backend.options: a copyable one.
 _C.ProcessGroupPycoll.options = property(backend_options)

@@ -26,15 +26,27 @@ from .package_settings import COST_MODEL
 ALGORITHMS = tuple(_C.algorithm_names())
 
 def set_algo(name: Optional[str]) -> None:
-    """Force an algorithm (one of ALGORITHMS) or return to the cost model (None or "auto")."""
+    """Force an algorithm (one of ALGORITHMS) or return to the cost model (None or "auto").
+
+    Any other name is a schedule program (docs/schedules.md): registered with
+    `register_algorithm`, a shipped example ("ring_all_reduce", "bruck", ...) or
+    "package.module:function"; it must resolve here (a module is imported now), else
+    ScheduleError (a ValueError) says why. CPU ops of the program's collective then run it; other
+    ops run auto."""
     name = "auto" if name is None else str(name)
     if name.lower().replace("-", "").replace("_", "") not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}: expected one of {', '.join(ALGORITHMS)}")
+        from .schedule.registry import resolve
+
+        if not name or name.strip() != name or " " in name:
+            raise ValueError(f"unknown algorithm {name!r}: expected one of {', '.join(ALGORITHMS)} "
+                             f"or a schedule program's name")
+        resolve(name)
     _C.set_algo(name)
 
 
 def get_algo() -> Optional[str]:
-    """The forced algorithm, or None when the cost model chooses."""
+    """The forced algorithm (a schedule program's name where one is), or None when the cost model
+    chooses."""
     name = _C.get_algo()
     return None if name == "auto" else name
 

@@ -25,6 +25,7 @@ struct OpCall {
   // The user's forced algorithm (pycollectives.set_algo) or Auto, read when the op is issued, so
   // that a set_algo() between issue and run cannot make ranks run one op differently.
   Algo algo = Algo::Auto;
+  std::string schedule;  // algo Schedule: the program's name
   at::Device device{at::kCPU};
   at::ScalarType dtype = at::kFloat;
   // PREMUL_SUM: the runner multiplies each part's input by this factor and runs SUM (as NCCL).

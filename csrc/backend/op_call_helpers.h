@@ -83,6 +83,7 @@ inline OpCall new_call(c10d::OpType type, OpCode op, const char* name, const cha
   call.stats_name = stats_name;
   call.async = async;
   call.algo = algo_override();
+  if (call.algo == Algo::Schedule) call.schedule = schedule_override();
   call.device = ref.device();
   call.dtype = ref.scalar_type();
   return call;

@@ -252,6 +252,7 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   std::string* const plan_out = debug_info_enabled() || call.fr.recorded() ? &plan_text : nullptr;
   const auto ready_part = [&call, plan_out](Collective& c) {
     c.algo = call.algo;
+    c.schedule = call.schedule;
     c.plan_text = plan_out;
     if (c.reduce != ReduceKind::PremulSum) return;
     c.input = c.input * call.premul_factor.to(c.input.device());

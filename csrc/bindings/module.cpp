@@ -8,6 +8,7 @@
 
 #include "cpu/lane_pool.h"
 #include "cpu/cost_table.h"
+#include "bindings/schedule_bindings.h"
 #include "bindings/allocator_bindings.h"
 #include "bindings/compression_bindings.h"
 #include "bindings/cpu_plan_bindings.h"
@@ -121,11 +122,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Waits (at most `seconds`) until no engine thread or completion thread holds work; False if it "
       "gave up. Called at interpreter exit (backend/executor.h says why).");
   m.def(
-      "set_algo", [](const std::string& name) { pycoll::set_algo_override(pycoll::parse_algo(name)); },
+      "set_algo", [](const std::string& name) { pycoll::set_algo_override(name); },
       "Force an algorithm for every later op of this process (ring, tree, oneshot, twoshot, auto)");
   m.def("algorithm_names", &pycoll::forcible_algorithm_names,
         "The algorithms PYCOLL_ALGO and set_algo accept, auto first (csrc/common/types.h)");
-  m.def("get_algo", []() { return std::string(pycoll::algo_name(pycoll::algo_override())); });
+  m.def("get_algo", []() {
+    const pycoll::Algo a = pycoll::algo_override();
+    return a == pycoll::Algo::Schedule ? pycoll::schedule_override() : std::string(pycoll::algo_name(a));
+  });
   m.def("stats", []() {
     py::dict d;
     for (const auto& [op, c] : pycoll::op_stats()) {
@@ -285,6 +289,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pycoll::register_cuda_plan(m);
   pycoll::register_flight_recorder(m);
   pycoll::register_cpu_plan(m);
+  pycoll::register_schedules(m);
   pycoll::register_host_forms(m);
   pycoll::register_shared_cpu_allocator(m);
 }

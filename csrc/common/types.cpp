@@ -67,6 +67,7 @@ const char* algo_name(Algo a) {
     case Algo::Direct: return "direct";
     case Algo::Hierarchical: return "hierarchical";
     case Algo::Flat: return "flat";
+    case Algo::Schedule: return "schedule";
   }
   return "unknown";
 }

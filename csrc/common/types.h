@@ -54,6 +54,9 @@ enum class Algo : int32_t {
   // engines of one host run their auto choice for them.
   Hierarchical = 6,
   Flat = 7,
+  // A schedule program (pycollectives.schedule) that PYCOLL_ALGO or set_algo names: never auto's
+  // choice; the CPU engine runs it (cpu/schedule_run.h).
+  Schedule = 8,
 };
 
 // True for the algorithms an engine of one host runs (the rest mean auto there).

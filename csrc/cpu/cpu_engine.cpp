@@ -12,6 +12,7 @@
 #include "cpu/pipelined.h"
 #include "cpu/plan.h"
 #include "cpu/ring.h"
+#include "cpu/schedule_run.h"
 #include "cpu/tree.h"
 #include "common/check.h"
 #include "common/env.h"
@@ -59,6 +60,9 @@ std::string describe(const OpHeader& h) {
     s += str(" root=", h.root);
   }
   s += str(" algo=", algo_name(static_cast<Algo>(h.algo)));
+  if (static_cast<Algo>(h.algo) == Algo::Schedule) {
+    s += h.schedule_digest ? str(" (program digest ", std::hex, h.schedule_digest, ")") : " (no program)";
+  }
   return s;
 }
 
@@ -407,8 +411,9 @@ void CpuEngine::verify(const OpHeader& mine) {
       const OpHeader& hb = transport_->control(b).header[mine.seq & 1];
       const bool same =
           ha.seq == hb.seq && ha.op == hb.op &&
-          (op == OpCode::Barrier || (ha.dtype == hb.dtype && ha.reduce == hb.reduce && ha.root == hb.root &&
-                                     ha.algo == hb.algo && (op == OpCode::AllToAll || ha.count == hb.count)));
+          (op == OpCode::Barrier ||
+           (ha.dtype == hb.dtype && ha.reduce == hb.reduce && ha.root == hb.root && ha.algo == hb.algo &&
+            ha.schedule_digest == hb.schedule_digest && (op == OpCode::AllToAll || ha.count == hb.count)));
       if (!same) {
         throw std::runtime_error(str("pycoll::", op_name(op), ": collective mismatch at op #", mine.seq, ": rank ", a,
                                      " called ", describe(ha), " but rank ", b, " called ", describe(hb)));
@@ -571,6 +576,116 @@ void CpuEngine::scatter(const char* in, char* out, int64_t m, DType t, int root)
   Waiter w = waiter(OpCode::Scatter);
   CpuContext c = begin(header(OpCode::Scatter, t, m, ReduceKind::Sum, root), w);
   direct_scatter(c, t, in, out, m, root);
+}
+
+bool CpuEngine::run_schedule(const std::string& name, OpCode op, const char* in, char* out, int64_t block, DType t,
+                             ReduceKind r, int root, bool uneven) {
+  // Every rank takes part in the header exchange, even one whose program could not be had: the
+  // digests then differ and every rank raises, instead of the others waiting for it.
+  std::shared_ptr<const ScheduleProgram> prog;
+  std::string failure;
+  try {
+    prog = schedule_program(name, op, size_);
+    if (!prog) return false;
+    if (uneven) {
+      failure = str("pycoll::alltoall: schedule program '", name,
+                    "' moves blocks of one size, but this rank's splits differ; use equal splits or another "
+                    "algorithm");
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  Waiter w = waiter(op);
+  OpHeader h = header(op, t, block, r, root, Algo::Schedule);
+  h.schedule_digest = failure.empty() ? prog->digest : 0;
+  if (op == OpCode::AllToAll) {
+    for (int j = 0; j < size_; ++j) h.split_bytes[j] = h.recv_bytes[j] = uneven ? -1 : block;
+  }
+  std::optional<CpuContext> begun;
+  try {
+    begun.emplace(begin(h, w));
+  } catch (const std::exception&) {
+    if (!failure.empty()) throw std::invalid_argument(failure);
+    throw;
+  }
+  if (!failure.empty()) throw std::invalid_argument(failure);
+  CpuContext& c = *begun;
+  const ScheduleProgram& p = *prog;
+  const size_t E = dtype_size(t);
+  const bool many_in = op == OpCode::ReduceScatter || op == OpCode::AllToAll;
+  const bool many_out = op == OpCode::AllGather || op == OpCode::AllToAll;
+  const size_t in_bytes = size_t(block) * E * (many_in ? size_ : 1);
+  const size_t out_bytes = size_t(block) * E * (many_out ? size_ : 1);
+  const bool rooted = op == OpCode::Broadcast || op == OpCode::Reduce;
+  // A rooted op whose root is not the program's runs it with the ranks rotated.
+  const int shift = rooted && p.root >= 0 ? ((root - p.root) % size_ + size_) % size_ : 0;
+
+  CpuPlan plan;
+  plan.op = op;
+  plan.bytes = std::max(in_bytes, out_bytes);
+  plan.algo = Algo::Schedule;
+  plan.lanes = std::max(1, p.lanes);
+  plan.schedule = name;
+  last_plan_ = plan;
+
+  // The buffers as the program expects them: aliased where it is in place, apart where it is not.
+  char* pin = const_cast<char*>(in);
+  char* pout = out;
+  char* copy_back = nullptr;  // an in-place reduce_scatter run on a copy of the input: the output
+  const auto copy_of = [](std::vector<char>& v, const char* from, size_t bytes) {
+    if (v.size() < bytes) v.resize(bytes);
+    if (bytes) std::memcpy(v.data(), from, bytes);
+    return v.data();
+  };
+  if (p.inplace) {
+    if (op == OpCode::AllGather) {
+      char* mine = pout + size_t(rank_) * block * E;
+      if (pin != mine) std::memmove(mine, pin, size_t(block) * E);
+      pin = mine;
+    } else if (op == OpCode::ReduceScatter) {
+      if (pout != pin + size_t(rank_) * block * E) {
+        pin = copy_of(schedule_in_, in, in_bytes);
+        copy_back = pout;
+        pout = pin + size_t(rank_) * block * E;
+      }
+    } else if (pout == nullptr) {  // reduce off the root: its input stays as it was
+      pin = pout = copy_of(schedule_out_, in, in_bytes);
+    } else if (pin != pout) {
+      std::memmove(pout, pin, in_bytes);
+      pin = pout;
+    }
+  } else {
+    if (pout == nullptr) {
+      if (schedule_out_.size() < out_bytes) schedule_out_.resize(out_bytes);
+      pout = schedule_out_.data();
+    }
+    if (pin < pout + out_bytes && pout < pin + in_bytes) pin = copy_of(schedule_in_, in, in_bytes);
+  }
+
+  if (p.lanes > 1 && (!schedule_pool_ || schedule_pool_->workers() + 1 < p.lanes)) {
+    schedule_pool_ = std::make_unique<LanePool>(p.lanes - 1);
+  }
+  ScheduleRun run;
+  run.program = &p;
+  run.rank_shift = shift;
+  run.me = ((rank_ - shift) % size_ + size_) % size_;
+  run.block = block;
+  run.spec = ReduceSpec{t, r == ReduceKind::Avg ? ReduceKind::Sum : r, size_};
+  run.in = pin;
+  run.out = pout;
+  run.scratch = &schedule_scratch_;
+  run.pool = schedule_pool_.get();
+  execute_schedule(c, run, schedule_step_);
+
+  const bool holds_result =
+      op == OpCode::AllReduce || op == OpCode::ReduceScatter || (op == OpCode::Reduce && rank_ == root);
+  if (r == ReduceKind::Avg && holds_result) {
+    const Operand sum{pout, false};
+    reduce_operands(ReduceSpec{t, ReduceKind::Avg, size_}, pout, false, &sum, 1, block, true);
+  }
+  if (copy_back) std::memcpy(copy_back, pout, size_t(block) * E);
+  finish(c);
+  return true;
 }
 
 void CpuEngine::all_to_all(const char* in, char* out, const std::vector<int64_t>& send_bytes,

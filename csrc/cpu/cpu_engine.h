@@ -55,6 +55,13 @@ class CpuEngine {
                   const std::vector<int64_t>& send_off, const std::vector<int64_t>& recv_bytes,
                   const std::vector<int64_t>& recv_off, DType t);
   void barrier();
+  // Runs `op` as the schedule program `name` (PYCOLL_ALGO or set_algo names it; cpu/schedule_run.h):
+  // false, with nothing done, where that program is one of another collective (the op then runs
+  // its auto plan). Buffers as the op's call above takes them; `block`: the elements of one rank's
+  // message (all_to_all: bytes, blocks of one size only: `uneven` raises on every rank). Every
+  // rank compares the program's digest in its op header: different programs raise on every rank.
+  bool run_schedule(const std::string& name, OpCode op, const char* in, char* out, int64_t block, DType t, ReduceKind r,
+                    int root, bool uneven = false);
 
   PointToPoint& p2p();
   // Makes every blocked wait throw; the engine is unusable afterwards.
@@ -193,6 +200,10 @@ class CpuEngine {
   PeerReadProbe peer_read_probe_ = PeerReadProbe::NotYet;
   std::unique_ptr<LanePool> pool_;  // made on the first op that uses more than one lane
   std::array<uint64_t, kMaxLanes> lane_step_{};
+  // Schedule programs: their messages' counters (ControlBlock::schedule_sent) start past this.
+  uint64_t schedule_step_ = 0;
+  std::unique_ptr<LanePool> schedule_pool_;                          // a program's lanes 1..
+  std::vector<char> schedule_in_, schedule_out_, schedule_scratch_;  // copies where buffers must not alias
 };
 
 }  // namespace pycoll

@@ -131,6 +131,7 @@ CpuPlan plan_cpu_op(const CpuOpFacts& f) {
 std::string CpuPlan::describe() const {
   if (algo == Algo::Tree) return "pipelined_binary_tree";  // not the CUDA engine's double binary tree
   if (algo == Algo::Ring) return "ring";
+  if (algo == Algo::Schedule) return "schedule " + schedule + " lanes=" + std::to_string(lanes);
   std::string s = cpu_path_name(path);
   if (lanes > 0) s += " lanes=" + std::to_string(lanes);
   s += std::string(" ") + algo_name(algo);

@@ -109,6 +109,7 @@ struct CpuPlan {
   bool root_writes = false;  // Mapped broadcast: the root writes part of every reader's buffer
   bool stream_out = false;   // all_gather: the output written with streaming stores (cpu/kernels/stream_store.h)
   bool probe_first = false;  // ReadInPlace before the group's probe: the engine probes, then plans again
+  std::string schedule;      // algo Schedule: the program's name (not planned here: cpu/schedule_run.h)
 
   // "mapped in place lanes=3 twoshot", "direct oneshot", "pipelined_binary_tree", ... for the
   // debug log: the path first, as the log has always named it.
@@ -116,7 +117,7 @@ struct CpuPlan {
   // Whether o's describe() is this one's (what it prints: not the op or its size).
   bool describes_as(const CpuPlan& o) const {
     return algo == o.algo && path == o.path && lanes == o.lanes && root_writes == o.root_writes &&
-           stream_out == o.stream_out && probe_first == o.probe_first;
+           stream_out == o.stream_out && probe_first == o.probe_first && schedule == o.schedule;
   }
 };
 

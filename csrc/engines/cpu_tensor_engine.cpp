@@ -34,6 +34,7 @@ Algo CpuTensorEngine::run_op(const Collective& c, const c10::Stream& /*stream*/)
   const at::Tensor& ref = c.input.defined() ? c.input : c.output;
   const DType dt = moves_as_bytes(c.op) ? DType::UInt8 : *reducible_dtype(ref.scalar_type());
   const auto count = [&](const at::Tensor& t) { return moves_as_bytes(c.op) ? t.nbytes() : t.numel(); };
+  if (c.algo == Algo::Schedule && cpu_.size() > 1 && run_schedule(c, dt)) return Algo::Schedule;
   const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   switch (c.op) {
     case OpCode::AllReduce: {
@@ -64,6 +65,37 @@ Algo CpuTensorEngine::run_op(const Collective& c, const c10::Stream& /*stream*/)
     case OpCode::Barrier: cpu_.barrier(); return Algo::Direct;
   }
   TORCH_INTERNAL_ASSERT(false, "pycoll: the CPU engine got an unknown op");
+}
+
+bool CpuTensorEngine::run_schedule(const Collective& c, DType dt) {
+  const int n = cpu_.size();
+  switch (c.op) {
+    case OpCode::AllReduce:
+    case OpCode::ReduceScatter:
+      return cpu_.run_schedule(c.schedule, c.op, bytes_of(c.input), bytes_of(c.output), c.output.numel(), dt, c.reduce,
+                               0);
+    case OpCode::AllGather:
+      return cpu_.run_schedule(c.schedule, c.op, bytes_of(c.input), bytes_of(c.output), c.input.nbytes(), dt, c.reduce,
+                               0);
+    case OpCode::Broadcast:
+      return cpu_.run_schedule(c.schedule, c.op, bytes_of(c.output), bytes_of(c.output), c.output.nbytes(), dt,
+                               c.reduce, c.root);
+    case OpCode::Reduce:
+      return cpu_.run_schedule(c.schedule, c.op, bytes_of(c.input), bytes_of(c.output), c.input.numel(), dt, c.reduce,
+                               c.root);
+    case OpCode::AllToAll: {
+      // The language's all_to_all moves blocks of one size, one after the other.
+      const int64_t block = static_cast<int64_t>(c.input.nbytes()) / n;
+      const ByteSplits& s = c.splits;
+      bool uneven = static_cast<int64_t>(c.output.nbytes()) != block * n || static_cast<int>(s.send_bytes.size()) != n;
+      for (int j = 0; !uneven && j < n; ++j) {
+        uneven = s.send_bytes[j] != block || s.recv_bytes[j] != block || s.send_offsets[j] != j * block ||
+                 s.recv_offsets[j] != j * block;
+      }
+      return cpu_.run_schedule(c.schedule, c.op, bytes_of(c.input), bytes_of(c.output), block, dt, c.reduce, 0, uneven);
+    }
+    default: return false;  // gather, scatter, barrier: no schedules
+  }
 }
 
 }  // namespace pycoll

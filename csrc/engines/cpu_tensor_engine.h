@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "common/types.h"
 #include "cpu/plan.h"
 #include "engines/engine.h"
 
@@ -22,6 +23,8 @@ class CpuTensorEngine : public Engine {
 
  private:
   Algo run_op(const Collective& c, const c10::Stream& stream);
+  // c.schedule's program, where it is one of c's collective (cpu/schedule_run.h); `dt` as run_op.
+  bool run_schedule(const Collective& c, DType dt);
 
   CpuEngine& cpu_;
   std::optional<CpuPlan> described_;  // the plan description_ describes (run() reuses it)

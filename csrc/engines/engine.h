@@ -37,6 +37,7 @@ struct Collective {
   ReduceKind reduce = ReduceKind::Sum;  // never PremulSum (the backend pre-scales)
   int root = 0;                         // broadcast, reduce, gather, scatter
   Algo algo = Algo::Auto;               // the user's request; Auto asks the engine's cost model
+  std::string schedule;                 // algo Schedule: the program's name (cpu/schedule_program.h)
   ByteSplits splits;                    // all_to_all
   // Where given (PYCOLL_DEBUG=INFO), the engine describes the launch it planned ("twoshot ll128
   // grid=32 ..."), so that the log names what ran; engines with nothing to add leave it empty.

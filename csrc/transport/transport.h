@@ -17,6 +17,8 @@ namespace pycoll {
 constexpr int kMaxRanks = 64;
 // Pipelined ops split a large message into lanes, one per thread of a rank.
 constexpr int kMaxLanes = 16;
+// A schedule program (cpu/schedule_program.h) may use this many channels into and out of a rank.
+constexpr int kMaxScheduleChannels = 128;
 
 // One counter per cache line: the writer and its readers never false-share.
 struct alignas(64) Counter {
@@ -54,6 +56,7 @@ struct OpHeader {
   int64_t peer_read;               // this rank's PYCOLL_CPU_PEER_READ: 0 off, 1 auto, 2 on; the op uses the least
   SharedStorageRef shared_in;      // the input (broadcast: the buffer), if it lives in a shared file
   SharedStorageRef shared_out;     // all_reduce: the output, if it lives in a shared file
+  uint64_t schedule_digest;        // algo schedule: the program's digest (kScheduleUnbuilt: none)
   int64_t split_bytes[kMaxRanks];  // all_to_all: bytes this rank sends to each peer
   int64_t recv_bytes[kMaxRanks];   // all_to_all: bytes this rank expects from each peer
 };
@@ -90,6 +93,11 @@ struct alignas(64) ControlBlock {
   Counter p2p_answer[kMaxRanks];
   SharedStorageRef p2p_into[kMaxRanks];
   Counter p2p_filled[kMaxRanks];
+  // Schedule programs (cpu/schedule_run.h), by channel number, values that only grow: the
+  // messages I put on my outgoing channel k (schedule_sent[k]), and those I took from my incoming
+  // channel k (schedule_taken[k]), which frees the sender's slot.
+  Counter schedule_sent[kMaxScheduleChannels];
+  Counter schedule_taken[kMaxScheduleChannels];
 };
 
 class Transport {

@@ -4,11 +4,12 @@ collective for a group of `ranks`, built once per rank count.
 
 Ranks are separate processes, so every rank must reach a program by a name it can import:
 a name "package.module:function" is imported on its first lookup in a process, registered and
-checked like any other. The shipped examples have short names (`EXAMPLES`).
+checked like any other. The shipped examples have short names (`EXAMPLES`; `ALIASES` where a
+short name is a built-in algorithm's).
 
 A program factory is a function of the rank count (keyword arguments optional) that returns a
-`Program` (or an `IR`). The engines do not run registered programs yet: this is where they
-will take them from (`lookup`), comparing `IR.digest()` in their per-op check word.
+`Program` (or an `IR`). The CPU engine takes a forced program from here (engine_tables.provide,
+through `lookup`) and compares `IR.digest64()` in its per-op check word.
 """
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ EXAMPLES = {
     "hierarchical": "pycollectives.schedule.examples.hierarchical:hierarchical_all_reduce",
     "direct_all_to_all": "pycollectives.schedule.examples.direct:direct_all_to_all",
 }
+
+# Where a short example name is also a built-in algorithm's (PYCOLL_ALGO=ring is the built-in
+# ring), the example is forced by its long name.
+ALIASES = {"ring_all_reduce": "ring", "hierarchical_all_reduce": "hierarchical"}
 
 _lock = threading.RLock()
 _factories: Dict[str, Callable] = {}
@@ -92,6 +97,11 @@ def unregister_algorithm(name: str) -> None:
         _factories.pop(name, None)
         for key in [k for k in _built if k[0] == name]:
             del _built[key]
+    try:
+        from .engine_tables import forget
+    except ImportError:  # pragma: no cover - the package without its extension
+        return
+    forget()
 
 
 def registered() -> List[str]:
@@ -104,7 +114,7 @@ def resolve(name: str) -> Callable:
     with _lock:
         if name in _factories:
             return _factories[name]
-    target = EXAMPLES.get(name, name)
+    target = EXAMPLES.get(ALIASES.get(name, name), name)
     if ":" not in target:
         raise ScheduleError(f"unknown algorithm {name!r}: not registered, not an example "
                             f"({', '.join(sorted(EXAMPLES))}), and not module:function")

@@ -2,6 +2,10 @@
 
 #include <c10/cuda/CUDAStream.h>
 
+#include <stdexcept>
+#include <string>
+
+#include "cpu/schedule_program.h"
 #include "cuda/cuda_engine.h"
 #include "engines/dtypes.h"
 
@@ -26,6 +30,11 @@ bool CudaTensorEngine::serves(OpCode op, at::ScalarType dtype, const at::Device&
 Algo CudaTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   const cudaStream_t s = c10::cuda::CUDAStream(stream).stream();
   at::Tensor out = c.output;
+  if (c.algo == Algo::Schedule && schedule_collective_name(c.op) && schedule_program(c.schedule, c.op, cuda_.size())) {
+    throw std::invalid_argument("pycoll: schedule program '" + c.schedule +
+                                "' runs on CPU tensors only: the CUDA engine does not run schedule programs yet; "
+                                "use CPU tensors, or pycollectives.set_algo('auto') for CUDA tensors");
+  }
   const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   switch (c.op) {
     case OpCode::AllReduce: return cuda_.all_reduce(c.input, out, c.reduce, algo, s, c.plan_text);
