@@ -10,6 +10,11 @@ namespace pycoll {
 
 namespace {
 
+// A slot holds at most this much: larger messages run in more segments. Messages of 8 MiB (a
+// 16 MiB region over one channel of depth 2) made a 64 MiB all_reduce over 2 ranks 1.2x slower
+// than the built-in ring, whose messages are 4 MiB: each step's data then no longer stays in cache.
+constexpr size_t kSlotMaxBytes = size_t(4) << 20;
+
 // Where the chunks of one segment lie: block b's segment is elements [b * block + off, + len).
 struct Segment {
   int64_t block, off, len;
@@ -66,7 +71,9 @@ class Executor {
     n_ = p_.ranks;
     depth_ = std::max(1, p_.channel_depth);
     me_ = group_rank(r.me);
-    if (p_.slot_channels > 0) slot_bytes_ = (c.t.data_bytes() / (size_t(p_.slot_channels) * depth_)) & ~size_t(63);
+    if (p_.slot_channels > 0) {
+      slot_bytes_ = std::min(kSlotMaxBytes, (c.t.data_bytes() / (size_t(p_.slot_channels) * depth_)) & ~size_t(63));
+    }
     // The longest segment whose largest message fits one slot.
     int64_t seg = r.block;
     if (p_.max_message_chunks > 0) {

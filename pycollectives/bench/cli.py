@@ -104,7 +104,7 @@ def build_parser():
                         "(default: pycoll,nccl with >= 2 GPUs, else pycoll,gloo)")
     g.add_argument("--algo", type=_csv, default=None,
                    help="pycoll algorithms, one row each (pycollectives.set_algo on every rank): "
-                        + ",".join(KNOWN_ALGOS))
+                        + ",".join(KNOWN_ALGOS) + ", or a schedule program's name (docs/schedules.md)")
     g.add_argument("--ops", type=_csv, default=None,
                    help=f"comma list from {','.join(COLLECTIVES)}, or 'all' (default: {','.join(DEFAULT_OPS)})")
     g.add_argument("-d", "--dtype", type=_csv, default=["float32"],
@@ -269,8 +269,15 @@ def parse_config(argv, parser=None):
         known = tuple(getattr(pyc, "ALGORITHMS", None) or getattr(getattr(pyc, "config", None), "ALGORITHMS", None)
                       or KNOWN_ALGOS)
         for name in algos:
-            if name not in known:
-                err(f"--algo: unknown algorithm {name!r} (known: {', '.join(known)})")
+            if name in known:
+                continue
+            try:  # a schedule program's name (docs/schedules.md): it must resolve here
+                from ..schedule.registry import resolve
+
+                resolve(name)
+            except (ImportError, ValueError) as exc:
+                err(f"--algo: unknown algorithm {name!r} (built in: {', '.join(known)}; "
+                    f"not a schedule program either: {exc})")
         if not hasattr(pyc, "set_algo"):
             err("--algo: this pycollectives has no set_algo()")
         if len(set(algos)) != len(algos):
