@@ -103,10 +103,12 @@ def compare_backends(fn, *args, device="cpu", world_size=2, timeout=180, **kw):
 
 
 def rank_device(rank, device):
-    """The torch.device a rank uses (cuda:<rank> for "cuda")."""
+    """The torch.device a rank uses (cuda:<rank % GPUs> for "cuda": ranks share GPUs where there
+    are fewer GPUs than ranks)."""
     if device == "cuda":
-        torch.cuda.set_device(rank)
-        return torch.device("cuda", rank)
+        index = rank % max(1, torch.cuda.device_count())
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 

@@ -186,7 +186,8 @@ def _child_main(rank, world_size, fn, args, cfg, conn):
             if cfg["pg_timeout"] is not None:
                 kwargs["timeout"] = cfg["pg_timeout"]
             if cfg["bind_cuda"]:
-                kwargs["device_id"] = torch.device("cuda", rank)
+                # rank r on GPU r % count: several ranks share a GPU where there are fewer GPUs
+                kwargs["device_id"] = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
             if init == "file":
                 store = dist.FileStore(cfg["store_path"], world_size)
             elif init == "tcp":
@@ -287,7 +288,7 @@ def run_ranks(
     rank_env: one dict per rank of environment variables set in that rank only (e.g.
         PYCOLL_HOSTID, to place ranks on simulated hosts).
     grace: seconds the other ranks get to finish after a rank fails.
-    bind_cuda: init_process_group(device_id=cuda:rank): the groups' CUDA engines (the world's and
+    bind_cuda: init_process_group(device_id=cuda:<rank % GPUs>): the groups' CUDA engines (the world's and
         every new_group's) are made at init, not at each group's first CUDA op.
     Returns the list of return values (None for ranks in expect_exit).
     """
