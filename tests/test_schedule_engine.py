@@ -414,3 +414,23 @@ def test_slow_64_mib_all_reduce_through_the_ring_program():
     def_cases = [("all_reduce", torch.float32, "SUM", 16 << 20, "", 0)]
     for errors in run_ranks(2, _run_cases, "ring_all_reduce", def_cases, timeout=600):
         assert errors == []
+
+
+def test_receive_reduce_and_forward_fuses_only_where_the_partial_is_dead():
+    from pycollectives.schedule.engine_tables import FUSED_AWAY, RECV_REDUCE_SEND, _forwards, engine_tables
+    from pycollectives.schedule.registry import lookup, resolve
+
+    ring = resolve("ring_all_reduce")(4).lower()  # a copy of its own: changed below
+    assert _forwards(ring, 1) == {(0, 1), (0, 3)}  # the two middle hops of the reduce-scatter
+    assert _forwards(lookup("ring_all_reduce", None, 2), 0) == set()
+    rows = engine_tables(ring)[-1][1][0][0]
+    assert [row[0] for row in rows[:5]] == [0, RECV_REDUCE_SEND, FUSED_AWAY, RECV_REDUCE_SEND, FUSED_AWAY]
+    assert all(len(row) == 19 for row in rows)
+
+    # The same ring, but rank 1 reads its first partial again right after forwarding it: not fused.
+    from pycollectives.schedule.ir import Step
+
+    lane = ring.steps[1][0]
+    partial = lane[1].dst
+    ring.steps[1][0] = lane[:3] + [Step("copy", partial, ("out", partial[1], 1))] + lane[3:]
+    assert _forwards(ring, 1) == {(0, 4)}

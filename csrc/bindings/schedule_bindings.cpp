@@ -16,8 +16,10 @@ namespace pycoll {
 namespace {
 
 // One step as engine_tables.py writes it: op, src (buffer, first, count), dst (the same), peer,
-// seq, channel, peer_channel, channel_messages, deps_begin, deps_end.
-using StepRow = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int>;
+// seq, channel, peer_channel, channel_messages, deps_begin, deps_end, then the fused send's peer,
+// seq, channel, peer_channel, channel_messages.
+using StepRow =
+    std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int>;
 using RankRow = std::tuple<std::vector<std::vector<StepRow>>, std::vector<std::pair<int, int>>>;
 using ProgramRow =
     std::tuple<std::string, int, int, int, int, int, bool, int, uint64_t, int, int64_t, int, std::vector<RankRow>>;
@@ -53,9 +55,10 @@ std::shared_ptr<const ScheduleProgram> program_of(const ProgramRow& row, OpCode 
     for (const auto& steps : lane_rows) {
       std::vector<ScheduleStep> lane;
       lane.reserve(steps.size());
-      for (const auto& [o, sb, sf, sc, db, df, dc, peer, seq, ch, pch, cm, d0, d1] : steps) {
-        if (o < 0 || o > 4 || ch < 0 || ch >= kMaxScheduleChannels || pch < 0 || pch >= kMaxScheduleChannels ||
-            d0 < 0 || d1 < d0 || d1 > static_cast<int>(rs.deps.size())) {
+      for (const auto& [o, sb, sf, sc, db, df, dc, peer, seq, ch, pch, cm, d0, d1, tp, ts, tch, tpch, tcm] : steps) {
+        const auto channel_ok = [](int c) { return c >= 0 && c < kMaxScheduleChannels; };
+        if (o < 0 || o > 6 || !channel_ok(ch) || !channel_ok(pch) || !channel_ok(tch) || !channel_ok(tpch) || d0 < 0 ||
+            d1 < d0 || d1 > static_cast<int>(rs.deps.size())) {
           throw std::invalid_argument("schedule table: bad step");
         }
         ScheduleStep s;
@@ -69,6 +72,11 @@ std::shared_ptr<const ScheduleProgram> program_of(const ProgramRow& row, OpCode 
         s.channel_messages = cm;
         s.deps_begin = d0;
         s.deps_end = d1;
+        s.to_peer = tp;
+        s.to_seq = ts;
+        s.to_channel = tch;
+        s.to_peer_channel = tpch;
+        s.to_channel_messages = tcm;
         lane.push_back(s);
       }
       rs.lanes.push_back(std::move(lane));

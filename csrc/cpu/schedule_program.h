@@ -28,7 +28,19 @@ struct ScheduleRegion {
   int32_t count = 0;
 };
 
-enum class ScheduleOp : int8_t { Send = 0, Recv = 1, RecvReduce = 2, Copy = 3, Reduce = 4 };
+// RecvReduceSend: a receive-reduce into R and the send of R right after it, where R is not read
+// again before it is overwritten (the package decides: engine_tables.py, _forwards): the message
+// and R are reduced straight into the send's slot, R stays as it was. FusedAway: that send's own
+// step, kept so that step numbers stay those of the program.
+enum class ScheduleOp : int8_t {
+  Send = 0,
+  Recv = 1,
+  RecvReduce = 2,
+  Copy = 3,
+  Reduce = 4,
+  RecvReduceSend = 5,
+  FusedAway = 6
+};
 
 struct ScheduleStep {
   ScheduleOp op = ScheduleOp::Copy;
@@ -40,6 +52,8 @@ struct ScheduleStep {
   int32_t peer_channel = 0;      // send: the receiver's incoming channel number; receive: the sender's outgoing one
   int32_t channel_messages = 0;  // messages on that channel in one run
   int32_t deps_begin = 0, deps_end = 0;  // RankSchedule::deps[begin, end): steps of other lanes first
+  // RecvReduceSend: the send's peer, seq, channel, peer_channel and channel_messages.
+  int32_t to_peer = -1, to_seq = 0, to_channel = 0, to_peer_channel = 0, to_channel_messages = 0;
 };
 
 // Step `index` of lane `lane` of the same rank.

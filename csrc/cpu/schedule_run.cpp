@@ -34,25 +34,28 @@ struct Segment {
   }
 };
 
-// Pairs of spans (destination, source) of `count` elements, merged while both continue the last.
+// Spans (destination, source, second source or nullptr) of `count` elements, merged while all of
+// them continue the last.
 template <typename F>
 class Spans {
  public:
   Spans(size_t elem, F f) : elem_(elem), f_(std::move(f)) {}
-  ~Spans() = default;
-  void add(char* dst, const char* src, int64_t n) {
+  void add(char* dst, const char* src, int64_t n, const char* src2 = nullptr) {
     if (n <= 0) return;
-    if (n_ > 0 && dst == dst_ + n_ * elem_ && src == src_ + n_ * elem_) {
+    const size_t run = size_t(n_) * elem_;
+    if (n_ > 0 && dst == dst_ + run && src == src_ + run && (src2 == nullptr) == (src2_ == nullptr) &&
+        (src2 == nullptr || src2 == src2_ + run)) {
       n_ += n;
       return;
     }
     flush();
     dst_ = dst;
     src_ = src;
+    src2_ = src2;
     n_ = n;
   }
   void flush() {
-    if (n_ > 0) f_(dst_, src_, n_);
+    if (n_ > 0) f_(dst_, src_, src2_, n_);
     n_ = 0;
   }
 
@@ -61,6 +64,7 @@ class Spans {
   F f_;
   char* dst_ = nullptr;
   const char* src_ = nullptr;
+  const char* src2_ = nullptr;
   int64_t n_ = 0;
 };
 
@@ -148,8 +152,9 @@ class Executor {
   }
 
   void copy_spans(char* dst, const char* src, int64_t n) const { std::memcpy(dst, src, size_t(n) * elem_); }
-  void reduce_spans(char* dst, const char* src, int64_t n) const {
-    const Operand srcs[2] = {{dst, false}, {src, false}};
+  // dst = a op b (dst may be a).
+  void reduce_spans(char* dst, const char* a, const char* b, int64_t n) const {
+    const Operand srcs[2] = {{a, false}, {b, false}};
     reduce_operands(r_.spec, dst, false, srcs, 2, n, false);
   }
 
@@ -166,7 +171,7 @@ class Executor {
         }
         char* to = slot(me_, st.channel, m);
         char* from = buffer(st.src.buffer);
-        Spans spans(elem_, [this](char* d, const char* s, int64_t c) { copy_spans(d, s, c); });
+        Spans spans(elem_, [this](char* d, const char* s, const char*, int64_t c) { copy_spans(d, s, c); });
         for (int32_t i = 0; i < st.src.count; ++i) {
           g.chunk(st.src.buffer, st.src.first + i, at, n);
           spans.add(to + i * chunk_bytes, from + at * elem_, n);
@@ -193,9 +198,9 @@ class Executor {
           spans.flush();
         };
         if (st.op == ScheduleOp::Recv) {
-          take([this](char* d, const char* s, int64_t c) { copy_spans(d, s, c); });
+          take([this](char* d, const char* s, const char*, int64_t c) { copy_spans(d, s, c); });
         } else {
-          take([this](char* d, const char* s, int64_t c) { reduce_spans(d, s, c); });
+          take([this](char* d, const char* s, const char*, int64_t c) { reduce_spans(d, d, s, c); });
         }
         c_.t.control(me_).schedule_taken[st.channel].value.store(base_ + m + 1, std::memory_order_release);
         return;
@@ -214,12 +219,44 @@ class Executor {
           spans.flush();
         };
         if (st.op == ScheduleOp::Copy) {
-          move([this](char* d, const char* s, int64_t c) { std::memmove(d, s, size_t(c) * elem_); });
+          move([this](char* d, const char* s, const char*, int64_t c) { std::memmove(d, s, size_t(c) * elem_); });
         } else {
-          move([this](char* d, const char* s, int64_t c) { reduce_spans(d, s, c); });
+          move([this](char* d, const char* s, const char*, int64_t c) { reduce_spans(d, d, s, c); });
         }
         return;
       }
+      case ScheduleOp::RecvReduceSend: {
+        // The message from `peer` reduced with R, straight into the slot of the send to `to_peer`;
+        // R's elements beyond what the message holds go as they are.
+        const int peer = group_rank(st.peer), to_peer = group_rank(st.to_peer);
+        const int64_t m = k * st.channel_messages + st.seq;
+        const int64_t m2 = k * st.to_channel_messages + st.to_seq;
+        c_.w.until_ge(peer, c_.t.control(peer).schedule_sent[st.peer_channel].value, base_ + m + 1,
+                      "schedule: a message to receive");
+        if (m2 >= depth_) {
+          c_.w.until_ge(to_peer, c_.t.control(to_peer).schedule_taken[st.to_peer_channel].value,
+                        base_ + m2 - depth_ + 1, "schedule: a free slot to send into");
+        }
+        const char* from = slot(peer, st.peer_channel, m);
+        char* to = slot(me_, st.to_channel, m2);
+        const char* mine = buffer(st.dst.buffer);
+        Spans reduce(elem_, [this](char* d, const char* a, const char* b, int64_t c) { reduce_spans(d, a, b, c); });
+        Spans copy(elem_, [this](char* d, const char* s, const char*, int64_t c) { copy_spans(d, s, c); });
+        for (int32_t i = 0; i < st.dst.count; ++i) {
+          g.chunk(st.dst.buffer, st.dst.first + i, at, n);
+          g.chunk(st.src.buffer, st.src.first + i, src_at, src_n);
+          const int64_t both = std::min(n, src_n);
+          char* out = to + i * chunk_bytes;
+          reduce.add(out, mine + at * elem_, both, from + i * chunk_bytes);
+          copy.add(out + both * elem_, mine + (at + both) * elem_, n - both);
+        }
+        reduce.flush();
+        copy.flush();
+        c_.t.control(me_).schedule_taken[st.channel].value.store(base_ + m + 1, std::memory_order_release);
+        c_.t.control(me_).schedule_sent[st.to_channel].value.store(base_ + m2 + 1, std::memory_order_release);
+        return;
+      }
+      case ScheduleOp::FusedAway: return;
     }
   }
 

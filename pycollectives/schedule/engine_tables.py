@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
+from . import collectives
 from .errors import ScheduleError
 from .ir import IR
 
 _OPS = {"send": 0, "recv": 1, "recv_reduce": 2, "copy": 3, "reduce": 4}
+RECV_REDUCE_SEND = 5  # a receive-reduce into R and the send of R after it, fused (see _forwards)
+FUSED_AWAY = 6  # the send of such a pair: nothing left to do
 _BUFFERS = {"in": 0, "out": 1, "scratch": 2}
 _NO_REGION = (0, 0, 0)
 
@@ -26,8 +29,48 @@ def _region(r) -> Tuple[int, int, int]:
     return _NO_REGION if r is None else (_BUFFERS[r[0]], int(r[1]), int(r[2]))
 
 
-def engine_tables(ir: IR, max_channels: int = 128, max_lanes: int = 16) -> tuple:
-    """The tables of `ir` (checked already) as `_C.set_schedule_source`'s source returns them."""
+def _cells(ir: IR, rank: int, region) -> set:
+    """The chunks a region covers, as stored (in place, input and output alias)."""
+    buf, first, count = region
+    return {collectives.storage(ir.collective, ir.inplace, rank, buf, c, ir.chunks) for c in range(first, first + count)}
+
+
+def _forwards(ir: IR, rank: int) -> set:
+    """Lane steps (lane, i) of `rank` where a receive-reduce into R is followed by the send of R and
+    R is dead after that send: on its lane nothing reads it before a receive or copy overwrites it,
+    and it is not left as output. The engine then reduces the message and R straight into the
+    send's slot (one pass instead of two, as the built-in ring does) and leaves R as it was. Only
+    where nothing else depends on the pair: no deps on the send, no step of another lane waiting
+    for the receive, no other lane touching R."""
+    lanes = ir.steps[rank]
+    waited = {(a, b) for lane in lanes for s in lane for a, b in s.deps}
+    n_out = collectives.buffer_chunks(ir.collective, "out", ir.ranks, ir.chunks, ir.scratch)
+    outputs = _cells(ir, rank, ("out", 0, n_out))
+    touched = [set().union(*[_cells(ir, rank, r) for s in lane for r in (s.src, s.dst) if r]) for lane in lanes]
+    out = set()
+    for l, steps in enumerate(lanes):
+        others = set().union(*[t for ol, t in enumerate(touched) if ol != l])
+        for i in range(len(steps) - 1):
+            a, b = steps[i], steps[i + 1]
+            if a.op != "recv_reduce" or b.op != "send" or b.src != a.dst or b.deps or (l, i) in waited:
+                continue
+            pending = _cells(ir, rank, a.dst)
+            if pending & others:
+                continue
+            for s in steps[i + 2:]:
+                if not pending or any(_cells(ir, rank, r) & pending for r in s.reads()):
+                    break
+                if s.op in ("recv", "copy"):
+                    pending = pending - _cells(ir, rank, s.dst)
+            if not pending or not (pending & outputs or any(
+                    _cells(ir, rank, r) & pending for s in steps[i + 2:] for r in s.reads())):
+                out.add((l, i))
+    return out
+
+
+def engine_tables(ir: IR, max_channels: int = 128, max_lanes: int = 16, fuse: bool = True) -> tuple:
+    """The tables of `ir` (checked already) as `_C.set_schedule_source`'s source returns them.
+    `fuse`: receive-reduce-and-forward pairs become one step (see _forwards)."""
     N, L = ir.ranks, max(1, ir.lanes)
     if L > max_lanes:
         raise ScheduleError(f"{ir.name}: {L} lanes; the CPU engine runs at most {max_lanes}")
@@ -52,24 +95,37 @@ def engine_tables(ir: IR, max_channels: int = 128, max_lanes: int = 16) -> tuple
             if len(table) > max_channels:
                 raise ScheduleError(f"{ir.name}: rank {r} has {len(table)} {kind} channels (peer x lane); "
                                     f"the CPU engine has room for {max_channels}")
+    def send_fields(r, lane, s):
+        return (s.peer, s.seq, out_no[r][(s.peer, lane)], in_no[s.peer][(r, lane)], messages[(r, s.peer, lane)])
+
     ranks = []
     for r, lanes in enumerate(ir.steps):
         deps = []
         lane_rows = []
+        fused = _forwards(ir, r) if fuse else set()
         for lane, steps in enumerate(lanes):
             rows = []
-            for s in steps:
+            skip = False
+            for i, s in enumerate(steps):
+                if skip:  # the send of a fused pair: done by the pair's row, kept so indices stay
+                    skip = False
+                    rows.append((FUSED_AWAY,) + (0,) * 18)
+                    continue
                 d0 = len(deps)
                 deps.extend((int(a), int(b)) for a, b in s.deps)
                 src, dst, peer, seq, ch, pch, count = _region(s.src), _region(s.dst), -1, 0, 0, 0, 0
+                to = (-1, 0, 0, 0, 0)
+                op = _OPS[s.op]
                 if s.op == "send":
-                    peer, seq = s.peer, s.seq
-                    ch, pch, count = out_no[r][(peer, lane)], in_no[peer][(r, lane)], messages[(r, peer, lane)]
+                    peer, seq, ch, pch, count = send_fields(r, lane, s)
                 elif s.op in ("recv", "recv_reduce"):
                     peer, seq = s.peer, s.seq
                     ch, pch, count = in_no[r][(peer, lane)], out_no[peer][(r, lane)], messages[(peer, r, lane)]
                     src = _region(sent[(peer, r, lane, seq)])
-                rows.append((_OPS[s.op], *src, *dst, peer, seq, ch, pch, count, d0, len(deps)))
+                    if (lane, i) in fused:
+                        op, skip = RECV_REDUCE_SEND, True
+                        to = send_fields(r, lane, steps[i + 1])
+                rows.append((op, *src, *dst, peer, seq, ch, pch, count, d0, len(deps), *to))
             lane_rows.append(rows)
         ranks.append((lane_rows, deps))
     root = -1 if ir.root is None else int(ir.root)
