@@ -324,6 +324,8 @@ def _example_rank(rank, ws, device, name, argv):
     return mod.train(args, run)
 
 
+TINY_CNN = ["--epochs", "1", "--steps", "4", "--warmup", "1", "--batch", "8", "--width", "8", "--samples", "128"]
+
 EXAMPLE_CASES = {
     "fsdp_gpt": ("fsdp_gpt", TINY_GPT),
     "pipeline_gpt-1f1b": ("pipeline_gpt", TINY_GPT + ["--schedule", "1f1b"]),
@@ -333,6 +335,8 @@ EXAMPLE_CASES = {
     "ddp_gpt-powersgd": ("ddp_gpt", TINY_GPT + ["--hook", "powersgd", "--accum", "2"]),
     # Uneven all_to_all_single token routing (top-2, capacity drops) forward and backward.
     "moe_gpt": ("moe_gpt", TINY_GPT + ["--capacity-factor", "0.75"]),
+    "ddp_cnn-powersgd": ("ddp_cnn", TINY_CNN + ["--hook", "powersgd", "--powersgd-rank", "1"]),
+    "ddp_cnn-signsgd": ("ddp_cnn", TINY_CNN + ["--hook", "signsgd"]),
 }
 
 
@@ -347,6 +351,8 @@ def test_example_train(case):
         assert_close(res[r]["param_norm"], ref[r]["param_norm"], rtol, 1e-6,
                      what=f"rank {r} param norm vs gloo")
         assert res[r]["ms_per_step"] > 0
+        if name == "ddp_cnn" and "--hook" in argv:  # the hook's counted payload: compressed, below the plain all_reduce's
+            assert 0 < res[r]["hook_bytes_per_step"] < res[r]["plain_bytes_per_step"] / 2, res[r]
     assert res[0]["losses"] == res[1]["losses"]  # already averaged over ranks
 
 
