@@ -11,6 +11,9 @@ line, the table) and is rewritten by this script:
 
 (the opening marker on one line). Keys, all optional but ``source``:
 
+  kind=ddp         a table of DDP steps from benchmarks/cluster_ddp_study.py's file (keys: source,
+                   model=mlp|cnn; see render_ddp); without kind, a pycoll-bench table:
+
   source=PATH      a result file (relative to the repository root) in pycoll-bench's format: one
                    launch ("schema": "pycoll-bench/1"), or several launches of one layout
                    ("schema": "pycoll-bench-launches/1", "launches": [...]; ``--merge`` makes one)
@@ -55,14 +58,16 @@ BENCH_SCHEMA = "pycoll-bench/1"
 
 BEGIN_RE = re.compile(r"^<!-- table: (\S+)((?: [^\n]*?)?) -->$", re.MULTILINE)
 END = "<!-- end table -->"
-KEYS = {"source", "ops", "sizes", "label", "vs", "columns", "launches", "unit", "size_header", "dtype"}
+KEYS = {"source", "ops", "sizes", "label", "vs", "columns", "launches", "unit", "size_header", "dtype", "kind",
+        "model"}
+DDP_SCHEMA = "pycoll-cluster-ddp-study/1"
 KINDS = ("us", "busbw", "floor", "ratio", "time_ratio")
 
 # Options of pycoll-bench that only say where and how output goes: left out of a caption's command.
 _OUTPUT_OPTS_WITH_VALUE = {"--out", "--name", "--calibrate-out"}
 _OUTPUT_FLAGS = {"--no-progress", "--no-plot", "--no-save"}
-# Variables pycoll-bench itself sets (simulated hosts) or that only record the environment.
-_ENV_SKIP = {"PYCOLL_HOSTID", "PYCOLL_GPU_WORLD"}
+# Variables pycoll-bench or pycoll-cluster set (simulated hosts, the link) or that only record the environment.
+_ENV_SKIP = {"PYCOLL_HOSTID", "PYCOLL_GPU_WORLD", "PYCOLL_LINK", "PYCOLL_LINK_MEASURED"}
 
 
 class RenderError(Exception):
@@ -221,6 +226,10 @@ def render_table(name, spec, root, doc_dir=""):
     path = os.path.join(root, spec["source"])
     if not os.path.exists(path):
         raise RenderError(f"table {name}: no file {spec['source']}")
+    if spec.get("kind", "bench") == "ddp":
+        return render_ddp(name, spec, path, doc_dir)
+    if spec.get("kind", "bench") != "bench":
+        raise RenderError(f"table {name}: kind= is ddp (or left out)")
     launches = load_launches(path)
     first = launches[0]
     dtype = spec.get("dtype") or (first["config"].get("dtypes") or [first["results"][0]["dtype"]])[0]
@@ -307,6 +316,97 @@ def caption(launches, label, vs, how, spec, doc_dir=""):
     cmd = " / ".join(f"`{c}`" for c in commands) if commands else "(command not recorded)"
     link = os.path.relpath(spec["source"], doc_dir or ".").replace(os.sep, "/")
     return f"*{describe_platform(meta)}, {date}; {reduced}{ratio}. {cmd} ([data]({link}))*"
+
+
+# -- DDP steps across links (benchmarks/cluster_ddp_study.py) ---------------------------------
+def _rate_text(bps):
+    return f"{bps / 1e9:.3g} Gbit/s" if bps >= 1e9 else f"{bps / 1e6:.0f} Mbit/s"
+
+
+def _link_bps(link):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", link or "")
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] if m else 0.0
+
+
+def _collapse(commands):
+    """Commands that differ only in some words, as one with {a,b} at those words."""
+    split = [shlex.split(c) for c in commands]
+    if len({len(w) for w in split}) != 1:
+        return " / ".join(f"`{c}`" for c in commands)
+    words = []
+    for column in zip(*split):
+        values = list(dict.fromkeys(column))
+        words.append(values[0] if len(values) == 1 else "{" + ",".join(values) + "}")
+    return "`" + " ".join(words) + "`"
+
+
+def render_ddp(name, spec, path, doc_dir=""):
+    """One model's rows: per layout and method, the bytes on the link per step, the step time at
+    every link with its speedup over no hook (same layout and link), and the loss after the same
+    steps (a row without a loss is refused: a faster step is shown only beside what it costs)."""
+    with open(path) as fh:
+        doc = json.load(fh)
+    if doc.get("schema") != DDP_SCHEMA:
+        raise RenderError(f"table {name}: {spec['source']} is not a DDP study file (schema {doc.get('schema')!r})")
+    model = spec.get("model")
+    rows = [r for r in doc["rows"] if r["model"] == model]
+    if not rows:
+        raise RenderError(f"table {name}: no rows of model {model!r} in {spec['source']}")
+    for r in rows:
+        if r.get("loss") is None:
+            raise RenderError(f"table {name}: {r['layout']} {r['link']} {r['method']}: no loss")
+    layouts = sorted(dict.fromkeys(r["layout"] for r in rows))
+    links = sorted(dict.fromkeys(r["link"] for r in rows), key=_link_bps)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    at = {(r["layout"], r["link"], r["method"]): r for r in rows}
+    acc = any("test_accuracy" in r for r in rows)
+    head = (["layout", "method", "link MB/step"] + [f"ms/step at {link}" for link in links]
+            + [f"loss after {rows[0]['steps'] + rows[0]['warmup']} steps"] + (["test accuracy"] if acc else []))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for layout in layouts:
+        for method in methods:
+            here = [at.get((layout, link, method)) for link in links]
+            if not any(here):
+                continue
+            got = [r for r in here if r]
+            mb = statistics.median(r["link_bytes_per_step"] for r in got) / 1e6
+            cells = [layout.replace("x", " x "), method, f"{mb:.3g}"]
+            for link, r in zip(links, here):
+                base = at.get((layout, link, "none"))
+                if r is None:
+                    cells.append("-")
+                elif base is None or method == "none":
+                    cells.append(_fmt(r["step_ms"] * 1e3, "us", "ms"))
+                else:
+                    cells.append(f"{_fmt(r['step_ms'] * 1e3, 'us', 'ms')} ({_fmt(base['step_ms'] / r['step_ms'], 'ratio', '')})")
+            losses = sorted({f"{r['loss']:.4f}" for r in got})
+            cells.append("-".join([losses[0], losses[-1]]) if len(losses) > 1 else losses[0])
+            if acc:
+                accs = sorted({f"{r['test_accuracy'] * 100:.1f}%" for r in got}, key=lambda t: float(t[:-1]))
+                cells.append("-".join([accs[0], accs[-1]]) if len(accs) > 1 else accs[0])
+            lines.append("| " + " | ".join(cells) + " |")
+    runs = [r for r in doc.get("runs", []) if r["model"] == model]
+    measured = {}
+    for r in runs:
+        measured.setdefault(r["link"], []).append(r["link_measured_bps"])
+    rates = "; ".join(f"{link} measured {_rate_text(min(measured[link]))}"
+                      + (f" to {_rate_text(max(measured[link]))}" if _rate_text(min(measured[link])) !=
+                         _rate_text(max(measured[link])) else "")
+                      for link in links if link in measured)
+    dates = sorted({r["date"][:10] for r in runs})
+    date = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    m = doc.get("machine", {})
+    cpu = re.sub(r"\s+", " ", re.sub(r"\((R|TM)\)", "", m.get("cpu") or "unknown")).strip()
+    torch = (m.get("torch") or "").split("+")[0]
+    commands = list(dict.fromkeys(r["command"] for r in sorted(runs, key=lambda r: (_link_bps(r["link"]), r["layout"]))))
+    link = os.path.relpath(spec["source"], doc_dir or ".").replace(os.sep, "/")
+    cap = (f"*2 simulated hosts on {cpu} ({m.get('cpu_count')} CPUs), torch {torch}, {date}; one launch per "
+           f"layout and link ({rates}, one TCP stream before the run); pycoll, every method from the same "
+           f"seed; ms/step: the slowest rank's, (Nx): no hook's time / the method's, same layout and link; "
+           f"link MB/step: what each host sent on its link per step (interface counter, headers included), "
+           f"the median over the links. {_collapse(commands) if commands else '(command not recorded)'} "
+           f"([data]({link}))*")
+    return cap + "\n\n" + "\n".join(lines)
 
 
 # -- documents --------------------------------------------------------------------------------

@@ -76,9 +76,14 @@ def test_a_changed_result_makes_the_check_fail(tmp_path, capsys):
         assert fh.read() != fh2.read()
 
 
+def _is_bench(path):
+    with open(path) as fh:
+        return json.load(fh).get("schema") in (render_tables.BENCH_SCHEMA, render_tables.LAUNCHES_SCHEMA)
+
+
 def test_merge_keeps_every_launch_and_refuses_mixed_layouts(tmp_path):
     results = os.path.join(REPO, "benchmarks", "results")
-    single = sorted(f for f in os.listdir(results) if f.endswith(".json")
+    single = sorted(f for f in os.listdir(results) if f.endswith(".json") and _is_bench(os.path.join(results, f))
                     and len(render_tables.load_launches(os.path.join(results, f))) == 1
                     and render_tables.load_launches(os.path.join(results, f))[0]["metadata"]["device"] == "cpu")
     a = os.path.join(results, single[0])
@@ -98,3 +103,40 @@ def test_caption_command_drops_output_options_only():
             "env": {"PYCOLL_CPU_ALLOCATOR": "shared", "PYCOLL_HOSTID": "h0", "NCCL_VERSION": "2"}}
     assert render_tables.reproduce_command(meta) == \
         "PYCOLL_CPU_ALLOCATOR=shared pycoll-bench --nproc 4 -b 1M --rounds 3"
+
+
+def _ddp_row(layout, link, method, step_ms, loss, link_bytes=1e6):
+    return {"model": "mlp", "layout": layout, "link": link, "link_measured_bps": 0.95 * render_tables._link_bps(link),
+            "method": method, "step_ms": step_ms, "steps": 20, "warmup": 3, "params": 10, "loss": loss,
+            "link_bytes_per_step": link_bytes, "hook_bytes_per_step": link_bytes}
+
+
+def test_ddp_table_shows_step_time_speedup_and_loss_and_refuses_a_row_without_loss(tmp_path):
+    rows = [_ddp_row("2x1", "1gbit", "none", 400.0, 0.25, 52e6), _ddp_row("2x1", "1gbit", "signsgd", 50.0, 0.5, 1.6e6),
+            _ddp_row("2x1", "100mbit", "none", 4000.0, 0.25, 52e6),
+            _ddp_row("2x1", "100mbit", "signsgd", 160.0, 0.5, 1.7e6)]
+    runs = [{"date": "2026-12-05T01:00:00+00:00", "model": "mlp", "layout": "2x1", "link": link,
+             "link_measured_bps": 0.95 * render_tables._link_bps(link),
+             "command": f"pycoll-cluster --hosts 2 --nproc-per-host 1 --link {link} -- python s.py --model mlp"}
+            for link in ("100mbit", "1gbit")]
+    doc = {"schema": render_tables.DDP_SCHEMA, "machine": {"cpu": "Some CPU", "cpu_count": 2, "torch": "2.1"},
+           "rows": rows, "runs": runs}
+    path = tmp_path / "ddp.json"
+    path.write_text(json.dumps(doc))
+    spec = {"source": "ddp.json", "kind": "ddp", "model": "mlp"}
+    out = render_tables.render_table("t", spec, str(tmp_path))
+    lines = out.splitlines()
+    assert lines[2] == "| layout | method | link MB/step | ms/step at 100mbit | ms/step at 1gbit | loss after 23 steps |"
+    assert lines[4] == "| 2 x 1 | none | 52 | 4000 | 400 | 0.2500 |"
+    assert lines[5] == "| 2 x 1 | signsgd | 1.65 | 160 (25.0x) | 50.0 (8.00x) | 0.5000 |"
+    assert "100mbit measured 95 Mbit/s; 1gbit measured 950 Mbit/s" in lines[0]
+    assert "`pycoll-cluster --hosts 2 --nproc-per-host 1 --link {100mbit,1gbit} -- python s.py --model mlp`" in lines[0]
+    # A faster step is never shown without what it costs: a row without its loss is refused.
+    del rows[3]["loss"]
+    path.write_text(json.dumps(doc))
+    try:
+        render_tables.render_table("t", spec, str(tmp_path))
+    except render_tables.RenderError as exc:
+        assert "100mbit signsgd: no loss" in str(exc)
+    else:
+        raise AssertionError("a row without a loss was rendered")
