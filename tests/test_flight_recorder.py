@@ -264,3 +264,27 @@ def test_bench_writes_a_timeline_of_its_run(tmp_path):
     assert {e["args"]["op"] for e in ops} >= {"all_reduce", "all_gather"}
     assert {e["args"]["bytes"] for e in ops if e["args"]["op"] == "all_reduce"} >= {8, 1024}
     assert sorted(os.listdir(str(out) + ".dumps")) == ["rank_0", "rank_1"]
+
+
+def _dump_through_the_pipe(rank, world, pipe_prefix, dump_prefix):
+    for _ in range(2):
+        dist.all_reduce(torch.ones(8))
+    pipe = f"{pipe_prefix}{rank}.pipe"
+    deadline = time.time() + 10
+    while not os.path.exists(pipe) and time.time() < deadline:  # made once the rank is known
+        time.sleep(0.05)
+    assert os.path.exists(pipe), "no named pipe"
+    assert not os.path.exists(f"{dump_prefix}{rank}")
+    fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+    os.write(fd, b"1")
+    os.close(fd)
+    dump = _wait_for_dumps(dump_prefix, world, seconds=10)[rank]
+    return [e["state"] for e in dump["entries"]], dump.get("dump_reason", "")
+
+
+def test_writing_into_the_named_pipe_dumps(tmp_path):
+    pipe, prefix = str(tmp_path / "fr_"), str(tmp_path / "dump_")
+    env = {"PYCOLL_FR_DUMP_PIPE": pipe, "TORCH_FR_DUMP_TEMP_FILE": prefix}
+    for states, reason in run_ranks(2, _dump_through_the_pipe, pipe, prefix, env=env, timeout=60):
+        assert states[-2:] == ["completed", "completed"] and "pipe" in reason
+    assert not any(p.endswith(".pipe") for p in os.listdir(tmp_path))  # removed at exit

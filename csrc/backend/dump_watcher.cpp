@@ -5,10 +5,17 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "backend/flight_recorder.h"
@@ -26,6 +33,66 @@ const IntSetting kDumpSignal("PYCOLL_FR_DUMP_SIGNAL", 0, 0, 64, "backend", false
 const IntSetting kDumpOnError("PYCOLL_FR_DUMP_ON_ERROR", 1, 0, 1, "backend", false, Audience::User,
                               "1: when an op fails (timeout, dead peer, mismatched call, abort), the rank dumps its "
                               "flight recorder and asks every rank of the group to dump theirs (docs/tracing.md).");
+
+const TextSetting kDumpPipe("PYCOLL_FR_DUMP_PIPE", "", "a path prefix", "backend", false, Audience::User,
+                            "A path prefix: each process makes the named pipe <prefix><rank>.pipe and writes its "
+                            "flight recorder dump when anything is written into it (echo 1 > <prefix>0.pipe; "
+                            "docs/tracing.md); empty: none.");
+
+// The named pipe of PYCOLL_FR_DUMP_PIPE, read without blocking by the watcher's loop, removed when
+// the last group is destroyed (or at exit). Used under DumpWatcher's lock; never destroyed: the
+// detached loop may run until exit.
+class DumpPipe {
+ public:
+  // Makes the pipe once this process knows its rank.
+  void open_when_ready(int rank) {
+    if (tried_ || rank < 0) return;
+    tried_ = true;
+    const std::string prefix = kDumpPipe.get();
+    if (prefix.empty()) return;
+    const std::string path = prefix + std::to_string(rank) + ".pipe";
+    if (path.size() >= sizeof(made_)) return;
+    if (::mkfifo(path.c_str(), 0600) != 0 && errno != EEXIST) {
+      std::fprintf(stderr, "[pycoll] PYCOLL_FR_DUMP_PIPE: cannot make %s: %s\n", path.c_str(), std::strerror(errno));
+      return;
+    }
+    std::snprintf(made_, sizeof(made_), "%s", path.c_str());
+    static const bool at_exit = std::atexit([] {
+                                  if (made_[0]) ::unlink(made_);
+                                }) == 0;
+    (void)at_exit;
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd_ < 0) {
+      std::fprintf(stderr, "[pycoll] PYCOLL_FR_DUMP_PIPE: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
+    }
+  }
+  // Closes and removes the pipe; the next open_when_ready makes it again.
+  void remove() {
+    if (fd_ >= 0) ::close(fd_);
+    if (made_[0]) ::unlink(made_);
+    made_[0] = '\0';
+    fd_ = -1;
+    tried_ = false;
+  }
+  // Whether something was written since the last call (what was written does not matter).
+  bool poked() {
+    if (fd_ < 0) return false;
+    char buf[256];
+    bool any = false;
+    for (ssize_t n; (n = ::read(fd_, buf, sizeof(buf))) > 0;) any = true;
+    return any;
+  }
+
+ private:
+  static char made_[4096];  // the path to remove at exit
+  bool tried_ = false;
+  int fd_ = -1;
+};
+char DumpPipe::made_[4096] = {};
+DumpPipe& pipe_file() {
+  static DumpPipe* pipe = new DumpPipe();
+  return *pipe;
+}
 
 // Store keys, on each group's own (prefixed) Store.
 constexpr const char* kRequestCount = "pycoll/fr/dump_requests";
@@ -76,6 +143,7 @@ void DumpWatcher::watch(int pg_id, const c10::intrusive_ptr<c10d::Store>& store)
 void DumpWatcher::unwatch(int pg_id) {
   std::lock_guard<std::mutex> g(mu_);
   groups_.erase(pg_id);
+  if (groups_.empty()) pipe_file().remove();
 }
 
 void DumpWatcher::op_failed(int pg_id, const std::string& reason) {
@@ -116,6 +184,15 @@ void DumpWatcher::loop() {
       failures_.clear();
     }
     if (signalled.exchange(false)) dump("signal");
+    bool poked = false;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (!groups_.empty()) {
+        pipe_file().open_when_ready(FlightRecorder::get().process_rank());
+        poked = pipe_file().poked();
+      }
+    }
+    if (poked) dump("pipe");
     for (const auto& [pg_id, reason] : failures) {
       const int rank = FlightRecorder::get().process_rank();
       dump("error: " + reason);

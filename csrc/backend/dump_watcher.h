@@ -3,7 +3,8 @@
 //     waiting), and then asks every rank of that group to dump too, through the group's Store;
 //   - when a peer asks (it polls each group's Store once a second), so that a rank busy in Python
 //     or stuck in another collective leaves its dump as well;
-//   - on a signal (PYCOLL_FR_DUMP_SIGNAL).
+//   - on a signal (PYCOLL_FR_DUMP_SIGNAL), or when something is written into its named pipe
+//     (PYCOLL_FR_DUMP_PIPE: <prefix><rank>.pipe, read every 100 ms).
 // Dumps happen on this thread, never on the engine thread that failed. On-demand dumps
 // (pycollectives.trace.dump) write directly.
 //
