@@ -39,6 +39,7 @@ for p in (REPO, HERE, os.path.join(REPO, "examples")):
         sys.path.insert(0, p)
 
 import pycollectives  # noqa: E402  (registers "pycoll")
+from pycollectives.package_settings import LINK, LINK_MEASURED  # noqa: E402
 
 SCHEMA = "pycoll-cluster-ddp-study/1"
 METHODS = [("none", 0), ("powersgd", 1), ("powersgd", 4), ("signsgd", 0)]
@@ -136,7 +137,7 @@ def cnn(method, r, args, rank, world):
 def command(argv):
     hosts = int(os.environ["WORLD_SIZE"]) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return (f"pycoll-cluster --hosts {hosts} --nproc-per-host {os.environ.get('LOCAL_WORLD_SIZE', 1)} "
-            f"--link {os.environ.get('PYCOLL_LINK')} -- python benchmarks/cluster_ddp_study.py " + " ".join(argv))
+            f"--link {LINK.get()} -- python benchmarks/cluster_ddp_study.py " + " ".join(argv))
 
 
 def main(argv=None):
@@ -154,7 +155,8 @@ def main(argv=None):
     dist.init_process_group("pycoll", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    link, measured = os.environ.get("PYCOLL_LINK"), float(os.environ.get("PYCOLL_LINK_MEASURED", 0) or 0)
+    link, measured_text = LINK.get(), LINK_MEASURED.get()
+    measured = float(measured_text) if measured_text[:1].isdigit() else 0.0
     rounds = args.rounds if args.rounds else (3 if args.model == "cnn" else 1)
     runs = {m: [] for m in METHODS}
     for _ in range(rounds):  # every method once per round: a slow spell of the machine hits them alike
