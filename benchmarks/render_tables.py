@@ -52,7 +52,7 @@ import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ("README.md", "docs/performance.md", "docs/cluster.md")
+DOCS = ("README.md", "docs/performance.md", "docs/cluster.md", "docs/schedules.md")
 LAUNCHES_SCHEMA = "pycoll-bench-launches/1"
 BENCH_SCHEMA = "pycoll-bench/1"
 
