@@ -50,7 +50,7 @@ def _skip_one_all_reduce(rank, world, prefix):
 
 def test_a_rank_that_skips_an_op_is_named(tmp_path):
     prefix = str(tmp_path / "rank_")
-    out = run_ranks(3, _skip_one_all_reduce, prefix, env={"TORCH_FR_DUMP_TEMP_FILE": prefix},
+    out = run_ranks(3, _skip_one_all_reduce, prefix, env={"TORCH_FR_DUMP_TEMP_FILE": prefix, "PYCOLL_FR_STACKS": "1"},
                     pg_timeout=datetime.timedelta(seconds=3), destroy=False, timeout=90)
     for rank, (elapsed, dump) in enumerate(out):
         assert elapsed < 3 + 10, f"rank {rank} saw every dump only after {elapsed:.1f} s"
@@ -67,6 +67,7 @@ def test_a_rank_that_skips_an_op_is_named(tmp_path):
     res = _analyze(str(tmp_path))
     assert res.returncode == 1, res.stdout + res.stderr
     assert f"#{hung_seq}" in res.stdout and "rank 1" in res.stdout and "all_reduce" in res.stdout, res.stdout
+    assert "called from _skip_one_all_reduce (" in res.stdout, res.stdout  # rank 1's last op, from its stack
 
 
 def _mismatched_size(rank, world, prefix):
@@ -288,3 +289,26 @@ def test_writing_into_the_named_pipe_dumps(tmp_path):
     for states, reason in run_ranks(2, _dump_through_the_pipe, pipe, prefix, env=env, timeout=60):
         assert states[-2:] == ["completed", "completed"] and "pipe" in reason
     assert not any(p.endswith(".pipe") for p in os.listdir(tmp_path))  # removed at exit
+
+
+def _a_named_caller(rank, world):
+    dist.all_reduce(torch.ones(4))
+
+
+def _stacks(rank, world, prefix):
+    import pycollectives.trace
+
+    for _ in range(3):
+        _a_named_caller(rank, world)
+    dump = json.load(open(pycollectives.trace.dump(prefix)))
+    return [[f["name"] for f in e["frames"]] for e in dump["entries"]], dump["entries"][-1]["frames"][:1]
+
+
+def test_python_stacks_are_recorded_when_asked(tmp_path):
+    prefix = str(tmp_path / "stack_")
+    for names, top in run_ranks(2, _stacks, prefix, env={"PYCOLL_FR_STACKS": "1", "PYCOLL_FR_BUFFER_SIZE": "2"},
+                                timeout=60):
+        assert len(names) == 2 and all("_a_named_caller" in n for n in names), names  # the ring kept 2
+        assert top[0]["filename"].endswith(".py") and top[0]["line"] > 0, top
+    for names, _ in run_ranks(2, _stacks, prefix, timeout=60):  # off by default
+        assert all(n == [] for n in names)

@@ -1,5 +1,7 @@
 #include "backend/flight_recorder.h"
 
+#include <torch/csrc/profiler/combined_traceback.h>
+
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -22,6 +24,10 @@ const IntSetting kBufferSize("PYCOLL_FR_BUFFER_SIZE", 2000, 0, 10000000, "backen
                              "Entries the flight recorder keeps (the most recent ops of every group of the "
                              "process; docs/tracing.md); 0 turns it off. Unset: TORCH_FR_BUFFER_SIZE, else 2000.",
                              "TORCH_FR_BUFFER_SIZE, else 2000");
+
+const IntSetting kStacks("PYCOLL_FR_STACKS", 0, 0, 1, "backend", false, Audience::User,
+                         "1: the flight recorder keeps each op's Python stack (the caller's file, function and "
+                         "line in a dump's frames; docs/tracing.md). It costs microseconds per op, hence off.");
 
 size_t buffer_size_from_settings() {
   if (kBufferSize.is_set()) return static_cast<size_t>(kBufferSize.get());
@@ -101,7 +107,8 @@ FlightRecorder& FlightRecorder::get() {
   return *recorder;
 }
 
-FlightRecorder::FlightRecorder() : capacity_(buffer_size_from_settings()), ring_(capacity_) {}
+FlightRecorder::FlightRecorder()
+    : capacity_(buffer_size_from_settings()), ring_(capacity_), stacks_on_(capacity_ > 0 && kStacks.get() == 1) {}
 
 int FlightRecorder::add_group(const std::string& name, const std::string& desc, const std::vector<int64_t>& ranks) {
   std::lock_guard<std::mutex> g(mu_);
@@ -167,9 +174,16 @@ FrHandle FlightRecorder::record(int pg_id, uint64_t op_id, uint64_t collective_s
   const int8_t n_out = describe(outputs, out, keep_all);
   const int64_t now = wall_ns();
   const uint64_t tid = this_thread_identity().tid;
+  // Outside the lock: gathering takes the GIL, which a thread waiting for a dump may hold.
+  std::shared_ptr<torch::CapturedTraceback> stack =
+      stacks_on_ ? torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false) : nullptr;
 
   std::lock_guard<std::mutex> g(mu_);
   const uint64_t id = next_id_++;
+  if (stacks_on_) {
+    if (id > capacity_) stacks_.erase(stacks_.begin(), stacks_.upper_bound(id - capacity_));
+    if (stack) stacks_.emplace(id, std::move(stack));
+  }
   const auto slot = static_cast<int64_t>((id - 1) % capacity_);
   Entry& e = ring_[slot];
   e.record_id = id;
@@ -255,6 +269,30 @@ void FlightRecorder::completed(const FrHandle& h, const char* error) {
 std::string FlightRecorder::dump_json(const std::string& reason) const {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
+  // The stacks as frames, made before the lock (symbolizing takes the GIL): record id -> frames.
+  std::map<uint64_t, std::string> frames;
+  if (stacks_on_) {
+    std::vector<std::pair<uint64_t, std::shared_ptr<torch::CapturedTraceback>>> kept;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      kept.assign(stacks_.begin(), stacks_.end());
+    }
+    std::vector<torch::CapturedTraceback*> tbs;
+    for (auto& [id, tb] : kept) tbs.push_back(tb.get());
+    const torch::SymbolizedTracebacks sym = torch::symbolize(tbs);
+    for (size_t i = 0; i < kept.size() && i < sym.tracebacks.size(); ++i) {
+      std::string f = "[";
+      for (size_t k = 0; k < sym.tracebacks[i].size(); ++k) {
+        const auto& fr = sym.all_frames[sym.tracebacks[i][k]];
+        f += k ? ", {\"name\": " : "{\"name\": ";
+        put_string(f, fr.funcname);
+        f += ", \"filename\": ";
+        put_string(f, fr.filename);
+        f += ", \"line\": " + std::to_string(fr.lineno) + "}";
+      }
+      frames[kept[i].first] = f + "]";
+    }
+  }
   std::lock_guard<std::mutex> g(mu_);
   std::string out;
   out.reserve(512 + 700 * std::min<size_t>(capacity_, next_id_));
@@ -348,7 +386,9 @@ std::string FlightRecorder::dump_json(const std::string& reason) const {
     put_string(out, std::to_string(e.thread_id));
     out += ", \"thread_name\": ";
     put_string(out, e.thread_name);
-    out += ", \"frames\": [], \"peer\": " + std::to_string(e.peer) + ", \"engine\": ";
+    const auto stack = frames.find(e.record_id);
+    out += ", \"frames\": " + (stack != frames.end() ? stack->second : std::string("[]")) +
+           ", \"peer\": " + std::to_string(e.peer) + ", \"engine\": ";
     put_string(out, e.engine);
     out += ", \"algorithm\": ";
     put_string(out, e.algo);

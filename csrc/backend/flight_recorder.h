@@ -14,7 +14,9 @@
 // Cost: every entry is a fixed-size struct in a ring allocated once; record() and the state
 // updates copy into it under one mutex and allocate nothing (benchmarked by
 // flight_recorder_bench(), docs/tracing.md). Size: PYCOLL_FR_BUFFER_SIZE, else
-// TORCH_FR_BUFFER_SIZE, else 2000; 0 turns recording off.
+// TORCH_FR_BUFFER_SIZE, else 2000; 0 turns recording off. With PYCOLL_FR_STACKS=1 each op also
+// keeps the caller's Python stack (torch's CapturedTraceback, gathered before the lock; turned
+// into file, function and line only when a dump is written): that allocates, hence off by default.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,9 +24,14 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+namespace torch {
+struct CapturedTraceback;
+}
 
 namespace pycoll {
 
@@ -124,6 +131,8 @@ class FlightRecorder {
   mutable std::mutex mu_;
   std::vector<Group> groups_;
   std::map<uint64_t, std::string> errors_;  // record id -> error, for entries still in the ring
+  bool stacks_on_ = false;                  // PYCOLL_FR_STACKS
+  std::map<uint64_t, std::shared_ptr<torch::CapturedTraceback>> stacks_;  // record id -> the caller's stack
   int process_rank_ = -1, world_size_ = 0;
 };
 

@@ -153,7 +153,7 @@ class _RankView:
         else:  # wrapped out of the ring: the group's counters say how far it got
             st = ("completed" if (self.status.get("last_completed_collective") or 0) >= self.newest else
                   "started" if (self.status.get("last_started_collective") or 0) >= self.newest else "scheduled")
-        return f"its last op in this group is #{self.newest} ({st})"
+        return f"its last op in this group is #{self.newest} ({st}){call_site(e)}"
 
     def p2p_complete(self) -> bool:
         """Whether this rank still holds every send/recv of the group (the ring did not drop any)."""
@@ -166,7 +166,21 @@ class _RankView:
             return "it has no op in this group" if self.has_group else "it has not created this group"
         e = max(self.all, key=lambda x: x.get("record_id") or 0)
         seq = e.get("p2p_seq_id") if is_p2p(e) else e.get("collective_seq_id")
-        return f"its last op in this group is {op_name(e)} #{seq} ({state(e)})"
+        return f"its last op in this group is {op_name(e)} #{seq} ({state(e)}){call_site(e)}"
+
+
+def call_site(e) -> str:
+    """", called from f (file:line)": the innermost frame of the entry's stack (PYCOLL_FR_STACKS=1)
+    outside torch.distributed and this package, or "" when the entry has none."""
+    import os
+
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace("\\", "/") + "/"
+    for f in (e or {}).get("frames") or ():
+        path = str(f.get("filename", "")).replace("\\", "/")
+        if "/torch/distributed/" in path or path.startswith(own):
+            continue
+        return f", called from {f.get('name')} ({path}:{f.get('line')})"
+    return ""
 
 
 def _groups(dumps: Dumps):
