@@ -124,15 +124,20 @@ at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte
 
 // Reduce-scatter of `in` (k blocks of out.numel() elements, contiguous) among the k members of an
 // inter-host backend: member i gets block i into `out`. Not for bitwise ops on NCCL.
-void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Tensor& out, ReduceKind op, bool nccl) {
+// `as_gloo`: on Gloo, its reduce_scatter_tensor (an all_reduce of the whole, then this rank's
+// block), which is what a user of Gloo gets; its list form moves half the bytes but took 1.5-3.7x
+// as long up to 4 MiB between 2 hosts (docs/cluster.md), so it serves the rails only, where the
+// bytes between hosts matter.
+void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Tensor& out, ReduceKind op, bool nccl,
+                            bool as_gloo) {
   auto [wire_in, wire_op] = inter_host_form(in, op);
   const bool direct = wire_in.scalar_type() == out.scalar_type() && out.is_contiguous();
   at::Tensor wire_out = direct ? out.reshape({-1}) : at::empty({out.numel()}, wire_in.options());
   auto opts = on_current_stream<c10d::ReduceScatterOptions>();
   opts.reduceOp = to_c10d(wire_op);
-  if (nccl) {
+  if (nccl || as_gloo) {
     finish(b._reduce_scatter_base(wire_out, wire_in, opts));
-  } else {  // Gloo has the list form only
+  } else {
     std::vector<at::Tensor> outs{wire_out};
     std::vector<std::vector<at::Tensor>> ins{wire_in.chunk(b.getSize())};
     finish(b.reduce_scatter(outs, ins, opts));
@@ -351,7 +356,7 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
     run_local(OpCode::ReduceScatter, staged, across_hosts, level_op, stream);
   }
   if (check) check->finish();
-  backend_reduce_scatter(hier ? *rail_ : *flat_, across_hosts, c.output, level_op, on_device_);
+  backend_reduce_scatter(hier ? *rail_ : *flat_, across_hosts, c.output, level_op, on_device_, /*as_gloo=*/!hier);
   if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
   return hier ? Algo::Hierarchical : Algo::Flat;
 }
