@@ -58,6 +58,7 @@ def rank_main(a):
     import torch
     import torch.distributed as dist
     import pycollectives  # noqa: F401  (registers "pycoll")
+    from pycollectives.settings import read as read_setting
 
     rank, world = a.rank, 2
     if a.pin:
@@ -84,7 +85,7 @@ def rank_main(a):
     # what the memory system behind L2 delivers to one thread, with no peer involved.
     big = [torch.ones(a.big_bytes // 4) for _ in range(3)]
     rounds = 0
-    out = {"rank": rank, "pin": a.pin, "controls_only": a.controls_only, "threads": os.environ.get("PYCOLL_CPU_THREADS", "default"), "sizes": {}}
+    out = {"rank": rank, "pin": a.pin, "controls_only": a.controls_only, "threads": read_setting("PYCOLL_CPU_THREADS"), "sizes": {}}
     for nbytes in [parse_size(s) for s in a.sizes.split(",")]:
         x = torch.ones(nbytes // 4)
         for _ in range(50):
