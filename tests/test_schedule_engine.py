@@ -293,6 +293,17 @@ def test_set_algo_checks_the_name_here():
         pycollectives.set_algo(None)
 
 
+def _sgd_steps(model, rank, steps, batch):
+    """SGD on random data of this rank (the model's first layer's width)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    features = next(model.parameters()).shape[1]
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(batch, features, generator=g)).square().mean().backward()
+        opt.step()
+
+
 def _train_ddp(rank, world, program):
     import pycollectives
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -300,13 +311,7 @@ def _train_ddp(rank, world, program):
     pycollectives.set_algo(program)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(33, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
-    ddp = DDP(model, bucket_cap_mb=0.01)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(rank)
-    for _ in range(4):
-        opt.zero_grad()
-        ddp(torch.randn(16, 33, generator=g)).square().mean().backward()
-        opt.step()
+    _sgd_steps(DDP(model, bucket_cap_mb=0.01), rank, steps=4, batch=16)
     ran = _ran_schedule()
     return [p.detach().clone() for p in model.parameters()], ran
 
@@ -324,12 +329,7 @@ def _train_fsdp(rank, world, program):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(rank)
-    for _ in range(3):
-        opt.zero_grad()
-        model(torch.randn(8, 32, generator=g)).square().mean().backward()
-        opt.step()
+    _sgd_steps(model, rank, steps=3, batch=8)
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
