@@ -147,7 +147,8 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks) {
         case Algo::Auto:
         case Algo::Direct:
         case Algo::Hierarchical:
-        case Algo::Flat: break;
+        case Algo::Flat:
+        case Algo::Schedule: break;
       }
       break;
     case OpCode::ReduceScatter:
