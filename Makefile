@@ -5,7 +5,7 @@ export PYTHON
 
 BASE ?= HEAD
 
-.PHONY: install bench test test-gpu gpu-check bench-regression bench-compare soak conformance clean
+.PHONY: install bench test test-slow test-gpu gpu-check bench-regression bench-compare soak conformance clean
 
 install:
 	bash scripts/install.sh
@@ -15,9 +15,13 @@ bench: install
 
 # The regression benchmarks run once here, one short round each, so that they keep working;
 # timings mean nothing on CI machines, so nothing fails on them.
+# Tests marked slow (the full matrices; a subset of each runs here) have their own target.
 test: install
-	$(PYTHON) -m pytest -q -ra tests benchmarks/regression --regression-rounds 1 --regression-round-ms 1 \
-		--benchmark-columns=median,rounds
+	$(PYTHON) -m pytest -q -ra -m "not slow" tests benchmarks/regression --regression-rounds 1 \
+		--regression-round-ms 1 --benchmark-columns=median,rounds
+
+test-slow: install
+	$(PYTHON) -m pytest -q -ra -m slow tests
 
 test-gpu: install
 	$(PYTHON) -m pytest -q -ra -m gpu
