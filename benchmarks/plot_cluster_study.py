@@ -3,7 +3,8 @@
 
     python3 benchmarks/plot_cluster_study.py --bench FILE.json ... --ddp DDP.json
 
---bench  pycoll-bench files of `pycoll-bench --hosts 2 --link ...` (any layouts and links):
+--bench  runs of `pycoll-bench --hosts 2 --link ...` (any layouts and links): pycoll-bench files, or
+         result sets of them (benchmarks/render_tables.py --bundle; every run of a set is plotted):
          writes <ddp file's stem, -ddp replaced by -collectives>.png, per layout (row) and op (column) the busbw of
          each pycoll form over Gloo's against the size, one colour per link
 --ddp    benchmarks/cluster_ddp_study.py's file: writes <stem>-<model>.png per model, per layout
@@ -29,11 +30,20 @@ def rate_bps(link):
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] if m else 0.0
 
 
+def bench_runs(path):
+    """The pycoll-bench runs of one file: the file itself, or every run of a result set."""
+    with open(path) as fh:
+        doc = json.load(fh)
+    docs = list(doc["runs"].values()) if doc.get("schema") == "pycoll-result-set/1" else [doc]
+    for d in docs:
+        if d.get("schema") != "pycoll-bench/1":
+            raise SystemExit(f"{path}: a run is not one pycoll-bench launch (schema {d.get('schema')!r})")
+    return docs
+
+
 def plot_collectives(paths, out):
     runs = []
-    for p in paths:
-        with open(p) as fh:
-            doc = json.load(fh)
+    for doc in [d for p in paths for d in bench_runs(p)]:
         meta = doc["metadata"]
         runs.append((f"{meta['hosts']}x{meta['world_size'] // meta['hosts']}", meta["link"],
                      meta["link_measured_bps"], doc))
@@ -116,7 +126,8 @@ def plot_ddp(path, stem):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bench", nargs="*", default=[], help="pycoll-bench files (--hosts 2 --link)")
+    ap.add_argument("--bench", nargs="*", default=[],
+                    help="pycoll-bench files (--hosts 2 --link) or result sets of them")
     ap.add_argument("--ddp", required=True, help="cluster_ddp_study.py's file")
     args = ap.parse_args(argv)
     stem = os.path.splitext(args.ddp)[0]

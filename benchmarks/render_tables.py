@@ -16,7 +16,12 @@ line, the table) and is rewritten by this script:
 
   source=PATH      a result file (relative to the repository root) in pycoll-bench's format: one
                    launch ("schema": "pycoll-bench/1"), or several launches of one layout
-                   ("schema": "pycoll-bench-launches/1", "launches": [...]; ``--merge`` makes one)
+                   ("schema": "pycoll-bench-launches/1", "launches": [...]; ``--merge`` makes one),
+                   or a result set of several such runs under names ("schema":
+                   "pycoll-result-set/1", "runs": {"NAME": <a run of either kind>, ...};
+                   ``--bundle`` makes one)
+  run=NAME         the run of a result set the table shows (required for a set, refused for any
+                   other file); the caption names the file and the run
   ops=A,B:1M+1G    the ops, in this order (default: every op of the file, in its order); an op
                    may carry its own sizes after a colon, joined by +
   sizes=8,4K,1M    the sizes in bytes, K/M/G = powers of 1024 (default: every size of the file)
@@ -33,12 +38,18 @@ A row's value in one launch is what pycoll-bench wrote: the median of that launc
 Ratios (ratio: baseline time / label time, i.e. busbw ratio; time_ratio: label time / baseline
 time; floor: memory-floor time / label time) are taken inside each launch, then the median (or
 range) over the launches is shown. The caption names the card or CPU, the ranks, the date, how
-rows were reduced, and the command that reproduces the run (from the file's metadata: the
-program as ``pycoll-bench``, output-only options dropped, PYCOLL_* variables in front).
+rows were reduced, the command that reproduces the run (from the file's metadata: the program
+as ``pycoll-bench``, output-only options dropped, PYCOLL_* variables in front), and links the
+file (``([data](FILE), run NAME)`` for a run of a result set).
 
     python3 benchmarks/render_tables.py            # rewrite the docs in place
     python3 benchmarks/render_tables.py --check    # exit 1 and print a diff when a table differs
     python3 benchmarks/render_tables.py --merge OUT.json RUN1.json RUN2.json ...
+    python3 benchmarks/render_tables.py --bundle OUT.json NAME=RUN.json NAME=RUN.json ...
+
+``--bundle`` writes the runs (pycoll-bench/1 or pycoll-bench-launches/1 files) into the result set
+OUT under the names given; where OUT is a result set already, the runs are added to it (a run of
+the same name is replaced). Run names are letters, digits, ``.``, ``_`` and ``-``.
 
 Pure Python: it reads JSON and Markdown only (no torch).
 """
@@ -55,11 +66,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ("README.md", "docs/performance.md", "docs/cluster.md", "docs/schedules.md")
 LAUNCHES_SCHEMA = "pycoll-bench-launches/1"
 BENCH_SCHEMA = "pycoll-bench/1"
+SET_SCHEMA = "pycoll-result-set/1"
+RUN_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 
 BEGIN_RE = re.compile(r"^<!-- table: (\S+)((?: [^\n]*?)?) -->$", re.MULTILINE)
 END = "<!-- end table -->"
 KEYS = {"source", "ops", "sizes", "label", "vs", "columns", "launches", "unit", "size_header", "dtype", "kind",
-        "model"}
+        "model", "run"}
 DDP_SCHEMA = "pycoll-cluster-ddp-study/1"
 KINDS = ("us", "busbw", "floor", "ratio", "time_ratio")
 
@@ -94,20 +107,41 @@ def format_size(nbytes):
 
 
 # -- result files -----------------------------------------------------------------------------
-def load_launches(path):
-    """The launches (pycoll-bench documents) in one result file."""
-    with open(path) as fh:
-        doc = json.load(fh)
+def select_run(doc, path, run=None):
+    """The document of ``path`` itself, or with ``run``, that run of the result set it is."""
+    if doc.get("schema") == SET_SCHEMA:
+        names = ", ".join(doc.get("runs") or {}) or "none"
+        if run is None:
+            raise RenderError(f"{path}: a result set; run= names one of its runs ({names})")
+        if run not in (doc.get("runs") or {}):
+            raise RenderError(f"{path}: no run {run!r} in this result set (runs: {names})")
+        return doc["runs"][run]
+    if run is not None:
+        raise RenderError(f"{path}: run={run} given, but the file is not a result set "
+                          f"(schema {doc.get('schema')!r}, not {SET_SCHEMA!r})")
+    return doc
+
+
+def _launches_of(doc, where):
     if doc.get("schema") == LAUNCHES_SCHEMA:
         launches = doc["launches"]
     elif doc.get("schema") == BENCH_SCHEMA:
         launches = [doc]
     else:
-        raise RenderError(f"{path}: not a pycoll-bench result (schema {doc.get('schema')!r})")
+        raise RenderError(f"{where}: not a pycoll-bench result (schema {doc.get('schema')!r})")
     for launch in launches:
         if launch.get("schema") != BENCH_SCHEMA:
-            raise RenderError(f"{path}: a launch is not a pycoll-bench result")
+            raise RenderError(f"{where}: a launch is not a pycoll-bench result")
     return launches
+
+
+def load_launches(path, run=None, shown=None):
+    """The launches (pycoll-bench documents) in one result file, or in one run of a result set
+    (``shown``: the file's name in messages, default ``path``)."""
+    shown = shown or path
+    with open(path) as fh:
+        doc = json.load(fh)
+    return _launches_of(select_run(doc, shown, run), shown if run is None else f"{shown} run {run}")
 
 
 def merge(out, inputs):
@@ -121,6 +155,35 @@ def merge(out, inputs):
         raise RenderError(f"launches of different layouts (card, ranks, hosts): {sorted(map(str, layouts))}")
     with open(out, "w") as fh:
         json.dump({"schema": LAUNCHES_SCHEMA, "launches": launches}, fh, indent=1)
+        fh.write("\n")
+
+
+def bundle(out, pairs):
+    """Write the runs ``pairs`` ((name, path) each) into the result set ``out``, adding them to the
+    set already there (a run of the same name is replaced)."""
+    runs = {}
+    if os.path.exists(out):
+        with open(out) as fh:
+            doc = json.load(fh)
+        if doc.get("schema") != SET_SCHEMA:
+            raise RenderError(f"{out}: exists and is not a result set (schema {doc.get('schema')!r}); "
+                              "--bundle adds runs only to a result set")
+        runs = dict(doc["runs"])
+    seen = set()
+    for name, path in pairs:
+        if not RUN_NAME_RE.fullmatch(name):
+            raise RenderError(f"bad run name {name!r} (letters, digits, '.', '_', '-')")
+        if name in seen:
+            raise RenderError(f"run name {name!r} given twice")
+        seen.add(name)
+        with open(path) as fh:
+            doc = json.load(fh)
+        if doc.get("schema") == SET_SCHEMA:
+            raise RenderError(f"{path}: a result set; --bundle takes pycoll-bench runs")
+        _launches_of(doc, path)
+        runs[name] = doc
+    with open(out, "w") as fh:
+        json.dump({"schema": SET_SCHEMA, "runs": runs}, fh, indent=1)
         fh.write("\n")
 
 
@@ -230,7 +293,10 @@ def render_table(name, spec, root, doc_dir=""):
         return render_ddp(name, spec, path, doc_dir)
     if spec.get("kind", "bench") != "bench":
         raise RenderError(f"table {name}: kind= is ddp (or left out)")
-    launches = load_launches(path)
+    try:
+        launches = load_launches(path, spec.get("run"), spec["source"])
+    except RenderError as exc:
+        raise RenderError(f"table {name}: {exc}")
     first = launches[0]
     dtype = spec.get("dtype") or (first["config"].get("dtypes") or [first["results"][0]["dtype"]])[0]
     labels = first.get("labels") or []
@@ -292,7 +358,8 @@ def render_table(name, spec, root, doc_dir=""):
             found += 1
             lines.append(f"| {op} | {format_size(nbytes)} | " + " | ".join(cells) + " |")
     if not found:
-        raise RenderError(f"table {name}: no rows for label {label!r}, ops {[o for o, _ in ops]} in {spec['source']}")
+        where = spec["source"] + (f" run {spec['run']}" if spec.get("run") else "")
+        raise RenderError(f"table {name}: no rows for label {label!r}, ops {[o for o, _ in ops]} in {where}")
     return caption(launches, label, vs, how, spec, doc_dir) + "\n\n" + "\n".join(lines)
 
 
@@ -315,7 +382,8 @@ def caption(launches, label, vs, how, spec, doc_dir=""):
     commands = list(dict.fromkeys(c for c in (reproduce_command(lc["metadata"]) for lc in launches) if c))
     cmd = " / ".join(f"`{c}`" for c in commands) if commands else "(command not recorded)"
     link = os.path.relpath(spec["source"], doc_dir or ".").replace(os.sep, "/")
-    return f"*{describe_platform(meta)}, {date}; {reduced}{ratio}. {cmd} ([data]({link}))*"
+    run = f", run {spec['run']}" if spec.get("run") else ""
+    return f"*{describe_platform(meta)}, {date}; {reduced}{ratio}. {cmd} ([data]({link}){run})*"
 
 
 # -- DDP steps across links (benchmarks/cluster_ddp_study.py) ---------------------------------
@@ -346,6 +414,9 @@ def render_ddp(name, spec, path, doc_dir=""):
     steps (a row without a loss is refused: a faster step is shown only beside what it costs)."""
     with open(path) as fh:
         doc = json.load(fh)
+    if spec.get("run") is not None:
+        raise RenderError(f"table {name}: {spec['source']}: run= is for a result set of pycoll-bench runs, "
+                          "not for kind=ddp")
     if doc.get("schema") != DDP_SCHEMA:
         raise RenderError(f"table {name}: {spec['source']} is not a DDP study file (schema {doc.get('schema')!r})")
     model = spec.get("model")
@@ -455,8 +526,16 @@ def main(argv=None):
     ap.add_argument("--root", default=ROOT, help="repository root the paths are relative to")
     ap.add_argument("--merge", nargs="+", metavar=("OUT", "IN"),
                     help="write the launches of IN... (one layout) into the result file OUT, then exit")
+    ap.add_argument("--bundle", nargs="+", metavar=("OUT", "NAME=RUN"),
+                    help="write the runs RUN... into the result set OUT under the names NAME (adding them "
+                         "to OUT where it is a result set already), then exit")
     args = ap.parse_args(argv)
     try:
+        if args.bundle:
+            if len(args.bundle) < 2 or any("=" not in w for w in args.bundle[1:]):
+                ap.error("--bundle OUT NAME=RUN [NAME=RUN ...]")
+            bundle(args.bundle[0], [tuple(w.split("=", 1)) for w in args.bundle[1:]])
+            return 0
         if args.merge:
             if len(args.merge) < 2:
                 ap.error("--merge OUT IN [IN ...]")

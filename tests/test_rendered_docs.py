@@ -140,3 +140,101 @@ def test_ddp_table_shows_step_time_speedup_and_loss_and_refuses_a_row_without_lo
         assert "100mbit signsgd: no loss" in str(exc)
     else:
         raise AssertionError("a row without a loss was rendered")
+
+
+def _launch(card, world, us):
+    """A minimal pycoll-bench/1 launch: all_reduce of 1 MiB, pycoll at ``us`` against gloo at 2 x ``us``."""
+    rows = [{"label": label, "op": "all_reduce", "bytes": 1 << 20, "dtype": "float32", "time_us": t,
+             "busbw_gbps": 1.0} for label, t in (("pycoll", us), ("gloo", 2 * us))]
+    return {"schema": render_tables.BENCH_SCHEMA, "labels": ["pycoll", "gloo"], "baseline": "gloo",
+            "config": {"dtypes": ["float32"], "rounds": 3}, "results": rows,
+            "metadata": {"card": card, "device": "cpu", "world_size": world, "cpu_count": 2, "torch": "2.1",
+                         "date": "2026-12-05T01:00:00+00:00", "command": f"pycoll-bench --nproc {world} --out /tmp/x"}}
+
+
+def _write(path, doc):
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_result_set_run_selects_its_run_and_the_caption_names_it(tmp_path):
+    a = _write(tmp_path / "a.json", _launch("CPU A", 2, 100.0))
+    b = _write(tmp_path / "b.json", {"schema": render_tables.LAUNCHES_SCHEMA,
+                                     "launches": [_launch("CPU B", 4, 30.0), _launch("CPU B", 4, 50.0)]})
+    assert render_tables.main(["--bundle", str(tmp_path / "set.json"), f"two={a}", f"four={b}"]) == 0
+    spec = {"source": "set.json", "run": "four", "columns": "us,us:gloo,ratio"}
+    out = render_tables.render_table("t", spec, str(tmp_path)).splitlines()
+    assert out[0].startswith("*4 ranks on CPU B (2 CPUs)"), out[0]
+    assert out[0].endswith("`pycoll-bench --nproc 4` ([data](set.json), run four)*"), out[0]
+    assert out[4] == "| all_reduce | 1 MiB | 40.0 | 80.0 | 2.00x |"  # the median over the run's two launches
+    out = render_tables.render_table("t", dict(spec, run="two"), str(tmp_path)).splitlines()
+    assert out[0].startswith("*2 ranks on CPU A (2 CPUs)") and out[0].endswith("([data](set.json), run two)*")
+    assert out[4] == "| all_reduce | 1 MiB | 100 | 200 | 2.00x |"
+    # Without a set, the caption names the file only.
+    plain = render_tables.render_table("t", {"source": "a.json"}, str(tmp_path)).splitlines()
+    assert plain[0].endswith("([data](a.json))*") and plain[2:] == out[2:]
+
+
+def _render_error(spec, root):
+    try:
+        render_tables.render_table("t", spec, root)
+    except render_tables.RenderError as exc:
+        return str(exc)
+    raise AssertionError(f"{spec} rendered")
+
+
+def test_result_set_refuses_a_missing_or_wrong_run_naming_the_file_and_its_runs(tmp_path):
+    a = _write(tmp_path / "a.json", _launch("CPU A", 2, 100.0))
+    assert render_tables.main(["--bundle", str(tmp_path / "set.json"), f"np2={a}", f"np2-again={a}"]) == 0
+    root = str(tmp_path)
+    for spec in ({"source": "set.json", "run": "np4"}, {"source": "set.json"}):
+        msg = _render_error(spec, root)
+        assert "set.json" in msg and "np2, np2-again" in msg, msg
+        assert ("no run 'np4'" in msg) == ("run" in spec), msg
+    msg = _render_error({"source": "a.json", "run": "np2"}, root)
+    assert "a.json" in msg and "not a result set" in msg, msg
+    _write(tmp_path / "ddp.json", {"schema": render_tables.DDP_SCHEMA, "rows": []})
+    assert "run=" in _render_error({"source": "ddp.json", "kind": "ddp", "model": "mlp", "run": "x"}, root)
+
+
+def test_bundle_round_trips_and_adds_to_an_existing_set(tmp_path, capsys):
+    one = _launch("CPU A", 2, 100.0)
+    two = {"schema": render_tables.LAUNCHES_SCHEMA, "launches": [_launch("CPU A", 4, 30.0)]}
+    a, b = _write(tmp_path / "a.json", one), _write(tmp_path / "b.json", two)
+    out = str(tmp_path / "set.json")
+    assert render_tables.main(["--bundle", out, f"x={a}"]) == 0
+    assert render_tables.main(["--bundle", out, f"y={b}"]) == 0  # added to the set
+    with open(out) as fh:
+        doc = json.load(fh)
+    assert doc == {"schema": render_tables.SET_SCHEMA, "runs": {"x": one, "y": two}}
+    assert render_tables.load_launches(out, "x") == [one]
+    assert render_tables.load_launches(out, "y") == two["launches"]
+    assert render_tables.main(["--bundle", out, f"x={b}"]) == 0  # a run of the same name is replaced
+    assert render_tables.load_launches(out, "x") == two["launches"]
+    capsys.readouterr()
+    # Refused: a bad name, a set as a run, a file that is not a set as OUT, a pair without a name.
+    assert render_tables.main(["--bundle", out, f"a b={a}"]) == 2
+    assert render_tables.main(["--bundle", out, f"z={out}"]) == 2
+    assert render_tables.main(["--bundle", a, f"z={b}"]) == 2
+    with open(a) as fh:
+        assert json.load(fh) == one
+    try:
+        render_tables.main(["--bundle", out, a])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("--bundle took a run without a name")
+
+
+def test_every_result_set_run_is_cited():
+    """A run in a result set of benchmarks/results that no table shows would be a file no doc cites."""
+    cited = {(spec["source"], spec.get("run")) for doc in render_tables.DOCS for _, spec in _markers(doc)}
+    results = os.path.join(REPO, "benchmarks", "results")
+    for f in sorted(os.listdir(results)):
+        if not f.endswith(".json"):
+            continue
+        with open(os.path.join(results, f)) as fh:
+            doc = json.load(fh)
+        if doc.get("schema") == render_tables.SET_SCHEMA:
+            for run in doc["runs"]:
+                assert (f"benchmarks/results/{f}", run) in cited, (f, run)
