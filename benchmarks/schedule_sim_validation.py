@@ -9,7 +9,8 @@
 Each RESULT is a pycoll-bench file (one launch, or launches merged by render_tables.py --merge) whose
 rows `pycoll/<program>` ran a schedule program. The shared-memory transport is described to the
 simulator as one link (alpha, beta) plus the cost per byte of a reduction (gamma) and of moving a
-received message (copy_gamma), and a fixed cost per op (the header exchange and the final barrier,
+received message (copy_gamma), with a port pair per lane (lane_ports: the engine's lanes are
+threads, each copying at its own core's rate), and a fixed cost per op (the header exchange and the final barrier,
 which the simulator does not model). These five are fitted to one program's median times (--fit),
 separately for sizes up to --cache bytes per rank and above (one line does not follow measured
 curves across the cache): a non-negative least-squares fit of the times simulated with one
@@ -63,7 +64,7 @@ def unit_times(program, world, block):
         if unit in kw:
             kw[unit] = 1.0
         link = f"alpha={alpha},beta={beta}"
-        out.append(simulate(program, world, size=block, link=link, **kw).time)
+        out.append(simulate(program, world, size=block, link=link, lane_ports=True, **kw).time)
     return out
 
 
@@ -151,7 +152,8 @@ def predict(params, program, world, block):
 
     overhead, alpha, beta, gamma, copy_gamma = params
     link = f"alpha={alpha},beta={max(beta, 1e-30)}"
-    return overhead + simulate(program, world, size=block, link=link, gamma=gamma, copy_gamma=copy_gamma).time
+    return overhead + simulate(program, world, size=block, link=link, gamma=gamma, copy_gamma=copy_gamma,
+                               lane_ports=True).time
 
 
 def validate(times, fit_program, cache):

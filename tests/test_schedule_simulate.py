@@ -89,6 +89,20 @@ def test_nics_per_host_share_the_network():
     assert one.time == pytest.approx(simulate("ring", 8, size=8 << 20, link="400gbit").time, rel=1e-9)
 
 
+def test_lane_ports():
+    """Rank 0 sends one chunk to rank 1 on each of two lanes: sharing one port the two messages
+    take turns; with a port per lane (the CPU engine's threads) they travel together."""
+    p = Program("two_lanes", "broadcast", ranks=2, chunks=2, root=0, inplace=True)
+    for lane in (0, 1):
+        p.copy(p.input(0, lane), p.input(1, lane), lane=lane)
+    one_chunk = ALPHA + (1 << 19) * BETA  # 1 MiB in two chunks
+    shared = simulate(p, 2, size=1 << 20, link=LINK)
+    per_lane = simulate(p, 2, size=1 << 20, link=LINK, lane_ports=True)
+    assert shared.time == pytest.approx(one_chunk + (1 << 19) * BETA, rel=1e-9)
+    assert per_lane.time == pytest.approx(one_chunk, rel=1e-9)
+    assert "rank 0 lane 1 out" in " ".join(per_lane.links) and "a port per lane" in per_lane.topology
+
+
 def test_out_of_cache_parameters():
     link = parse_link("alpha=1us,bw=10GB/s,cache=1MiB,large_alpha=2us,large_bw=5GB/s")
     assert link.params(1 << 20) == (1e-6, 1e-10) and link.params((1 << 20) + 1) == (2e-6, 2e-10)

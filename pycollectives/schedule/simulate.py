@@ -9,7 +9,9 @@ with the bytes on every link and the busiest one named.
 The model. Ranks sit on hosts (`hosts`, equal numbers of ranks each); between two ranks of a
 host a message crosses the intra-host link, between hosts the network. Every rank has one port
 out and one in on the intra-host link; every host has `nics` network ports each way (rank r uses
-NIC r % nics; by default one per rank). A message of b bytes on a link (alpha, beta) takes the
+NIC r % nics; by default one per rank). With `lane_ports` every lane of a rank has its own port
+pair on the intra-host link instead (the CPU engine: a lane is a thread, and each core copies at
+its own rate; a rank's lanes do not share one port). A message of b bytes on a link (alpha, beta) takes the
 sender's and the receiver's ports for b * beta seconds, first come first served, and arrives
 alpha + b * beta after it starts; the send step then has finished. A receive that reduces, and a
 local reduction, takes b * gamma; a receive or local copy b * copy_gamma (both 0 by default, the
@@ -148,6 +150,7 @@ class Topology:
     nics: Optional[int] = None  # network ports per host, each way (default: one per rank)
     gamma: float = 0.0          # s/byte of a reduction
     copy_gamma: float = 0.0     # s/byte of a local copy or of moving a received message
+    lane_ports: bool = False    # one intra-host port pair per lane, not per rank (CPU threads)
 
     def __post_init__(self):
         self.link = parse_link(self.link)
@@ -160,7 +163,7 @@ class Topology:
 
     def describe(self) -> str:
         if self.hosts == 1:
-            return f"{self.ranks} ranks on {self.link.describe()}"
+            return f"{self.ranks} ranks on {self.link.describe()}" + (", a port per lane" if self.lane_ports else "")
         return (f"{self.hosts} hosts x {self.per_host} ranks; in a host {self.link.describe()}; "
                 f"between hosts {self.network.describe()} ({self.nics} NICs per host)")
 
@@ -259,14 +262,15 @@ def load_program(program, ranks: Optional[int] = None, hosts: int = 1, **kwargs)
 
 def simulate(program, ranks: Optional[int] = None, *, size: int = 1 << 20, dtype_bytes: int = 4,
              topology: Optional[Topology] = None, link="nvlink", hosts: int = 1, network=None,
-             nics: Optional[int] = None, gamma: float = 0.0, copy_gamma: float = 0.0, **program_kwargs) -> Result:
+             nics: Optional[int] = None, gamma: float = 0.0, copy_gamma: float = 0.0, lane_ports: bool = False,
+             **program_kwargs) -> Result:
     """Simulates one call of `program` with a message of `size` bytes per rank (see the module's docstring)."""
     ir = load_program(program, ranks, hosts, **program_kwargs)
     if ranks is not None and ir.ranks != ranks:
         raise ScheduleError(f"program {ir.name!r} was built for {ir.ranks} ranks, not {ranks}")
     if topology is None:
         topology = Topology(ir.ranks, link=link, hosts=hosts, network=network, nics=nics, gamma=gamma,
-                            copy_gamma=copy_gamma)
+                            copy_gamma=copy_gamma, lane_ports=lane_ports)
     elif topology.ranks != ir.ranks:
         raise ScheduleError(f"topology of {topology.ranks} ranks for a program of {ir.ranks}")
     from .language import _no_gc
@@ -360,6 +364,8 @@ class _Sim:
         gamma, copy_gamma = topo.gamma, topo.copy_gamma
         intra, net = self.intra, self.net
         nics = topo.nics
+        # A send and its receive share the lane number (channels are per lane).
+        lane_key = lane_of if topo.lane_ports else [0] * n_nodes
         heap = [(0.0, n) for n in range(n_nodes) if indeg[n] == 0]
         heapq.heapify(heap)
         done = 0
@@ -375,7 +381,7 @@ class _Sim:
                 b = self.region_bytes(s[1])
                 peer = s[3]
                 if r // per_host == peer // per_host:
-                    (alpha, beta), po, pi = intra, ("out", r), ("in", peer)
+                    (alpha, beta), po, pi = intra, ("out", r, lane_key[n]), ("in", peer, lane_key[n])
                 else:
                     (alpha, beta) = net
                     po = ("nic out", r // per_host, r % per_host % nics)
@@ -420,7 +426,8 @@ class _Sim:
 
         def port_name(p):
             if p[0] in ("out", "in"):
-                return f"rank {p[1]} {p[0]} ({topo.link.name})"
+                lane = f" lane {p[2]}" if topo.lane_ports else ""
+                return f"rank {p[1]}{lane} {p[0]} ({topo.link.name})"
             return f"host {p[1]} NIC {p[2]} {p[0].split()[1]} ({topo.network.name})"
 
         links = {}
@@ -447,6 +454,8 @@ def main(argv=None) -> int:
     ap.add_argument("--net", default="400gbit", help="between hosts (with --hosts > 1), as --link")
     ap.add_argument("--nics", type=int, default=None, help="network ports per host (default: one per rank)")
     ap.add_argument("--gamma", type=float, default=0.0, help="seconds per byte reduced")
+    ap.add_argument("--lane-ports", action="store_true", help="a port pair per lane in a host, not per rank "
+                    "(the CPU engine, whose lanes are threads)")
     ap.add_argument("--pieces", type=int, default=None, help="the program's pieces= (pipelining), if it takes one")
     ap.add_argument("--check", action="store_true", help="check the program first")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -460,7 +469,7 @@ def main(argv=None) -> int:
             check(ir, ranks=args.ranks)
         res = simulate(ir, args.ranks, size=parse_size(args.size), dtype_bytes=args.dtype_bytes,
                        link=args.link, hosts=args.hosts, network=args.net if args.hosts > 1 else None,
-                       nics=args.nics, gamma=args.gamma)
+                       nics=args.nics, gamma=args.gamma, lane_ports=args.lane_ports)
     except (ScheduleError, ValueError, ImportError, AttributeError) as e:
         print(f"pycoll-sim: {e}", file=sys.stderr)
         return 2
