@@ -6,7 +6,8 @@
     python3 -m pycollectives.bench ... --ops all_gather --algo ring_all_gather,bruck ... --name sim-ag
     python3 benchmarks/schedule_sim_validation.py RESULT.json ... [--fit ring_all_reduce] [--cache 4M]
 
-Each RESULT is a pycoll-bench file (one launch, or launches merged by render_tables.py --merge) whose
+Each RESULT is a pycoll-bench file (one launch, or launches merged by render_tables.py --merge; FILE#RUN
+names one run of a result set) whose
 rows `pycoll/<program>` ran a schedule program. The shared-memory transport is described to the
 simulator as one link (alpha, beta) plus the cost per byte of a reduction (gamma) and of moving a
 received message (copy_gamma), with a port pair per lane (lane_ports: the engine's lanes are
@@ -40,8 +41,9 @@ UNITS = ("alpha", "beta", "gamma", "copy_gamma")
 def measured(paths):
     """{(program, op, world, block bytes): median over launches of the launch's median time (s)}."""
     times = {}
-    for path in paths:
-        for launch in load_launches(path):
+    for spec in paths:
+        path, _, run = spec.partition("#")  # FILE#RUN: one run of a result set
+        for launch in load_launches(path, run or None):
             world = int(launch["config"].get("nproc") or launch["metadata"].get("world_size"))
             for r in launch["results"]:
                 label = r.get("label", "")
@@ -182,7 +184,7 @@ def validate(times, fit_program, cache):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", nargs="+")
+    ap.add_argument("results", nargs="+", help="pycoll-bench result files; FILE#RUN for one run of a result set")
     ap.add_argument("--fit", default="ring_all_reduce", help="the program the link is fitted to")
     ap.add_argument("--cache", default="4MiB", help="sizes per rank up to this are fitted apart from larger ones")
     ap.add_argument("--out", help="write the comparison as JSON here")
