@@ -208,6 +208,75 @@ def test_recording_is_cheap():
     assert ns < 1500, f"{ns:.0f} ns per op"
 
 
+_CONCURRENT_DUMPS = textwrap.dedent("""
+    import json, threading
+    import pycollectives._C as C
+    ops, fail_every = 20000, 7
+    plan = "allreduce oneshot path=eager lanes=1"
+    bench = threading.Thread(target=C.flight_recorder_bench, args=(ops, 3, 2, fail_every))
+    bench.start()
+    dumps = 0
+    def check(dump):
+        ids = [e["record_id"] for e in dump["entries"]]
+        assert ids == sorted(set(ids)) and len(ids) <= 64, ids
+        for status in dump["pg_status"].values():
+            assert status["last_completed_collective"] <= status["last_started_collective"], status
+            assert status["last_started_collective"] <= status["last_enqueued_collective"], status
+        for e in dump["entries"]:
+            status = dump["pg_status"][e["process_group"][0]]
+            assert e["profiling_name"] == "pycoll:all_reduce" and e["op_id"] == e["collective_seq_id"] > 0, e
+            assert e["input_sizes"] == [[3]] and e["output_dtypes"] == ["Float"], e
+            assert e["process_group"][0] in ("flight_recorder_bench", "flight_recorder_bench/1"), e
+            assert e["collective_seq_id"] <= status["last_enqueued_collective"], (e, status)
+            if e["state"] == "scheduled":
+                assert e["time_discovered_started_ns"] is None and e["engine"] == "", e
+                continue
+            assert e["time_created_ns"] <= e["time_discovered_started_ns"], e
+            assert (e["engine"], e["algorithm"], e["plan"]) in [("", "", ""), ("cpu", "oneshot", plan)], e
+            if e["state"] == "completed":
+                assert e["engine"] == "cpu" and e["retired"], e
+                assert e["time_discovered_started_ns"] <= e["time_discovered_completed_ns"], e
+                failed = e["op_id"] % fail_every == 0
+                assert e["error"] == ("bench failure" if failed else ""), e
+            else:
+                assert e["state"] == "started" and e["error"] == "" and not e["retired"], e
+    while bench.is_alive() or dumps == 0:
+        check(json.loads(C.flight_recorder_json("test")))
+        dumps += 1
+    bench.join()
+    final = json.loads(C.flight_recorder_json("test"))
+    check(final)
+    assert len(final["entries"]) == 64 and all(e["state"] == "completed" for e in final["entries"])
+    # 100 ops of a third group (named as the first) leave none of the first two in the ring: their
+    # pg_status still counts every op. Parsed keeping both values of the name twice in pg_status.
+    C.flight_recorder_bench(100, 3)
+    def keep_repeats(pairs):
+        d = {}
+        for k, v in pairs:
+            d.setdefault(k, []).append(v)
+        return {k: v if len(v) > 1 else v[0] for k, v in d.items()}
+    last = json.loads(C.flight_recorder_json("test"), object_pairs_hook=keep_repeats)
+    assert {e["process_group"][0] for e in last["entries"]} == {"flight_recorder_bench"}
+    status = last["pg_status"]
+    done = lambda n: {"last_enqueued_collective": n, "last_started_collective": n, "last_completed_collective": n}
+    assert status["flight_recorder_bench"] == [done(ops), done(100)], status
+    assert status["flight_recorder_bench/1"] == done(ops), status
+    print("DUMPS", dumps)
+""")
+
+
+def test_dumps_taken_while_threads_record_are_consistent(tmp_path):
+    # Two threads record, start, plan and complete (some failing) ops into a ring of 64 while
+    # the main thread dumps: every dump is valid JSON whose entries are each whole.
+    script = tmp_path / "fr_dumps_while_recording.py"
+    script.write_text(_CONCURRENT_DUMPS)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYCOLL_FR_BUFFER_SIZE="64")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert int(res.stdout.split("DUMPS ")[1]) > 1, res.stdout
+
+
 _UNREAPED = textwrap.dedent("""
     import datetime, os, signal, sys, time
     import torch, torch.distributed as dist

@@ -3,6 +3,7 @@
 #include <torch/csrc/profiler/combined_traceback.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -108,19 +109,94 @@ FlightRecorder& FlightRecorder::get() {
 }
 
 FlightRecorder::FlightRecorder()
-    : capacity_(buffer_size_from_settings()), ring_(capacity_), stacks_on_(capacity_ > 0 && kStacks.get() == 1) {}
+    : capacity_(buffer_size_from_settings()),
+      ring_(capacity_ > 0 ? new Slot[capacity_] : nullptr),
+      stacks_on_(capacity_ > 0 && kStacks.get() == 1) {}
+
+// Data races: an Entry is read or written only under its slot's lock (acquired by a
+// compare-and-swap, released by a store: each holder sees the previous holder's writes); a
+// group's name, description and ranks, errors_, stacks_ and the process rank only under mu_;
+// next_id_, the groups' maxima, the chunk pointers and n_groups_ are atomics. Lock order: mu_,
+// then one slot's lock (completed with an error, dump_json); the state updates take a slot's
+// lock alone. A slot's lock is held for a few stores or one copy of an Entry, never across a
+// call that can block, so a waiter spins briefly (yielding the CPU if the holder was preempted).
+struct FlightRecorder::SlotGuard {
+  std::atomic<uint32_t>& lock;
+  explicit SlotGuard(Slot& s) : lock(s.lock) {
+    for (int spins = 0;; ++spins) {
+      uint32_t free = 0;
+      if (lock.load(std::memory_order_relaxed) == 0 &&
+          lock.compare_exchange_weak(free, 1, std::memory_order_acquire, std::memory_order_relaxed)) {
+        return;
+      }
+      if (spins >= 64) {
+        sched_yield();
+      } else {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        asm volatile("yield");
+#endif
+      }
+    }
+  }
+  ~SlotGuard() { lock.store(0, std::memory_order_release); }
+  SlotGuard(const SlotGuard&) = delete;
+  SlotGuard& operator=(const SlotGuard&) = delete;
+};
+
+FlightRecorder::Group* FlightRecorder::group(int pg_id) const {
+  if (pg_id < 0 || pg_id >= n_groups_.load(std::memory_order_acquire)) return nullptr;
+  // Group i is in chunk k = floor(log2(i / 64 + 1)), at i + 64 - (64 << k).
+  const uint64_t v = static_cast<uint64_t>(pg_id) + 64;
+  const int k = 63 - __builtin_clzll(v) - 6;
+  return group_chunks_[k].load(std::memory_order_acquire) + (v - (uint64_t{64} << k));
+}
+
+namespace {
+void raise_to(std::atomic<uint64_t>& max, uint64_t v) {
+  uint64_t cur = max.load(std::memory_order_relaxed);
+  while (v > cur && !max.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {}
+}
+}  // namespace
+
+void FlightRecorder::fold(int pg_id, uint64_t collective_seq, bool started, bool completed) const {
+  Group* grp = collective_seq > 0 ? group(pg_id) : nullptr;
+  if (grp == nullptr) return;
+  if (started && completed) {
+    raise_to(grp->done, collective_seq);
+    return;
+  }
+  raise_to(grp->enqueued, collective_seq);
+  if (started) raise_to(grp->started, collective_seq);
+  if (completed) raise_to(grp->completed, collective_seq);
+}
 
 int FlightRecorder::add_group(const std::string& name, const std::string& desc, const std::vector<int64_t>& ranks) {
   std::lock_guard<std::mutex> g(mu_);
-  groups_.push_back(Group{name, desc, ranks});
-  return static_cast<int>(groups_.size()) - 1;
+  const int id = n_groups_.load(std::memory_order_relaxed);
+  const uint64_t v = static_cast<uint64_t>(id) + 64;
+  const int k = 63 - __builtin_clzll(v) - 6;
+  TORCH_CHECK(k < kGroupChunks, "pycoll: flight recorder: too many groups");
+  Group* chunk = group_chunks_[k].load(std::memory_order_relaxed);
+  if (chunk == nullptr) {
+    chunk = new Group[size_t{64} << k];  // kept for the process's life, as the recorder
+    group_chunks_[k].store(chunk, std::memory_order_release);
+  }
+  Group& grp = chunk[v - (uint64_t{64} << k)];
+  grp.name = name;
+  grp.desc = desc;
+  grp.ranks = ranks;
+  n_groups_.store(id + 1, std::memory_order_release);
+  return id;
 }
 
 void FlightRecorder::describe_group(int pg_id, const std::string& desc, const std::vector<int64_t>& ranks) {
   std::lock_guard<std::mutex> g(mu_);
-  if (pg_id < 0 || pg_id >= static_cast<int>(groups_.size())) return;
-  if (!desc.empty()) groups_[pg_id].desc = desc;
-  if (!ranks.empty()) groups_[pg_id].ranks = ranks;
+  Group* grp = group(pg_id);
+  if (grp == nullptr) return;
+  if (!desc.empty()) grp->desc = desc;
+  if (!ranks.empty()) grp->ranks = ranks;
 }
 
 void FlightRecorder::set_process_rank(int rank, int world_size) {
@@ -136,9 +212,9 @@ int FlightRecorder::process_rank() const {
 
 FrHandle FlightRecorder::record(int pg_id, uint64_t op_id, uint64_t collective_seq, uint64_t p2p_seq, const char* op,
                                 int peer, Tensors inputs, Tensors outputs, std::chrono::milliseconds timeout,
-                                bool inputs_may_hold_outputs) {
+                                bool inputs_may_hold_outputs, bool started) {
   if (capacity_ == 0) return {};
-  // Everything read from the tensors before the lock: the lock covers only the copy into the slot.
+  // Everything read from the tensors before the slot's lock: the lock covers only the copy into the slot.
   Tensor in[kMaxTensors], out[kMaxTensors];
   const auto is_output = [&outputs](const at::Tensor& t) {
     for (size_t i = 0; i < outputs.size; ++i)
@@ -173,19 +249,31 @@ FrHandle FlightRecorder::record(int pg_id, uint64_t op_id, uint64_t collective_s
   if (n_in == 0 && inputs_may_hold_outputs) n_in = describe(outputs, in, keep_all);  // in place
   const int8_t n_out = describe(outputs, out, keep_all);
   const int64_t now = wall_ns();
-  const uint64_t tid = this_thread_identity().tid;
-  // Outside the lock: gathering takes the GIL, which a thread waiting for a dump may hold.
+  const ThreadIdentity& me = this_thread_identity();
+  // Before any lock: gathering takes the GIL, which a thread waiting for a dump may hold.
   std::shared_ptr<torch::CapturedTraceback> stack =
       stacks_on_ ? torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false) : nullptr;
 
-  std::lock_guard<std::mutex> g(mu_);
-  const uint64_t id = next_id_++;
+  const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   if (stacks_on_) {
+    std::lock_guard<std::mutex> g(mu_);
     if (id > capacity_) stacks_.erase(stacks_.begin(), stacks_.upper_bound(id - capacity_));
     if (stack) stacks_.emplace(id, std::move(stack));
   }
   const auto slot = static_cast<int64_t>((id - 1) % capacity_);
-  Entry& e = ring_[slot];
+  Slot& s = ring_[slot];
+  SlotGuard g(s);
+  Entry& e = s.e;
+  if (e.record_id > id) {
+    // Other threads recorded a whole ring of ops between this one's id and its store: the newer
+    // op keeps the slot and this one counts only in its group's maxima (updates through its
+    // handle find the slot taken, as for any overwritten entry).
+    fold(pg_id, collective_seq, started, false);
+    return FrHandle{slot, id, pg_id};
+  }
+  if (e.record_id != 0) {
+    fold(e.pg_id, e.collective_seq, e.was_started, e.state == State::Completed);  // the entry it overwrites
+  }
   e.record_id = id;
   e.pg_id = pg_id;
   e.peer = peer;
@@ -193,77 +281,88 @@ FrHandle FlightRecorder::record(int pg_id, uint64_t op_id, uint64_t collective_s
   e.collective_seq = collective_seq;
   e.p2p_seq = p2p_seq;
   e.op = op;
-  e.state = State::Scheduled;
+  e.state = started ? State::Started : State::Scheduled;
+  e.was_started = started;
+  e.failed = false;
   e.n_in = n_in;
   e.n_out = n_out;
   std::copy(in, in + n_in, e.in);
   std::copy(out, out + n_out, e.out);
   e.created_ns = now;
-  e.started_ns = e.completed_ns = 0;
+  e.started_ns = started ? now : 0;
+  e.completed_ns = 0;
   e.timeout_ms = timeout.count();
-  e.thread_id = tid;
-  e.thread_name[0] = e.plan[0] = '\0';
-  e.engine = e.algo = "";
-  if (e.failed) errors_.erase(id - capacity_);  // the error of the entry this slot held
-  e.failed = false;
-  if (pg_id >= 0 && pg_id < static_cast<int>(groups_.size()) && collective_seq > 0) {
-    groups_[pg_id].last_enqueued = std::max(groups_[pg_id].last_enqueued, collective_seq);
+  e.thread_id = me.tid;
+  if (started) {
+    std::memcpy(e.thread_name, me.name, sizeof(e.thread_name));
+  } else {
+    e.thread_name[0] = '\0';
   }
+  e.plan[0] = '\0';
+  e.engine = e.algo = "";
   return FrHandle{slot, id, pg_id};
 }
 
-FlightRecorder::Entry* FlightRecorder::live(const FrHandle& h) {
-  if (!h.recorded()) return nullptr;
-  Entry& e = ring_[h.slot];
-  return e.record_id == h.record_id ? &e : nullptr;
+FlightRecorder::Slot* FlightRecorder::live(const FrHandle& h) {
+  return h.recorded() && capacity_ > 0 ? &ring_[h.slot] : nullptr;
 }
 
 void FlightRecorder::started(const FrHandle& h) {
-  if (!h.recorded()) return;
+  Slot* s = live(h);
+  if (s == nullptr) return;
   const int64_t now = wall_ns();
   const ThreadIdentity& me = this_thread_identity();
-  std::lock_guard<std::mutex> g(mu_);
-  Entry* e = live(h);
-  if (e == nullptr || e->state != State::Scheduled) return;
-  e->state = State::Started;
-  e->started_ns = now;
-  e->thread_id = me.tid;
-  std::memcpy(e->thread_name, me.name, sizeof(e->thread_name));
-  if (e->collective_seq > 0 && e->pg_id < static_cast<int>(groups_.size())) {
-    Group& grp = groups_[e->pg_id];
-    grp.last_started = std::max(grp.last_started, e->collective_seq);
-  }
+  SlotGuard g(*s);
+  Entry& e = s->e;
+  if (e.record_id != h.record_id || e.state != State::Scheduled) return;
+  e.state = State::Started;
+  e.was_started = true;
+  e.started_ns = now;
+  e.thread_id = me.tid;
+  std::memcpy(e.thread_name, me.name, sizeof(e.thread_name));
 }
 
 void FlightRecorder::ran(const FrHandle& h, const char* engine, const char* algo, const std::string& plan) {
-  if (!h.recorded()) return;
-  std::lock_guard<std::mutex> g(mu_);
-  Entry* e = live(h);
-  if (e == nullptr) return;
-  e->engine = engine ? engine : "";
-  e->algo = algo ? algo : "";
-  const size_t n = std::min(plan.size(), sizeof(e->plan) - 1);
-  std::memcpy(e->plan, plan.data(), n);
-  e->plan[n] = '\0';
+  Slot* s = live(h);
+  if (s == nullptr) return;
+  const size_t n = std::min(plan.size(), sizeof(Entry::plan) - 1);
+  SlotGuard g(*s);
+  Entry& e = s->e;
+  if (e.record_id != h.record_id) return;
+  e.engine = engine ? engine : "";
+  e.algo = algo ? algo : "";
+  std::memcpy(e.plan, plan.data(), n);
+  e.plan[n] = '\0';
 }
 
 void FlightRecorder::completed(const FrHandle& h, const char* error) {
-  if (!h.recorded()) return;
+  Slot* s = live(h);
+  if (s == nullptr) return;
   const int64_t now = wall_ns();
-  std::lock_guard<std::mutex> g(mu_);
-  Entry* e = live(h);
-  if (e == nullptr || e->state == State::Completed) return;
-  if (e->started_ns == 0) e->started_ns = now;
-  e->state = State::Completed;
-  e->completed_ns = now;
-  if (error != nullptr) {
-    e->failed = true;
-    errors_[e->record_id] = error;
+  const auto complete = [now](Entry& e) {
+    if (e.started_ns == 0) e.started_ns = now;
+    e.state = State::Completed;
+    e.completed_ns = now;
+  };
+  if (error == nullptr) {
+    SlotGuard g(*s);
+    if (s->e.record_id == h.record_id && s->e.state != State::Completed) complete(s->e);
+    return;
   }
-  if (e->collective_seq > 0 && e->pg_id < static_cast<int>(groups_.size())) {
-    Group& grp = groups_[e->pg_id];
-    grp.last_completed = std::max(grp.last_completed, e->collective_seq);
+  // A failure: its error goes into errors_ while the slot is locked, so that a dump (which holds
+  // mu_ while it copies the ring) sees a failed entry with its error.
+  std::lock_guard<std::mutex> m(mu_);
+  {
+    SlotGuard g(*s);
+    Entry& e = s->e;
+    if (e.record_id != h.record_id || e.state == State::Completed) return;
+    errors_[e.record_id] = error;
+    e.failed = true;
+    complete(e);
   }
+  // The errors of entries the ring has overwritten (ids up to the newest's minus the capacity).
+  const uint64_t newest = next_id_.load(std::memory_order_relaxed) - 1;
+  if (newest > capacity_) errors_.erase(errors_.begin(), errors_.upper_bound(newest - capacity_));
 }
 
 std::string FlightRecorder::dump_json(const std::string& reason) const {
@@ -293,42 +392,14 @@ std::string FlightRecorder::dump_json(const std::string& reason) const {
       frames[kept[i].first] = f + "]";
     }
   }
-  std::lock_guard<std::mutex> g(mu_);
-  std::string out;
-  out.reserve(512 + 700 * std::min<size_t>(capacity_, next_id_));
-  out += "{\"version\": \"2.10\", \"backend\": \"pycoll\", \"rank\": " + std::to_string(process_rank_) +
-         ", \"world_size\": " + std::to_string(world_size_) + ", \"hostname\": ";
-  put_string(out, host);
-  out += ", \"pid\": " + std::to_string(::getpid()) + ", \"dump_reason\": ";
-  put_string(out, reason);
-  out += ", \"dump_time_ns\": " + std::to_string(wall_ns()) + ",\n\"pg_config\": {";
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    const Group& grp = groups_[i];
-    out += i ? ", " : "";
-    put_string(out, grp.name);
-    out += ": {\"name\": ";
-    put_string(out, grp.name);
-    out += ", \"desc\": ";
-    put_string(out, grp.desc);
-    out += ", \"ranks\": ";
-    put_string(out, ranks_text(grp.ranks));
-    out += "}";
-  }
-  out += "},\n\"pg_status\": {";
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    const Group& grp = groups_[i];
-    out += i ? ", " : "";
-    put_string(out, grp.name);
-    out += ": {\"last_enqueued_collective\": " + std::to_string(grp.last_enqueued) +
-           ", \"last_started_collective\": " + std::to_string(grp.last_started) +
-           ", \"last_completed_collective\": " + std::to_string(grp.last_completed) + "}";
-  }
-  out += "},\n\"entries\": [";
-  // Oldest first: the slot after the newest, around the ring.
-  const uint64_t total = next_id_ - 1;
-  const uint64_t first = total > capacity_ ? total - capacity_ + 1 : 1;
-  bool any = false;
-  const auto put_tensors = [&out](const Tensor* ts, int n, bool sizes) {
+  // Under mu_ (so that no group is renamed and no error is added meanwhile); each entry copied
+  // under its slot's lock, then written out.
+  std::lock_guard<std::mutex> m(mu_);
+  const int n_groups = n_groups_.load(std::memory_order_acquire);
+  std::vector<uint64_t> enqueued(n_groups), started(n_groups), completed(n_groups);  // the pg_status maxima
+  std::string entries;
+  const auto put_tensors = [&entries](const Tensor* ts, int n, bool sizes) {
+    std::string& out = entries;
     out += "[";
     for (int i = 0; i < n; ++i) {
       out += i ? ", " : "";
@@ -343,12 +414,15 @@ std::string FlightRecorder::dump_json(const std::string& reason) const {
     }
     out += "]";
   };
-  for (uint64_t id = first; id <= total && capacity_ > 0; ++id) {
-    const Entry& e = ring_[(id - 1) % capacity_];
-    if (e.record_id != id) continue;
-    const Group* grp = e.pg_id >= 0 && e.pg_id < static_cast<int>(groups_.size()) ? &groups_[e.pg_id] : nullptr;
-    out += any ? ",\n" : "\n";
-    any = true;
+  const auto put_entry = [&](const Entry& e) {
+    std::string& out = entries;
+    const Group* grp = group(e.pg_id);
+    if (grp != nullptr && e.collective_seq > 0) {
+      enqueued[e.pg_id] = std::max(enqueued[e.pg_id], e.collective_seq);
+      if (e.was_started) started[e.pg_id] = std::max(started[e.pg_id], e.collective_seq);
+      if (e.state == State::Completed) completed[e.pg_id] = std::max(completed[e.pg_id], e.collective_seq);
+    }
+    out += out.empty() ? "\n" : ",\n";
     out += "{\"record_id\": " + std::to_string(e.record_id) + ", \"pg_id\": " + std::to_string(e.pg_id) +
            ", \"process_group\": [";
     put_string(out, grp ? grp->name : std::string());
@@ -398,7 +472,64 @@ std::string FlightRecorder::dump_json(const std::string& reason) const {
     const auto err = e.failed ? errors_.find(e.record_id) : errors_.end();
     put_string(out, err != errors_.end() ? err->second : std::string());
     out += "}";
+  };
+  // Oldest first: from the slot after the newest, around the ring. A slot that ops recorded
+  // meanwhile gave to a newer op is written after the others (its record id is above them all).
+  const uint64_t total = next_id_.load(std::memory_order_acquire) - 1;
+  const uint64_t first = total > capacity_ ? total - capacity_ + 1 : 1;
+  entries.reserve(700 * std::min<uint64_t>(capacity_, total));
+  std::vector<Entry> newer;
+  Entry e;
+  for (uint64_t id = first; id <= total && capacity_ > 0; ++id) {
+    Slot& s = ring_[(id - 1) % capacity_];
+    {
+      SlotGuard g(s);
+      e = s.e;
+    }
+    if (e.record_id == id) put_entry(e);
+    if (e.record_id > id) newer.push_back(e);
   }
+  std::sort(newer.begin(), newer.end(), [](const Entry& a, const Entry& b) { return a.record_id < b.record_id; });
+  for (const Entry& n : newer) put_entry(n);
+  // The maxima of the entries the ring overwrote, read after the copy: an entry overwritten
+  // while the ring was copied is in one or the other.
+  for (int i = 0; i < n_groups; ++i) {
+    const Group* grp = group(i);
+    const uint64_t done = grp->done.load(std::memory_order_relaxed);
+    enqueued[i] = std::max({enqueued[i], done, grp->enqueued.load(std::memory_order_relaxed)});
+    started[i] = std::max({started[i], done, grp->started.load(std::memory_order_relaxed)});
+    completed[i] = std::max({completed[i], done, grp->completed.load(std::memory_order_relaxed)});
+  }
+  std::string out;
+  out.reserve(512 + 200 * n_groups + entries.size());
+  out += "{\"version\": \"2.10\", \"backend\": \"pycoll\", \"rank\": " + std::to_string(process_rank_) +
+         ", \"world_size\": " + std::to_string(world_size_) + ", \"hostname\": ";
+  put_string(out, host);
+  out += ", \"pid\": " + std::to_string(::getpid()) + ", \"dump_reason\": ";
+  put_string(out, reason);
+  out += ", \"dump_time_ns\": " + std::to_string(wall_ns()) + ",\n\"pg_config\": {";
+  for (int i = 0; i < n_groups; ++i) {
+    const Group& grp = *group(i);
+    out += i ? ", " : "";
+    put_string(out, grp.name);
+    out += ": {\"name\": ";
+    put_string(out, grp.name);
+    out += ", \"desc\": ";
+    put_string(out, grp.desc);
+    out += ", \"ranks\": ";
+    put_string(out, ranks_text(grp.ranks));
+    out += "}";
+  }
+  out += "},\n\"pg_status\": {";
+  for (int i = 0; i < n_groups; ++i) {
+    out += i ? ", " : "";
+    put_string(out, group(i)->name);
+    out += ": {\"last_enqueued_collective\": " + std::to_string(enqueued[i]) +
+           ", \"last_started_collective\": " + std::to_string(started[i]) +
+           ", \"last_completed_collective\": " + std::to_string(completed[i]) + "}";
+  }
+  out += "},\n\"entries\": [";
+  out += entries;
   out += "\n]}\n";
   return out;
 }

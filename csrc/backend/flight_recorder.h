@@ -11,16 +11,23 @@
 //   group   - a process group as the recorder knows it: name, description, global ranks; kept
 //             after the group is destroyed, since entries still name it.
 //
-// Cost: every entry is a fixed-size struct in a ring allocated once; record() and the state
-// updates copy into it under one mutex and allocate nothing (benchmarked by
-// flight_recorder_bench(), docs/tracing.md). Size: PYCOLL_FR_BUFFER_SIZE, else
-// TORCH_FR_BUFFER_SIZE, else 2000; 0 turns recording off. With PYCOLL_FR_STACKS=1 each op also
-// keeps the caller's Python stack (torch's CapturedTraceback, gathered before the lock; turned
-// into file, function and line only when a dump is written): that allocates, hence off by default.
+// Cost: every entry is a fixed-size struct in a ring allocated once; recording allocates nothing
+// and takes no process-wide lock (benchmarked by flight_recorder_bench(), docs/tracing.md).
+// record() claims a record id with one atomic increment; record() and each state update then
+// write the entry under its slot's own spin lock (one compare-and-swap, one store), which a
+// dump also takes to copy the entry whole. A group's pg_status comes from the entries still in
+// the ring and, for those the ring overwrote, from per-group maxima folded in when the slot is
+// reused. Per op: three clock reads (created, started, completed; a send or receive starts when
+// recorded: two). A failure's error and the Python stacks take a mutex (rare, or opted into).
+// Size: PYCOLL_FR_BUFFER_SIZE, else TORCH_FR_BUFFER_SIZE, else 2000; 0 turns recording off.
+// With PYCOLL_FR_STACKS=1 each op also keeps the caller's Python stack (torch's
+// CapturedTraceback, gathered before any lock; turned into file, function and line only when a
+// dump is written): that allocates, hence off by default.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -74,10 +81,11 @@ class FlightRecorder {
   // A new op of group pg_id. `op` is a static name ("all_reduce"); `peer` the other rank of a
   // send/recv (global), else -1. Inputs that are also outputs are left out of the inputs when
   // `inputs_may_hold_outputs` (an OpCall's tensor list holds both); an op in place then records
-  // its outputs as its inputs too.
+  // its outputs as its inputs too. `started`: the op is under way once recorded (a send or
+  // receive is posted), as record() then started() but with one clock read.
   FrHandle record(int pg_id, uint64_t op_id, uint64_t collective_seq, uint64_t p2p_seq, const char* op, int peer,
                   Tensors inputs, Tensors outputs, std::chrono::milliseconds timeout,
-                  bool inputs_may_hold_outputs = false);
+                  bool inputs_may_hold_outputs = false, bool started = false);
   void started(const FrHandle& h);
   // engine: "cpu", "cuda", "staged", "hierarchical"; algo and plan: what the engine ran. engine
   // and algo must be static strings (they are kept as pointers).
@@ -107,6 +115,8 @@ class FlightRecorder {
     uint64_t op_id = 0, collective_seq = 0, p2p_seq = 0;
     const char* op = "";
     State state = State::Scheduled;
+    bool was_started = false;  // started() saw it scheduled (counts for last_started_collective)
+    bool failed = false;       // its error is in errors_ (failures are rare: the map stays small)
     int8_t n_in = 0, n_out = 0;
     Tensor in[kMaxTensors], out[kMaxTensors];
     int64_t created_ns = 0, started_ns = 0, completed_ns = 0;
@@ -116,21 +126,38 @@ class FlightRecorder {
     const char* engine = "";  // static names (Engine::name(), algo_name())
     const char* algo = "";
     char plan[96] = {};
-    bool failed = false;  // its error is in errors_ (failures are rare: the ring stays small)
   };
+  // One entry and its lock (0: free, 1: held), a cache line apart from its neighbours: the
+  // caller records the next op while the engine thread updates this one.
+  struct alignas(64) Slot {
+    std::atomic<uint32_t> lock{0};
+    Entry e;
+  };
+  struct SlotGuard;
   struct Group {
-    std::string name, desc;
+    std::string name, desc;  // under mu_
     std::vector<int64_t> ranks;
-    uint64_t last_enqueued = 0, last_started = 0, last_completed = 0;  // collective seqs
+    // The highest collective seqs of this group's entries that the ring overwrote (a dump adds
+    // those still in the ring): `done` those both started and completed (most: one update per
+    // op), the other three those that were not (enqueued: any). last_started_collective is then
+    // max(done, started), and so on.
+    std::atomic<uint64_t> done{0}, enqueued{0}, started{0}, completed{0};
   };
-  Entry* live(const FrHandle& h);  // the handle's entry, or nullptr if overwritten; mu_ held
+  // Groups live in chunks that never move (chunk k holds 64 << k groups), so that a reader
+  // needs no lock while add_group adds one.
+  static constexpr int kGroupChunks = 26;
+  Group* group(int pg_id) const;  // nullptr when pg_id names no group
+  // Adds an overwritten (or never stored) entry's seqs to its group's maxima.
+  void fold(int pg_id, uint64_t collective_seq, bool started, bool completed) const;
+  Slot* live(const FrHandle& h);  // the handle's slot (not locked), or nullptr if not recorded
 
   size_t capacity_;
-  std::vector<Entry> ring_;  // allocated once
-  uint64_t next_id_ = 1;
-  mutable std::mutex mu_;
-  std::vector<Group> groups_;
-  std::map<uint64_t, std::string> errors_;  // record id -> error, for entries still in the ring
+  std::unique_ptr<Slot[]> ring_;  // allocated once
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<Group*> group_chunks_[kGroupChunks] = {};
+  std::atomic<int> n_groups_{0};
+  mutable std::mutex mu_;  // groups' names and ranks, errors_, stacks_, the process rank; taken before a slot's lock
+  std::map<uint64_t, std::string> errors_;  // record id -> error, for failed entries (pruned as the ring moves on)
   bool stacks_on_ = false;                  // PYCOLL_FR_STACKS
   std::map<uint64_t, std::shared_ptr<torch::CapturedTraceback>> stacks_;  // record id -> the caller's stack
   int process_rank_ = -1, world_size_ = 0;

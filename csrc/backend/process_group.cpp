@@ -159,9 +159,9 @@ FrHandle ProcessGroupPycoll::record_p2p(bool is_send, const at::Tensor& t, int p
   if (!rec.enabled()) return {};
   const uint64_t n = ++fr_p2p_;
   const int global_peer = peer < static_cast<int>(global_ranks_.size()) ? static_cast<int>(global_ranks_[peer]) : peer;
-  const FrHandle h = rec.record(fr_pg_id_, seq, 0, n, is_send ? "send" : "recv", global_peer, t, t, timeout_);
-  rec.started(h);  // posted: a send or receive is under way from here
-  return h;
+  // Started when recorded: a send or receive is under way once posted.
+  return rec.record(fr_pg_id_, seq, 0, n, is_send ? "send" : "recv", global_peer, t, t, timeout_,
+                    /*inputs_may_hold_outputs=*/false, /*started=*/true);
 }
 
 void ProcessGroupPycoll::setTimeout(std::chrono::milliseconds timeout) {

@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "backend/dump_watcher.h"
 #include "backend/flight_recorder.h"
@@ -34,24 +36,42 @@ void register_flight_recorder(py::module_& m) {
       "Dumps the background thread wrote (on an error, a peer's request or a signal).");
   m.def(
       "flight_recorder_bench",
-      [](int64_t ops, int64_t numel) {
-        // The record path of one op as the runner takes it: record, started, ran, completed.
+      [](int64_t ops, int64_t numel, int64_t threads, int64_t fail_every) {
+        // The record path of one op as the runner takes it: record, started, ran, completed;
+        // `threads` threads at once, each on its own group (the first named flight_recorder_bench, the others /1, /2...); every fail_every-th op fails.
         FlightRecorder& rec = FlightRecorder::get();
         const at::Tensor t = at::empty({numel});
         const std::string plan = "allreduce oneshot path=eager lanes=1";
-        const int pg = rec.add_group("flight_recorder_bench", "bench", {0});
+        const auto body = [&rec, &t, &plan, ops, fail_every](int pg) {
+          for (int64_t i = 1; i <= ops; ++i) {
+            const FrHandle h = rec.record(pg, i, i, 0, "all_reduce", -1, t, t, std::chrono::milliseconds(1000));
+            rec.started(h);
+            rec.ran(h, "cpu", "oneshot", plan);
+            const bool fail = fail_every > 0 && i % fail_every == 0;
+            rec.completed(h, fail ? "bench failure" : nullptr);
+          }
+        };
+        std::vector<int> groups;
+        for (int64_t k = 0; k < std::max<int64_t>(threads, 1); ++k) {
+          const std::string name = k == 0 ? "flight_recorder_bench" : "flight_recorder_bench/" + std::to_string(k);
+          groups.push_back(rec.add_group(name, "bench", {0}));
+        }
         const auto t0 = std::chrono::steady_clock::now();
-        for (int64_t i = 1; i <= ops; ++i) {
-          const FrHandle h = rec.record(pg, i, i, 0, "all_reduce", -1, t, t, std::chrono::milliseconds(1000));
-          rec.started(h);
-          rec.ran(h, "cpu", "oneshot", plan);
-          rec.completed(h);
+        if (groups.size() == 1) {
+          body(groups[0]);
+        } else {
+          std::vector<std::thread> running;
+          for (const int pg : groups) running.emplace_back(body, pg);
+          for (auto& th : running) th.join();
         }
         const auto dt = std::chrono::steady_clock::now() - t0;
         return std::chrono::duration<double, std::nano>(dt).count() / static_cast<double>(ops);
       },
-      py::arg("ops") = 100000, py::arg("numel") = 1024, py::call_guard<py::gil_scoped_release>(),
-      "Nanoseconds per op of the flight recorder's record path (record, started, ran, completed).");
+      py::arg("ops") = 100000, py::arg("numel") = 1024, py::arg("threads") = 1, py::arg("fail_every") = 0,
+      py::call_guard<py::gil_scoped_release>(),
+      "Nanoseconds per op (per thread) of the flight recorder's record path (record, started, ran, completed), "
+      "run on `threads` threads at once, each on its own group (the first named flight_recorder_bench, the others /1, "
+      "/2...); every fail_every-th op fails (0: none).");
 }
 
 }  // namespace pycoll
