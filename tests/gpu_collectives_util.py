@@ -60,6 +60,14 @@ def shares_gpus(world):
     return world > GPUS
 
 
+def skip_if_sharing(world, why):
+    """Mark of a gpu test that cannot run with ranks sharing a GPU: it skips, naming `why`, where
+    `world` ranks would share the GPUs visible here (tests/conftest.py runs the shares_gpus tests on
+    one GPU when PYCOLL_GPU_WORLD is set)."""
+    return pytest.mark.skipif(GPUS >= 1 and shares_gpus(world),
+                              reason=f"{world} ranks would share {GPUS} GPU(s): {why}")
+
+
 GPU_MARKS.append(pytest.mark.skipif(gpus_missing(WORLD) is not None, reason=gpus_missing(WORLD) or ""))
 # Bounds every spin-wait of the engine's kernels (and Store waits): a protocol bug then fails the
 # test with the engine's device error instead of hanging for the default 30 minutes.

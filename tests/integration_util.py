@@ -3,7 +3,12 @@
 Every integration test trains the same deterministic model twice -- once on
 the backend under test ($PYCOLL_TEST_BACKEND, "pycoll" by default) and once
 on the reference backend (Gloo for CPU tensors, NCCL for CUDA tensors) -- and
-compares what comes back.  `compare_backends` does the two runs with
+compares what comes back.  Where ranks share a GPU (PYCOLL_GPU_WORLD on fewer
+GPUs than ranks, rank r on GPU r % count: tests/gpu_collectives_util.py), NCCL
+refuses the group ("Duplicate GPU detected"), and the reference is Gloo: on
+CUDA tensors where the test's collectives are ones Gloo serves on CUDA
+(all_reduce, broadcast, all_gather), else on CPU copies of the same inputs
+(`reference`).  `compare_backends` does the two runs with
 `ranks.run_ranks`; the helpers below build the tiny models and the
 per-rank data from the session seed, so that every rank (and the parent) can
 regenerate any rank's batch.
@@ -25,6 +30,7 @@ import pytest
 import torch
 
 import ranks
+from gpu_collectives_util import gpus_missing, setup_device, shares_gpus
 from ranks import run_ranks
 
 FRAMEWORK_MODULES = [
@@ -60,20 +66,34 @@ preload_frameworks()
 
 REF_BACKEND = {"cpu": "gloo", "cuda": "nccl"}
 
+# The cuda param runs with ranks sharing one GPU too (shares_gpus): a test whose logic needs a GPU
+# per rank marks itself with gpu_collectives_util.skip_if_sharing.
 DEVICES = [
     pytest.param("cpu", id="cpu"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
+    pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.shares_gpus]),
 ]
 
 
-def require_device(device):
-    """Skip unless the backend under test can serve `device` tensors here."""
+def require_device(device, world_size=2):
+    """Skip unless the backend under test can serve `device` tensors on `world_size` ranks here:
+    a GPU per rank, or fewer GPUs that the ranks share where PYCOLL_GPU_WORLD is set."""
     if device != "cuda":
         return
     # (A pycollectives built without its CUDA engine still serves CUDA
     # tensors, staged through host memory: no skip for that.)
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 CUDA GPUs")
+    why = gpus_missing(world_size)
+    if why:
+        pytest.skip(why)
+
+
+def reference(device, world_size=2, gloo_on_cuda=True):
+    """(backend, device) of the reference run of a test of `device` tensors on `world_size` ranks:
+    Gloo on the CPU, NCCL on CUDA. Where the ranks share a GPU, NCCL refuses them ("Duplicate GPU
+    detected"): then Gloo, on CUDA tensors when `gloo_on_cuda` (the test's collectives are ones
+    Gloo serves on CUDA: all_reduce, broadcast, all_gather), else on CPU copies of the inputs."""
+    if device == "cuda" and shares_gpus(world_size):
+        return "gloo", ("cuda" if gloo_on_cuda else "cpu")
+    return REF_BACKEND[device], device
 
 
 def _packed(rank, ws, fn, *args):
@@ -91,24 +111,25 @@ def run_tensors(world_size, fn, *args, **kw):
     return [None if b is None else torch.load(io.BytesIO(b), weights_only=False) for b in out]
 
 
-def compare_backends(fn, *args, device="cpu", world_size=2, timeout=180, **kw):
+def compare_backends(fn, *args, device="cpu", world_size=2, timeout=180, gloo_on_cuda=True, **kw):
     """Run ``fn(rank, ws, device, *args)`` on the backend under test and on the
-    reference backend for `device`; return (results, reference_results), each
+    reference backend for `device` (`reference`: where ranks share a GPU, Gloo,
+    on the CPU unless `gloo_on_cuda`); return (results, reference_results), each
     the list of the ranks' return values (tensors come back on the CPU)."""
-    require_device(device)
+    require_device(device, world_size)
     res = run_tensors(world_size, fn, device, *args, timeout=timeout, **kw)
-    ref = run_tensors(world_size, fn, device, *args, timeout=timeout,
-                      backend=REF_BACKEND[device], **kw)
+    ref_backend, ref_device = reference(device, world_size, gloo_on_cuda)
+    ref = run_tensors(world_size, fn, ref_device, *args, timeout=timeout,
+                      backend=ref_backend, **kw)
     return res, ref
 
 
 def rank_device(rank, device):
     """The torch.device a rank uses (cuda:<rank % GPUs> for "cuda": ranks share GPUs where there
-    are fewer GPUs than ranks)."""
+    are fewer GPUs than ranks, and then run pycoll's CUDA kernels there unless
+    PYCOLL_CUDA_SAME_DEVICE says otherwise: gpu_collectives_util.setup_device)."""
     if device == "cuda":
-        index = rank % max(1, torch.cuda.device_count())
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
+        return setup_device(rank)
     return torch.device("cpu")
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gpu_collectives_util import setup_device, shares_gpus
 from ranks import BACKEND, IS_GLOO, run_ranks
 
 WORLD = 2
@@ -465,8 +466,9 @@ def test_bad_input_in_ranks():
 def _ddp_gpu_rank(rank, world, seed):
     from pycollectives.hooks import PowerSGDState, SignSGDState, powersgd_hook, signsgd_hook
 
-    torch.cuda.set_device(rank)
-    groups = {"nccl": dist.new_group(backend="nccl")}
+    dev = setup_device(rank)
+    # NCCL refuses ranks that share a GPU (and the hooks refuse Gloo for CUDA tensors): there, pycoll only.
+    groups = {} if shares_gpus(world) else {"nccl": dist.new_group(backend="nccl")}
     if BACKEND == "pycoll":
         groups["pycoll"] = None  # the default group: pycoll serves CUDA tensors too
     out = {}
@@ -476,7 +478,7 @@ def _ddp_gpu_rank(rank, world, seed):
                                    PowerSGDState(start_powerSGD_iter=0, process_group=group, matrix_approximation_rank=2))]:
             torch.manual_seed(seed)
             model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)).cuda()
-            ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank], process_group=group)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev], process_group=group)
             ddp.register_comm_hook(state, hook)
             opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
             gen = torch.Generator("cuda").manual_seed(seed + rank)
@@ -489,9 +491,14 @@ def _ddp_gpu_rank(rank, world, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 def test_ddp_hooks_on_gpus(seed):
-    """DDP with each hook on 2 GPUs over NCCL (and pycoll when it is the backend under test)."""
+    """DDP with each hook on 2 GPUs over NCCL (and pycoll when it is the backend under test); on
+    ranks sharing a GPU (PYCOLL_GPU_WORLD on one GPU) over pycoll only."""
+    if IS_GLOO and shares_gpus(WORLD):
+        pytest.skip("ranks sharing a GPU: NCCL refuses them and the hooks refuse Gloo for CUDA tensors")
     r0, r1 = run_ranks(WORLD, _ddp_gpu_rank, seed, timeout=300)
+    assert r0 and r0.keys() == r1.keys(), (sorted(r0), sorted(r1))
     for k in r0:
         assert np.isfinite(r0[k]).all()
         assert np.array_equal(r0[k], r1[k]), f"{k}: replicas differ"

@@ -264,6 +264,7 @@ def test_native_kernels_are_used():
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus  # one process: one GPU is enough
 @needs_native
 def test_native_cuda_kernels_large():
     """64 MiB of float32 on the GPU: pack / unpack / vote / copies bit-exact vs the reference on the CPU."""

@@ -121,6 +121,7 @@ def _cuda_rank(rank, ws):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus  # both ranks on their current device, cuda:0
 @pytest.mark.pycoll_only
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_recv_from_any_source_refuses_cuda_tensors():

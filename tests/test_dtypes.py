@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gpu_collectives_util import setup_device
 from ranks import run_ranks
 
 MOVE_DTYPES = ["float8_e4m3fn", "float8_e5m2", "int16", "uint16", "uint32", "uint64", "complex64"]
@@ -28,8 +29,8 @@ def _same(a, b):
 
 def _moves_any_dtype(rank, ws, name, device="cpu"):
     if device == "cuda":
-        torch.cuda.set_device(rank)
-        torch.set_default_device(f"cuda:{rank}")  # every tensor below, and _values, on this rank's GPU
+        # rank r on GPU r % count: ranks share a GPU where PYCOLL_GPU_WORLD is set on fewer GPUs
+        torch.set_default_device(setup_device(rank))  # every tensor below, and _values, on this rank's GPU
     dt = getattr(torch, name)
     n = 37
     # all_gather_into_tensor and the list form
@@ -87,6 +88,7 @@ def test_data_movement_takes_any_dtype(ws):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.pycoll_only
 def test_data_movement_takes_any_dtype_on_cuda():
     # all_gather, broadcast and all_to_all run on the CUDA engine; scatter, gather through host memory.

@@ -1,5 +1,7 @@
 """DistributedDataParallel on the backend under test, against Gloo (CPU) or
-NCCL (GPU): the same deterministic training runs on both and must give the
+NCCL (GPU; Gloo on the CUDA tensors where ranks share a GPU: DDP, its hooks
+and SyncBatchNorm use all_reduce, broadcast and all_gather, which Gloo serves
+on CUDA): the same deterministic training runs on both and must give the
 same losses, gradients, parameters and buffers.
 
 Each variant trains a tiny model for a few steps on 2 ranks, every rank
@@ -98,7 +100,7 @@ def _ddp_rank(rank, ws, device, variant, seed):
     model = model.to(dev)
     kwargs = {}
     if device == "cuda":
-        kwargs["device_ids"] = [rank]
+        kwargs["device_ids"] = [dev]
     if variant == "unused":
         kwargs["find_unused_parameters"] = True
     if variant == "static_graph":
@@ -247,6 +249,7 @@ def test_ddp(variant, device, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.parametrize("variant", GPU_ONLY_VARIANTS)
 def test_ddp_gpu_only(variant, seed):
     res, ref = compare_backends(_ddp_rank, variant, seed, device="cuda")

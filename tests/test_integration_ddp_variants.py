@@ -5,7 +5,7 @@ parameters: DDP averages the ranks' gradients, and each rank's slice is half of 
 
 torch's own test_DistributedDataParallel cannot serve: its static-graph constructions diverge with
 NCCL too (pytorch/pytorch#112277; docs/testing.md). Each variant runs on its own, on CPU and on
-2 GPUs (-m gpu).
+2 GPUs (-m gpu), or 2 ranks sharing one GPU where PYCOLL_GPU_WORLD is set.
 """
 import copy
 import itertools
@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from integration_util import DEVICES
+from integration_util import DEVICES, rank_device
 from ranks import run_ranks
 
 WORLD = 2
@@ -56,11 +56,11 @@ def _step(model):
 
 
 def _ddp_variant(rank, ws, device, static_at_init, static_after, save_load, bucket_view):
-    dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    dev = rank_device(rank, device)
     torch.manual_seed(0)  # every rank builds the same model and batch, as torch's test does
     model = Net()
     base = copy.deepcopy(model).to(dev)
-    kwargs = {"device_ids": [rank]} if device == "cuda" else {}
+    kwargs = {"device_ids": [dev]} if device == "cuda" else {}
     ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(model).to(dev), static_graph=static_at_init,
                                               gradient_as_bucket_view=bucket_view, **kwargs)
     if static_after:

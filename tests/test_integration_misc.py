@@ -9,6 +9,13 @@ one launch and prints both runs' losses, which must agree.  The other
 examples' training functions (FSDP2, pipeline) run inside run_ranks worlds
 (no fresh interpreters: cheaper); on GPUs every example is launched for real
 with ``--compare nccl``.
+
+Where ranks share a GPU (PYCOLL_GPU_WORLD on one GPU), NCCL refuses them and
+the reference is Gloo, which has no send/recv nor reduce_scatter of CUDA
+tensors: on CPU copies for the object collectives (they send and receive)
+and the checkpoint (FSDP2 reduce-scatters), and ``--compare gloo`` for the
+examples that only use all_reduce, broadcast and all_gather (DDP); the other
+examples skip there.
 """
 
 import json
@@ -21,8 +28,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gpu_collectives_util import shares_gpus, skip_if_sharing
 from integration_util import (
-    DEVICES, REF_BACKEND, MLP, assert_close, compare_backends, rank_device, randn,
+    DEVICES, MLP, assert_close, compare_backends, rank_device, randn, reference,
     require_device, run_tensors, to_cpu,
 )
 from ranks import BACKEND
@@ -89,7 +97,7 @@ def _objects_rank(rank, ws, device, seed):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_object_collectives(device, seed):
-    res, ref = compare_backends(_objects_rank, seed, device=device)
+    res, ref = compare_backends(_objects_rank, seed, device=device, gloo_on_cuda=False)
     for rank in range(WORLD):
         assert_close(res[rank], ref[rank], what=f"rank {rank} vs reference", exact=True)
     for big in (False, True):
@@ -193,8 +201,9 @@ def test_checkpoint(device, seed, tmp_path):
     res = run_tensors(WORLD, _dcp_rank, device, mine, mine, seed, timeout=180)
     # The reference backend trains and saves the same, then reads the
     # checkpoint that the tested backend wrote.
-    ref = run_tensors(WORLD, _dcp_rank, device, theirs, mine, seed, timeout=180,
-                      backend=REF_BACKEND[device])
+    ref_backend, ref_device = reference(device, WORLD, gloo_on_cuda=False)
+    ref = run_tensors(WORLD, _dcp_rank, ref_device, theirs, mine, seed, timeout=180,
+                      backend=ref_backend)
     rtol, atol = (1e-4, 1e-5) if device == "cuda" else (1e-5, 1e-6)
     for r in range(WORLD):
         got = res[r]
@@ -360,19 +369,27 @@ GPU_EXAMPLE_ARGS = ["--layers", "2", "--dim", "256", "--heads", "4", "--seq", "1
                     "--vocab", "1024", "--steps", "6", "--warmup", "2"]
 
 
+def _no_gloo_cuda(op, user):
+    return skip_if_sharing(WORLD, f"no reference: NCCL refuses ranks on one GPU, and Gloo has no {op} of CUDA "
+                                  f"tensors, which {user} needs (test_example_train runs it on CPU against Gloo)")
+
+
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.pycoll_only
 @pytest.mark.parametrize("example,extra", [
     ("ddp_gpt.py", ["--accum", "2"]),
     ("ddp_gpt.py", ["--hook", "fp16"]),
     ("ddp_gpt.py", ["--hook", "powersgd"]),
-    ("fsdp_gpt.py", []),
-    ("pipeline_gpt.py", []),
-    ("moe_gpt.py", []),
+    pytest.param("fsdp_gpt.py", [], marks=_no_gloo_cuda("reduce_scatter", "FSDP2")),
+    pytest.param("pipeline_gpt.py", [], marks=_no_gloo_cuda("send/recv", "pipelining")),
+    pytest.param("moe_gpt.py", [], marks=_no_gloo_cuda("all_to_all", "the expert dispatch")),
     ("ddp_cnn.py", None),
 ], ids=["ddp_gpt", "ddp_gpt-fp16", "ddp_gpt-powersgd", "fsdp_gpt", "pipeline_gpt", "moe_gpt", "ddp_cnn"])
 def test_example_gpu(example, extra):
-    require_device("cuda")
+    require_device("cuda", WORLD)
+    # NCCL refuses ranks that share a GPU: there the DDP examples compare with Gloo on CUDA tensors.
+    ref_backend = "gloo" if shares_gpus(WORLD) else "nccl"
     if extra is None:  # the CNN
         args = ["--epochs", "1", "--steps", "6", "--warmup", "2", "--samples", "2048"]
         steps = 6
@@ -380,7 +397,7 @@ def test_example_gpu(example, extra):
         args = GPU_EXAMPLE_ARGS + extra
         steps = 6
     out = _run([sys.executable, os.path.join(EXAMPLES, example), "--device", "cuda",
-                "--nproc", str(WORLD), "--backend", BACKEND, "--compare", "nccl",
+                "--nproc", str(WORLD), "--backend", BACKEND, "--compare", ref_backend,
                 "--result-line"] + args)
     # bf16 autocast / bf16 FSDP parameters: the two runs may round differently.
-    _check_launch(out, steps, ref_backend="nccl", rtol=2e-2, atol=1e-3)
+    _check_launch(out, steps, ref_backend=ref_backend, rtol=2e-2, atol=1e-3)

@@ -163,6 +163,7 @@ def _check_ll128_grid_changes(rank, world, dev):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.pycoll_only
 def test_all_reduce_ll128_protocol(seed):
     env = {"PYCOLL_CUDA_LL128_MAX_KIB": str(64 << 10), "PYCOLL_CUDA_LL128_BLOCKS": "5"}
@@ -186,6 +187,7 @@ def _all_reduce_ll128_grid(rank, world, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.pycoll_only
 def test_all_reduce_ll128_full_grid(seed):
     env = {"PYCOLL_CUDA_LL128_MAX_KIB": str(64 << 10)}

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gpu_collectives_util import setup_device
 from ranks import run_ranks
 
 R = dist.ReduceOp
@@ -236,8 +237,7 @@ def test_all_gather_by_rail_then_host(layout, expected):
 
 
 def _cuda_across_hosts(rank, ws):
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
+    dev = setup_device(rank)  # GPU rank % count: both ranks on one GPU where PYCOLL_GPU_WORLD is set there
     t = torch.full((1031,), float(rank + 1), device=dev)
     dist.all_reduce(t)
     assert torch.equal(t.cpu(), torch.full((1031,), float(ws * (ws + 1) // 2)))
@@ -259,10 +259,13 @@ def _cuda_across_hosts(rank, ws):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.pycoll_only
 def test_cuda_tensors_across_simulated_hosts():
-    # Two GPUs as two hosts: CUDA tensors go through host memory and Gloo between the hosts.
-    assert run_ranks(2, _cuda_across_hosts, rank_env=[{"PYCOLL_HOSTID": "hostA"}, {"PYCOLL_HOSTID": "hostB"}]) \
+    # Two ranks as two hosts, CUDA tensors between them on NCCL (tests/test_multihost_cuda.py has every op).
+    # NCCL_HOSTID too: NCCL then sees two hosts, and accepts both ranks where they share one GPU.
+    hosts = ["hostA", "hostB"]
+    assert run_ranks(2, _cuda_across_hosts, rank_env=[{"PYCOLL_HOSTID": h, "NCCL_HOSTID": h} for h in hosts]) \
         == [True, True]
 
 

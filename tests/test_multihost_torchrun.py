@@ -69,24 +69,28 @@ def test_two_torchrun_agents_as_two_hosts(private_shm):
 
 
 @pytest.mark.gpu
+@pytest.mark.shares_gpus
 @pytest.mark.pycoll_only
 def test_two_torchrun_agents_as_two_hosts_on_gpus():
     """The same command with CUDA tensors: each agent gets half of the GPUs (its own
     CUDA_VISIBLE_DEVICES), its own PYCOLL_HOSTID and NCCL_HOSTID, and a private /dev/shm where
     allowed, so NCCL too talks between the agents through its network transport. 2 GPUs: 2 hosts
-    of 1 rank (every op on NCCL); 4: 2 hosts of 2 (hierarchical)."""
-    import torch
+    of 1 rank (every op on NCCL); 4: 2 hosts of 2 (hierarchical). One GPU with PYCOLL_GPU_WORLD
+    set: 2 hosts of 1 rank, both on that GPU (NCCL takes them, as their NCCL_HOSTIDs differ)."""
+    from gpu_collectives_util import GPUS, gpus_missing
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus < 2:
-        pytest.skip(f"needs 2 CUDA GPUs, {gpus} visible")
-    per = min(gpus // 2, 4)
+    why = gpus_missing(2)
+    if why:
+        pytest.skip(why)
+    per = max(1, min(GPUS // 2, 4))
     port = _free_port()
     private = _private_shm_allowed()
+    # Each agent its half of the GPUs; on one GPU, both agents that GPU (the environment's).
+    visible = [{} if GPUS < 2 else {"CUDA_VISIBLE_DEVICES": ",".join(str(i * per + g) for g in range(per))}
+               for i in (0, 1)]
     agents = [_agent(i, port, private, nproc=per, job_args=["--cuda"],
-                     env_extra={"CUDA_VISIBLE_DEVICES": ",".join(str(i * per + g) for g in range(per)),
-                                "NCCL_HOSTID": f"node{i}", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT",
-                                "NCCL_NVLS_ENABLE": "0"})
+                     env_extra={**visible[i], "NCCL_HOSTID": f"node{i}", "NCCL_DEBUG": "INFO",
+                                "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_NVLS_ENABLE": "0"})
               for i in (0, 1)]
     log = _run_agents(agents)
     ws = 2 * per
