@@ -49,6 +49,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::point_to_point(bool is_send, 
   check_dense(op, t, "tensor");
   check_usable(op);
   const FrHandle fr = record_p2p(is_send, t, peer, issued_.load() + 1);
+  const ParamCommsRecord comms([&] {  // while the profiler records
+    ParamCommsCall c = param_comms_group(op, t.scalar_type(), static_cast<int64_t>(issued_.load() + 1));
+    c.in_elems = c.out_elems = t.numel();
+    c.p2p = true;
+    return c;
+  });
   // engine: which one moves it, for the recorder ("self": a copy; "gloo": to another host).
   const auto tracked = [&fr](const char* engine, c10::intrusive_ptr<c10d::Work> w) {
     FlightRecorder::get().ran(fr, engine, "direct", std::string());

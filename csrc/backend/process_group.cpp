@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -154,6 +155,38 @@ FrHandle ProcessGroupPycoll::record_collective(const OpCall& call, uint64_t seq)
                     /*inputs_may_hold_outputs=*/true);
 }
 
+ParamCommsCall ProcessGroupPycoll::param_comms_group(const char* op, at::ScalarType dtype, int64_t seq) const {
+  ParamCommsCall c;
+  c.group_name = group_name_;
+  c.group_desc = getGroupDesc();
+  c.rank = rank_;
+  c.size = size_;
+  c.op = op + (std::strncmp(op, "pycoll::", 8) == 0 ? 8 : 0);
+  c.dtype = dtype;
+  c.global_ranks = global_ranks_;
+  c.seq = seq;
+  return c;
+}
+
+ParamCommsCall ProcessGroupPycoll::param_comms_call(const OpCall& call, uint64_t seq) const {
+  ParamCommsCall c = param_comms_group(call.name, call.dtype, static_cast<int64_t>(seq));
+  c.async_op = call.async;
+  const auto is_output = [&call](const at::Tensor& t) {
+    return std::any_of(call.outputs.begin(), call.outputs.end(), [&t](const at::Tensor& o) { return o.is_same(t); });
+  };
+  if (!call.prepare && (call.direct.input.defined() || call.direct.output.defined())) {
+    c.in_elems = call.direct.input.defined() ? call.direct.input.numel() : 0;
+    c.out_elems = call.direct.output.defined() ? call.direct.output.numel() : 0;
+    return c;
+  }
+  for (const at::Tensor& t : call.tensors)
+    if (t.defined() && !is_output(t)) c.in_elems += t.numel();
+  for (const at::Tensor& t : call.outputs)
+    if (t.defined()) c.out_elems += t.numel();
+  if (c.in_elems == 0) c.in_elems = c.out_elems;  // in place
+  return c;
+}
+
 FrHandle ProcessGroupPycoll::record_p2p(bool is_send, const at::Tensor& t, int peer, uint64_t seq) {
   FlightRecorder& rec = FlightRecorder::get();
   if (!rec.enabled()) return {};
@@ -286,6 +319,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   Engine& engine = engine_for(call);
   const uint64_t seq = ++issued_;
   call.fr = record_collective(call, seq);
+  const ParamCommsRecord comms([&] { return param_comms_call(call, seq); });  // while the profiler records
   if (engine.enqueues_on_device()) {
     // launch() runs the body before it returns: pass it a pointer (a one-pointer lambda fits
     // std::function's inline storage, so the hot path allocates nothing for it).

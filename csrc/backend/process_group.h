@@ -32,6 +32,7 @@
 #include "backend/executor.h"
 #include "backend/flight_recorder.h"
 #include "backend/op_call.h"
+#include "backend/param_comms_record.h"
 #include "backend/self_p2p.h"
 #include "backend/work.h"
 #include "engines/host_layout.h"
@@ -141,6 +142,10 @@ class ProcessGroupPycoll : public c10d::Backend {
                                                     std::function<void()> body, const FrHandle& fr = {});
   // The flight recorder's entry of a collective (issue order) or a send/recv (`peer`: group rank).
   FrHandle record_collective(const OpCall& call, uint64_t seq);
+  // What torch.profiler's record_param_comms event of a call carries (param_comms_record.h): the
+  // group's part, and a collective's.
+  ParamCommsCall param_comms_group(const char* op, at::ScalarType dtype, int64_t seq) const;
+  ParamCommsCall param_comms_call(const OpCall& call, uint64_t seq) const;
   FrHandle record_p2p(bool is_send, const at::Tensor& t, int peer, uint64_t seq);
   void check_usable(const char* op);
   // A finished Work for a call with nothing to move (an empty coalesced list on every rank).
