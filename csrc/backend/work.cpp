@@ -151,13 +151,19 @@ c10::intrusive_ptr<c10::ivalue::Future> PycollWork::getFuture() {
   return future_;
 }
 
-std::function<void()> PycollWork::record_outcome(std::exception_ptr err) {
-  std::function<void()> end_profiling;
+void PycollWork::end_profiling() {
+  std::function<void()> end;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    end.swap(recordFunctionEndCallback_);  // set only while torch.profiler records
+  }
+  if (end) end();
+}
+
+void PycollWork::record_outcome(std::exception_ptr err) {
   std::lock_guard<std::mutex> g(mutex_);
   completed_ = true;
   exception_ = err;
-  end_profiling.swap(recordFunctionEndCallback_);  // set only while torch.profiler records
-  return end_profiling;
 }
 
 void PycollWork::wake_waiters(const std::exception_ptr& err) {
@@ -167,13 +173,14 @@ void PycollWork::wake_waiters(const std::exception_ptr& err) {
 }
 
 void PycollWork::mark_done(std::exception_ptr err) {
-  auto end_profiling = record_outcome(err);
+  end_profiling();
+  record_outcome(err);
   wake_waiters(err);
-  if (end_profiling) end_profiling();
 }
 
 void PycollWork::mark_done_and_settle(std::exception_ptr err) {
-  auto end_profiling = record_outcome(err);
+  end_profiling();
+  record_outcome(err);
   bool settled_here;
   {
     // After the outcome is recorded: a getFuture() from now on completes its Future with it.
@@ -184,7 +191,6 @@ void PycollWork::mark_done_and_settle(std::exception_ptr err) {
   // Settled before the waiter wakes, so wait() does not sleep a second time for the Future.
   if (settled_here) settled_cv_.notify_all();
   wake_waiters(err);
-  if (end_profiling) end_profiling();
   if (!settled_here) {
     auto self = c10::intrusive_ptr<PycollWork>::unsafe_reclaim_from_nonowning(this);  // callers hold a reference
     CompletionPool::instance().post([self] { self->settle_future(); });

@@ -91,9 +91,12 @@ class PycollWork : public c10d::Work {
 
   c10::intrusive_ptr<c10::ivalue::Future> make_future() const;
   void complete(const c10::intrusive_ptr<c10::ivalue::Future>& f);
-  // Records the outcome (what wait() and a later getFuture() report); returns the profiler's end
-  // callback, to run once waiters are notified.
-  std::function<void()> record_outcome(std::exception_ptr err);
+  // Ends torch.profiler's event of this op (when one was started), before record_outcome: a
+  // waiter may leave the profiler's context as soon as the op looks complete, and the profiler
+  // collects its events then (an event ended after that crashed it in disableProfiler).
+  void end_profiling();
+  // Records the outcome (what wait(), isCompleted() and a later getFuture() report).
+  void record_outcome(std::exception_ptr err);
   // Wakes wait(): done_ for its poll, cv_ for its sleep; then reports the outcome `err` to the
   // flight recorder.
   void wake_waiters(const std::exception_ptr& err);
