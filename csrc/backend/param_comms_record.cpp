@@ -11,13 +11,13 @@ namespace pycoll {
 
 namespace {
 
-// Start and stride of the group's global ranks where they form one (as torch computes them for
-// its backends); else the first rank and stride 1, and the full list in the debug info.
+// Start and stride of the group's global ranks, as torch's backends report them: stride -1 where
+// the ranks are not evenly spaced (the record has no field for the list itself).
 std::pair<int, int> rank_start_and_stride(const std::vector<int64_t>& ranks) {
   if (ranks.empty()) return {0, 1};
   const int64_t stride = ranks.size() > 1 ? ranks[1] - ranks[0] : 1;
   for (size_t i = 1; i < ranks.size(); ++i)
-    if (ranks[i] - ranks[i - 1] != stride) return {static_cast<int>(ranks[0]), 1};
+    if (ranks[i] - ranks[i - 1] != stride) return {static_cast<int>(ranks[0]), -1};
   return {static_cast<int>(ranks[0]), static_cast<int>(stride)};
 }
 

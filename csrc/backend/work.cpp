@@ -49,6 +49,7 @@ PycollWork::PycollWork(int rank, c10d::OpType type, std::string op_name, uint64_
       outputs_(std::move(outputs)),
       devices_(std::move(devices)) {
   if (!lazy_future && !devices_.empty()) future_ = make_future();
+  profiled_ = static_cast<bool>(recordFunctionEndCallback_);  // c10d::Work sets it while a profiler records
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> PycollWork::make_future() const {
@@ -152,6 +153,7 @@ c10::intrusive_ptr<c10::ivalue::Future> PycollWork::getFuture() {
 }
 
 void PycollWork::end_profiling() {
+  if (!profiled_) return;  // most ops: no lock taken
   std::function<void()> end;
   {
     std::lock_guard<std::mutex> g(mutex_);

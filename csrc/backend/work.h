@@ -80,6 +80,7 @@ class PycollWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<c10::Device> devices_;
   std::atomic<bool> done_{false};  // completed_, readable without mutex_ (what wait() polls)
+  bool profiled_ = false;          // torch.profiler recorded this op (set once, when made)
   FrHandle fr_;
   std::atomic<bool> fr_set_{false};  // fr_ is written; with done_, a Dekker pair: one side reports
   // Completes fr_'s entry (and reports a failure) once both it is set and the op is done.
