@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 from . import links, privileges
 from .privileges import ClusterError
 from .rates import parse_rate
-from .runner import ClusterSpec, run
+from .runner import ClusterSpec, _die_with_parent, run
 
 EPILOG = """\
 Each host is a network namespace with its own mount namespace (a private /dev/shm) and hostname;
@@ -76,10 +77,35 @@ def build_parser():
 
 def _enter_userns(argv):
     """Run this command again inside a user namespace where we are root, with its own network and
-    mount namespaces (and a tmpfs on /run for ip netns): what it builds vanishes with it."""
+    mount namespaces (and a tmpfs on /run for ip netns): what it builds vanishes with it.
+
+    The run inside stops and cleans up as a run as root does: SIGINT, SIGTERM and SIGHUP to this
+    process are passed on to it (once: it has a session of its own, so a terminal's Ctrl-C reaches
+    this process only), and it gets SIGTERM if this process is killed."""
     cmd = ["unshare", "--user", "--map-root-user", "--net", "--mount", "--propagation", "private", "--",
            sys.executable, "-m", "pycollectives.cluster", "--in-userns"] + list(argv)
-    return subprocess.call(cmd)
+    handlers, early, inner = {}, [], None
+
+    def forward(signum, frame):
+        if inner is None:
+            early.append(signum)  # passed on once the run inside has started
+        elif inner.poll() is None:
+            inner.send_signal(signum)
+
+    try:
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            handlers[s] = signal.signal(s, forward)
+        inner = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent(signal.SIGTERM))
+        if early:
+            inner.send_signal(early[0])
+        code = inner.wait()
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        if inner is not None and inner.poll() is None:  # this process failed: the run must not outlive it
+            inner.kill()
+            inner.wait()
+    return 128 - code if code < 0 else code
 
 
 def spec_from_args(a) -> ClusterSpec:
