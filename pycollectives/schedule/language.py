@@ -17,6 +17,10 @@ Pipelining is written once: `with p.pipelined(4):` runs the steps of its body on
 of the next one does; `pieces=` on a single step cuts that step alone. Steps on disjoint pieces
 commute, so this is the same computation as the body written once on whole chunks.
 
+A step written with numpy arrays of ranks or chunks (`p.input(r, c)` with r, c arrays) is one step
+per element, in order, without a Python object per step: the way to write programs of millions of
+steps (the ring at 4,096 ranks has 33 million). Such a call returns no handle.
+
 `send` and `recv` write the two halves of a transfer separately, for schedules whose message
 order is their own (they are matched per channel, in order).
 """
@@ -27,19 +31,27 @@ import gc
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from . import collectives
 from .errors import ScheduleError
 from .ir import IR, Step
 
 
+_BUFFERS = frozenset(collectives.BUFFERS)
+
+
 class Ref:
-    """`count` chunks from `start` of a buffer ("in", "out" or "scratch") of one rank."""
+    """`count` chunks from `start` of a buffer ("in", "out" or "scratch") of one rank. rank,
+    start and count may be numpy arrays (of one length, or broadcast): a step written with such
+    refs is one step per element, in order (a ring's step of N messages in one call)."""
     __slots__ = ("rank", "buffer", "start", "count")
 
     def __init__(self, rank: int, buffer: str, start: int, count: int = 1):
-        if buffer not in collectives.BUFFERS:
+        if buffer not in _BUFFERS:
             raise ScheduleError(f"unknown buffer {buffer!r}: expected one of {', '.join(collectives.BUFFERS)}")
-        self.rank, self.buffer, self.start, self.count = int(rank), buffer, int(start), int(count)
+        # No int() here: a step is written millions of times; the OpTable makes them integers.
+        self.rank, self.buffer, self.start, self.count = rank, buffer, start, count
 
     def __repr__(self):
         return f"Ref(rank={self.rank}, {self.buffer!r}, {self.start}, {self.count})"
@@ -61,6 +73,125 @@ class _Op:
         self.pieces, self.after, self.block, self.index = pieces, after, block, index
 
 
+KINDS = ("copy", "reduce", "send", "recv", "recv_reduce")
+_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+_BUFFER_CODE = {b: i for i, b in enumerate(collectives.BUFFERS)}
+# The columns of OpTable, one row per step as written (-1: none).
+COLUMNS = ("kind", "src_rank", "src_buf", "src_start", "dst_rank", "dst_buf", "dst_start", "count", "peer",
+           "lane", "pieces", "block")
+
+
+def _is_vector(ref) -> bool:
+    return ref is not None and any(isinstance(x, (np.ndarray, list, range)) for x in (ref.rank, ref.start, ref.count))
+
+
+def _narrow(col: np.ndarray) -> np.ndarray:
+    """col in the smallest signed integer type that holds it."""
+    if not len(col):
+        return col.astype(np.int8)
+    lo, hi = int(col.min()), int(col.max())
+    for t in (np.int8, np.int16, np.int32, np.int64):
+        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
+            break
+    if lo == hi:  # one value (a lane, a buffer, ...): no memory per row
+        return np.broadcast_to(np.array(lo, t), col.shape)
+    return col.astype(t)
+
+
+class OpTable:
+    """The steps of a Program as written, in numpy columns (COLUMNS) of the smallest integer type
+    that holds them, filled 65,536 rows at a time: a program of 30 million steps takes a few
+    hundred MB, not the tens of GB of one object per step. Indexing gives an `_Op`; `column(name)`
+    the whole column; `after` maps an op index to its after= indices."""
+    FLUSH = 1 << 16
+    PART = 1 << 20
+
+    def __init__(self):
+        self._rows: List[tuple] = []
+        self._cols: Dict[str, List[np.ndarray]] = {c: [] for c in COLUMNS}
+        self._small: List[Dict[str, np.ndarray]] = []
+        self._small_rows = 0
+        self._flushed = 0
+        self.after: Dict[int, tuple] = {}
+
+    def __len__(self):
+        return self._flushed + len(self._rows)
+
+    def append(self, row: tuple, after: tuple):
+        rows = self._rows
+        if after:
+            self.after[self._flushed + len(rows)] = after
+        rows.append(row)
+        if len(rows) >= self.FLUSH:
+            self._flush()
+
+    def extend(self, columns: Dict[str, np.ndarray]):
+        """Rows given as whole columns (steps written for arrays of ranks or chunks)."""
+        self._flush()
+        self._add_part({name: np.asarray(columns[name], np.int64) for name in COLUMNS}, len(columns["kind"]))
+
+    def _flush(self):
+        if not self._rows:
+            return
+        a = np.array(self._rows, dtype=np.int64)
+        self._add_part({name: a[:, i] for i, name in enumerate(COLUMNS)}, len(self._rows))
+        self._rows = []
+
+    def _add_part(self, cols, n):
+        # Small parts are joined into parts of a million rows: many small arrays freed later
+        # would stay in the process's heap.
+        self._small.append(cols)
+        self._small_rows += n
+        self._flushed += n
+        if self._small_rows >= self.PART:
+            self._join_small()
+
+    def _join_small(self):
+        if not self._small:
+            return
+        for name in COLUMNS:
+            self._cols[name].append(_narrow(np.concatenate([c[name] for c in self._small])))
+        self._small, self._small_rows = [], 0
+
+    def column(self, name: str) -> np.ndarray:
+        """The whole column, its parts joined once (in the widest type among them)."""
+        self._flush()
+        self._join_small()
+        parts = self._cols[name]
+        if not parts:
+            return np.zeros(0, np.int8)
+        if len(parts) > 1 and all(p.strides == (0,) for p in parts) and len({int(p[0]) for p in parts}) == 1:
+            parts[:] = [np.broadcast_to(parts[0][:1].copy(), (self._flushed,))]
+        elif len(parts) > 1:
+            t = np.result_type(*parts)
+            out = np.empty(self._flushed, t)
+            at = 0
+            while parts:  # part by part, so that the column is not held twice
+                part = parts.pop(0)
+                out[at:at + len(part)] = part
+                at += len(part)
+            parts.append(out)
+        return parts[0]
+
+    def row(self, i: int) -> tuple:
+        if i >= self._flushed:
+            return self._rows[i - self._flushed]
+        return tuple(int(self.column(c)[i]) for c in COLUMNS)
+
+    def __getitem__(self, i: int) -> _Op:
+        if i < 0:
+            i += len(self)
+        kind, sr, sb, ss, dr, db, ds, count, peer, lane, pieces, block = self.row(i)
+        src = Ref(sr, collectives.BUFFERS[sb], ss, count) if sb >= 0 else None
+        dst = Ref(dr, collectives.BUFFERS[db], ds, count) if db >= 0 else None
+        return _Op(KINDS[kind], src, dst, None if peer < 0 else peer, lane, pieces, self.after.get(i, ()),
+                   None if block < 0 else block, i)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
 class Program:
     """The builder of one collective's schedule (see the module's docstring)."""
 
@@ -76,7 +207,8 @@ class Program:
         self.name, self.collective, self.ranks, self.chunks = name, collective, ranks, chunks
         self.root, self.inplace, self.scratch_chunks = root, inplace, scratch
         self.channel_depth, self.order = channel_depth, order
-        self._ops: List[_Op] = []
+        self._ops = OpTable()
+        self._n = 0
         self._block = None  # (id, pieces) while inside pipelined()
         self._blocks = 0
         self._ir: Optional[IR] = None
@@ -124,22 +256,71 @@ class Program:
             self._block = None
 
     def _add(self, kind, src, dst, peer, lane, pieces, after) -> Handle:
-        if self._block is not None and pieces != 1:
-            raise ScheduleError("pieces= inside pipelined(): the block already cuts its steps into pieces")
+        # Runs once per step written (tens of millions for a ring at 4,096 ranks): kept lean.
+        block = self._block
+        if block is not None:
+            if pieces != 1:
+                raise ScheduleError("pieces= inside pipelined(): the block already cuts its steps into pieces")
+            block, pieces = block
+        else:
+            block = -1
         if pieces < 1 or lane < 0:
             raise ScheduleError(f"pieces >= 1 and lane >= 0, not pieces={pieces}, lane={lane}")
-        if src is not None and dst is not None and src.count != dst.count:
-            raise ScheduleError(f"{kind} of {src.count} chunks into {dst.count} chunks: {src!r} -> {dst!r}")
-        for h in after:
-            if not isinstance(h, Handle) or not 0 <= h.index < len(self._ops):
-                raise ScheduleError(f"after= takes handles of earlier steps, not {h!r}")
-        block = self._block[0] if self._block else None
-        if self._block:
-            pieces = self._block[1]
-        self._ops.append(_Op(kind, src, dst, peer, int(lane), int(pieces), tuple(h.index for h in after),
-                             block, len(self._ops)))
+        n = self._n
+        if after:
+            for h in after:
+                if not isinstance(h, Handle) or not 0 <= h.index < n:
+                    raise ScheduleError(f"after= takes handles of earlier steps, not {h!r}")
+            after = tuple(h.index for h in after)
+        if _is_vector(src) or _is_vector(dst):
+            if after:
+                raise ScheduleError("after= takes handles of single steps, not of steps written for arrays")
+            self._add_vector(kind, src, dst, peer, int(lane), int(pieces), block)
+            self._ir = None
+            return None
+        if src is not None:
+            if dst is not None:
+                if src.count != dst.count:
+                    raise ScheduleError(f"{kind} of {src.count} chunks into {dst.count} chunks: {src!r} -> {dst!r}")
+                row = (_KIND_CODE[kind], src.rank, _BUFFER_CODE[src.buffer], src.start, dst.rank,
+                       _BUFFER_CODE[dst.buffer], dst.start, src.count, -1, int(lane), int(pieces), block)
+            else:
+                row = (_KIND_CODE[kind], src.rank, _BUFFER_CODE[src.buffer], src.start, -1, -1, -1, src.count,
+                       peer, int(lane), int(pieces), block)
+        else:
+            row = (_KIND_CODE[kind], -1, -1, -1, dst.rank, _BUFFER_CODE[dst.buffer], dst.start, dst.count,
+                   peer, int(lane), int(pieces), block)
+        self._ops.append(row, after)
+        self._n = n + 1
         self._ir = None
-        return Handle(len(self._ops) - 1)
+        return Handle(n)
+
+    def _add_vector(self, kind, src, dst, peer, lane, pieces, block):
+        """One step per element of the arrays among the refs' ranks, starts and counts, in order."""
+        fields = [src.rank, src.start, src.count] if src is not None else []
+        fields += [dst.rank, dst.start, dst.count] if dst is not None else []
+        try:
+            arrays = np.broadcast_arrays(*[np.asarray(f, np.int64) for f in fields])
+        except ValueError:
+            raise ScheduleError(f"{kind}: the arrays of ranks and chunks differ in length") from None
+        n = arrays[0].size
+        cols = {"kind": np.full(n, _KIND_CODE[kind]), "peer": np.full(n, -1 if peer is None else peer),
+                "lane": np.full(n, lane), "pieces": np.full(n, pieces), "block": np.full(n, block)}
+        if src is not None:
+            cols["src_rank"], cols["src_start"], cols["count"] = (a.ravel() for a in arrays[:3])
+            cols["src_buf"] = np.full(n, _BUFFER_CODE[src.buffer])
+            arrays = arrays[3:]
+        else:
+            cols["src_rank"] = cols["src_buf"] = cols["src_start"] = np.full(n, -1)
+        if dst is not None:
+            if src is not None and np.any(cols["count"] != arrays[2].ravel()):
+                raise ScheduleError(f"{kind} of chunks into a different number of chunks: {src!r} -> {dst!r}")
+            cols["dst_rank"], cols["dst_start"], cols["count"] = (a.ravel() for a in arrays)
+            cols["dst_buf"] = np.full(n, _BUFFER_CODE[dst.buffer])
+        else:
+            cols["dst_rank"] = cols["dst_buf"] = cols["dst_start"] = np.full(n, -1)
+        self._ops.extend(cols)
+        self._n += n
 
     # Lowering ----------------------------------------------------------------------------------
     def lower(self) -> IR:
@@ -172,11 +353,12 @@ class _Lowering:
 
     def __init__(self, p: Program):
         self.p = p
+        self.ops = list(p._ops)
         self.P = 1
-        for op in p._ops:
+        for op in self.ops:
             self.P = self.P * op.pieces // math.gcd(self.P, op.pieces)
         self.K = p.chunks * self.P
-        self.lanes = max(max((op.lane for op in p._ops), default=0) + 1, 1)
+        self.lanes = max(max((op.lane for op in self.ops), default=0) + 1, 1)
         self.program_order = p.order == "program"
         self.placed: List[List[List[tuple]]] = [[[] for _ in range(self.lanes)] for _ in range(p.ranks)]
         self.where: List[Tuple[int, int]] = []  # g -> (rank, lane)
@@ -189,12 +371,12 @@ class _Lowering:
         self.writer: List[Dict] = [{} for _ in range(p.ranks)]
         self.readers: List[Dict] = [{} for _ in range(p.ranks)]
         self.emitted: Dict[object, List[int]] = {}  # op index or (op, piece) -> g, for after=
-        self.referenced = {a for op in p._ops for a in op.after}
+        self.referenced = {a for op in self.ops for a in op.after}
         self.identity = not p.inplace
 
     def run(self) -> IR:
         p = self.p
-        ops = p._ops
+        ops = self.ops
         i = 0
         while i < len(ops):
             op = ops[i]
@@ -309,7 +491,7 @@ class _Lowering:
         g = len(self.where)
         same = []  # predecessors on this rank
         for a in op.after:  # every step of that op on this rank (its same piece, if pipelined together)
-            prev = p._ops[a]
+            prev = self.ops[a]
             key = (a, piece) if (prev.block is not None and prev.block == op.block) else a
             same.extend(x for x in self.emitted.get(key, ()) if self.where[x][0] == rank)
         if self.program_order:

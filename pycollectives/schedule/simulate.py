@@ -20,6 +20,10 @@ receive k - channel_depth of their channel (a send), as the engines run them. A 
 second pair (alpha, beta) for messages of collectives larger than its `cache` bytes (out of
 cache).
 
+Programs of one lane per rank written with copies and reductions take a fast path in numpy
+arrays (fastsim.py: the ring at 4,096 ranks in about 30 s); the others, and those whose ports
+serve several senders at once, the event simulation of the lowered IR (`_Sim`).
+
 The result has the time, the longest chain of messages ("steps": 2(N-1) for the ring all_reduce),
 the bytes each rank sends (2(N-1)/N of the message for the ring all_reduce), and per link port
 the bytes and the busy time; `busiest` names the port with the most busy time.
@@ -228,14 +232,13 @@ def _fmt_bw(bps: float) -> str:
     return f"{bps / 1e9:.1f} GB/s"
 
 
-def load_program(program, ranks: Optional[int] = None, hosts: int = 1, **kwargs) -> IR:
-    """An IR from an IR, a Program, a JSON file, a factory, an example's name or module:function."""
-    from .language import Program
+def _build(program, ranks: Optional[int] = None, hosts: int = 1, **kwargs):
+    """A Program or an IR from an IR, a Program, a JSON file, a factory, an example's name or
+    module:function (a factory's Program is not lowered yet)."""
+    from .language import Program, _no_gc
 
-    if isinstance(program, IR):
+    if isinstance(program, (IR, Program)):
         return program
-    if isinstance(program, Program):
-        return program.lower()
     if isinstance(program, str):
         if program.endswith(".json"):
             with open(program) as fh:
@@ -253,30 +256,84 @@ def load_program(program, ranks: Optional[int] = None, hosts: int = 1, **kwargs)
         params = {}
     if hosts > 1 and "per_host" in params and "per_host" not in kwargs:
         kwargs["per_host"] = ranks // hosts
-    from .language import _no_gc
-
     with _no_gc():
-        built = program(ranks, **kwargs)
-        return built.lower() if isinstance(built, Program) else built
+        return program(ranks, **kwargs)
+
+
+def load_program(program, ranks: Optional[int] = None, hosts: int = 1, **kwargs) -> IR:
+    """An IR from an IR, a Program, a JSON file, a factory, an example's name or module:function."""
+    from .language import Program, _no_gc
+
+    built = _build(program, ranks, hosts, **kwargs)
+    if isinstance(built, Program):
+        with _no_gc():
+            return built.lower()
+    return built
 
 
 def simulate(program, ranks: Optional[int] = None, *, size: int = 1 << 20, dtype_bytes: int = 4,
              topology: Optional[Topology] = None, link="nvlink", hosts: int = 1, network=None,
              nics: Optional[int] = None, gamma: float = 0.0, copy_gamma: float = 0.0, lane_ports: bool = False,
              **program_kwargs) -> Result:
-    """Simulates one call of `program` with a message of `size` bytes per rank (see the module's docstring)."""
-    ir = load_program(program, ranks, hosts, **program_kwargs)
-    if ranks is not None and ir.ranks != ranks:
-        raise ScheduleError(f"program {ir.name!r} was built for {ir.ranks} ranks, not {ranks}")
-    if topology is None:
-        topology = Topology(ir.ranks, link=link, hosts=hosts, network=network, nics=nics, gamma=gamma,
-                            copy_gamma=copy_gamma, lane_ports=lane_ports)
-    elif topology.ranks != ir.ranks:
-        raise ScheduleError(f"topology of {topology.ranks} ranks for a program of {ir.ranks}")
-    from .language import _no_gc
+    """Simulates one call of `program` with a message of `size` bytes per rank (see the module's docstring).
 
+    A Program (or a factory's, or a shipped example's) of one lane per rank is simulated from its
+    steps as written, in numpy arrays (fastsim.py); other programs, an IR, and programs whose
+    ports serve several senders at once (fastsim.py says when) by the event simulation of the IR."""
+    from .language import Program, _no_gc
+
+    built = _build(program, ranks, hosts, **program_kwargs)
+    n = built.ranks
+    if ranks is not None and n != ranks:
+        raise ScheduleError(f"program {built.name!r} was built for {n} ranks, not {ranks}")
+    if topology is None:
+        topology = Topology(n, link=link, hosts=hosts, network=network, nics=nics, gamma=gamma,
+                            copy_gamma=copy_gamma, lane_ports=lane_ports)
+    elif topology.ranks != n:
+        raise ScheduleError(f"topology of {topology.ranks} ranks for a program of {n}")
+    if isinstance(built, Program):
+        with _no_gc():
+            res = _fast(built, topology, size, dtype_bytes)
+        if isinstance(res, Result):
+            return res
+        with _no_gc():
+            built = res if res is not None else built.lower()
     with _no_gc():
-        return _Sim(ir, topology, size, dtype_bytes).run()
+        return _Sim(built, topology, size, dtype_bytes).run()
+
+
+def _fast(p, topo: Topology, size: int, dtype_bytes: int):
+    """The Result from fastsim, or the IR it lowered (ports shared: the event simulation runs
+    it), or None (not a program for fastsim)."""
+    from .fastsim import FastSim, Unsupported
+
+    try:
+        out = FastSim(p, topo, size, dtype_bytes).run()
+    except Unsupported:
+        return None
+    if isinstance(out, IR):
+        return out
+    end, steps, messages, sent, pbytes, pbusy, pfirst, pfirst_node = out
+    N, nics = p.ranks, topo.nics
+    used = [int(i) for i in (pfirst != float("inf")).nonzero()[0]]
+    used.sort(key=lambda i: (pfirst[i], pfirst_node[i]))  # the order the event simulation meets them
+
+    def port_name(i):
+        if i < 2 * N:
+            lane = " lane 0" if topo.lane_ports else ""
+            return f"rank {i % N}{lane} {'out' if i < N else 'in'} ({topo.link.name})"
+        j = i - 2 * N
+        way, j = ("out", j) if j < topo.hosts * nics else ("in", j - topo.hosts * nics)
+        return f"host {j // nics} NIC {j % nics} {way} ({topo.network.name})"
+
+    links = {}
+    for i in used:
+        kind = topo.link.name if i < 2 * N else topo.network.name
+        links[port_name(i)] = {"link": kind, "bytes": int(pbytes[i]), "busy": float(pbusy[i])}
+    busiest = max(links, key=lambda k: (links[k]["busy"], links[k]["bytes"]), default="-")
+    return Result(name=p.name, collective=p.collective, ranks=N, size=size, time=end, steps=steps,
+                  messages=messages, bytes_sent={r: int(b) for r, b in enumerate(sent)}, links=links,
+                  busiest=busiest, topology=topo.describe())
 
 
 class _Sim:
@@ -287,6 +344,9 @@ class _Sim:
         s = -(-E // K) if K else 0
         self.chunk_bytes = [max(0, min((j + 1) * s, E) - min(j * s, E)) * dtype_bytes for j in range(K)]
         self.scratch_bytes = s * dtype_bytes
+        self.cum_bytes = [0]
+        for b in self.chunk_bytes:
+            self.cum_bytes.append(self.cum_bytes[-1] + b)
         blocks_out = collectives.blocks(ir.collective, "out", ir.ranks)
         blocks_in = collectives.blocks(ir.collective, "in", ir.ranks)
         total = size * max(blocks_in, blocks_out)
@@ -300,7 +360,9 @@ class _Sim:
         K, cb = self.ir.chunks, self.chunk_bytes
         if count == 1:
             return cb[start % K]
-        return sum(cb[c % K] for c in range(start, start + count))
+        cum, block = self.cum_bytes, self.cum_bytes[-1]  # sum of chunk bytes from start, by prefix sums
+        end = start + count
+        return (end // K - start // K) * block + cum[end % K] - cum[start % K]
 
     def run(self) -> Result:
         ir, topo = self.ir, self.topo
@@ -461,13 +523,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     try:
-        ir = load_program(args.program, args.ranks, args.hosts,
-                          **({"pieces": args.pieces} if args.pieces else {}))
+        prog = _build(args.program, args.ranks, args.hosts, **({"pieces": args.pieces} if args.pieces else {}))
         if args.check:
             from .check import check
 
-            check(ir, ranks=args.ranks)
-        res = simulate(ir, args.ranks, size=parse_size(args.size), dtype_bytes=args.dtype_bytes,
+            check(load_program(prog), ranks=args.ranks)
+        res = simulate(prog, args.ranks, size=parse_size(args.size), dtype_bytes=args.dtype_bytes,
                        link=args.link, hosts=args.hosts, network=args.net if args.hosts > 1 else None,
                        nics=args.nics, gamma=args.gamma, lane_ports=args.lane_ports)
     except (ScheduleError, ValueError, ImportError, AttributeError) as e:
