@@ -94,6 +94,14 @@ def _pick_compiler():
         print(f"pycollectives: warning: CXX={cxx} {' and '.join(bad)}; the extension may crash", file=sys.stderr)
 
 
+# C++ that needs the CUDA engine (its .cu files) and a CUDA build of torch: the CUDA tensor engine
+# and the backend's device queue with its events and their watcher. A CPU-only build leaves them out and has
+# csrc/backend/no_cuda.cpp in their place.
+_CUDA_ONLY_CPP = [os.path.join("csrc", *p.split("/")) for p in (
+    "engines/cuda_tensor_engine.cpp", "backend/cuda_ops.cpp", "backend/cuda_event_pool.cpp",
+    "backend/cuda_op_watcher.cpp")]
+
+
 def _extension():
     _pick_compiler()
     use_cuda, why = _want_cuda()
@@ -129,8 +137,7 @@ def _extension():
     else:
         # csrc/cuda/*.cpp is the CUDA engine's plain C++ (its settings, limits, plans and choices;
         # everything CUDA there is in .cu files): kept, so that it is testable without a GPU.
-        plain = os.path.join("csrc", "cuda", "")
-        sources = [s for s in sources if os.sep + "cuda" + os.sep not in s or os.path.dirname(s) + os.sep == plain]
+        sources = [s for s in sources if s not in _CUDA_ONLY_CPP]
         ext = cpp_extension.CppExtension(
             "pycollectives._C", sources, include_dirs=[os.path.join(here, "csrc")],
             define_macros=macros, extra_compile_args={"cxx": cxx},

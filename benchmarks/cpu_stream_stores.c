@@ -1,6 +1,6 @@
 /* Plain against streaming (non-temporal) stores for the copies and adds a CPU collective does,
  * both processes at once, each pinned to its own CPU: the measurement behind
- * kernels/cpu_stream_store.h (docs/decisions/0021-streaming-stores-for-large-cpu-outputs.md).
+ * cpu/kernels/stream_store.h (docs/decisions/0021-streaming-stores-for-large-cpu-outputs.md).
  *
  *   copy      memcpy-like loop, 64-byte AVX-512 loads and stores (plain) or streaming stores
  *   copy16    the same with 16-byte SSE2 streaming stores (what the library uses)

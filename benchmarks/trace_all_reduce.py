@@ -5,7 +5,7 @@
 # stamped event in us from the earliest stamp of the kernel on that rank, the kernel's span and the
 # eager time per call (the difference is the gap between back-to-back kernels). Writes the raw rows
 # with each rank's absolute origin (%globaltimer, ns) to OUTDIR/trace-r<rank>.json.
-# Events (kernels/trace.cuh): 0 start, 1 end; two-shot: 2, 3, ... after each acquire / execute;
+# Events (cuda/kernels/trace.cuh): 0 start, 1 end; two-shot: 2, 3, ... after each acquire / execute;
 # split: 2+2k / 3+2k per chunk.
 import datetime
 import json

@@ -13,7 +13,7 @@ FLOAT32, BFLOAT16 = 0, 3  # DType
 # The built-in plans, then the registered protocols' codes (cuda/all_reduce_registry.h).
 PLANS = {1: "one-shot", 2: "two-shot", 3: "ring", 4: "tree", 5: "split one-shot (static ranges)",
          6: "split one-shot (claimed chunks)", 7: "one-shot (LL protocol)", 8: "direct"}
-PLANS.update({p["check_code"]: p["check_plan"] for p in C.cuda_all_reduce_protocols()})
+PLANS.update({p["check_code"]: p["check_plan"] for p in C.cuda_all_reduce_protocols() if p["check_code"]})
 
 
 def test_every_field_changes_the_word():
@@ -25,7 +25,7 @@ def test_every_field_changes_the_word():
 
 
 def test_all_to_all_pairs_carry_their_size():
-    # Each pair of an all_to_all checks its own byte count (kernels/entry.cuh, with_pair_bytes):
+    # Each pair of an all_to_all checks its own byte count (cuda/kernels/entry.cuh, with_pair_bytes):
     # the words of two sizes differ, and the error names both.
     w1 = C.cuda_check_word(ALL_TO_ALL, 0, 0, 0, 4096, 0)
     w2 = C.cuda_check_word(ALL_TO_ALL, 0, 0, 0, 8192, 0)

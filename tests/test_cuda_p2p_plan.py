@@ -1,5 +1,5 @@
 """The CUDA engine's cut of a send/recv (gpu::plan_p2p) and the all_to_all's CTA roles
-(kernels/all_to_all_role.h), tested without a GPU through pycollectives._C: both ends of a pair
+(cuda/kernels/all_to_all_role.h), tested without a GPU through pycollectives._C: both ends of a pair
 must derive the same launch from what they both know, every byte must have a chunk, and every
 side of every pair exactly one CTA. A coalesced batch (gpu::plan_p2p_batch) keeps every message's
 cut and runs in one launch only where no CTA can wait on one that is not placed. docs/decisions/0011-p2p-channels.md."""

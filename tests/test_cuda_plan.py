@@ -13,7 +13,7 @@ KiB = 1 << 10
 plan = pycollectives._C.cuda_all_reduce_plan
 limits = pycollectives._C.cuda_engine_limits
 H100_SMS = 132
-REGISTERED = {p["name"]: p for p in pycollectives._C.cuda_all_reduce_protocols()}
+PROTOCOLS = {p["name"]: p for p in pycollectives._C.cuda_all_reduce_protocols()}
 
 SIZES = sorted({1, 3, 4096 - 4, 16 * KiB, 16 * KiB + 4, 1 * MiB, 1 * MiB + 4, 2 * MiB, 4 * MiB, 8 * MiB + 12,
                 16 * MiB, 33 * MiB + 4, 64 * MiB, 96 * MiB, 128 * MiB, 256 * MiB + 8})
@@ -24,21 +24,23 @@ def ceil_div(a, b):
 
 
 def check_invariants(p, count, es, world, lim):
-    """What the engine's launch of plan `p` needs, whatever the size (cuda_engine.cu, kernels/args.h)."""
+    """What the engine's launch of plan `p` needs, whatever the size (cuda_engine.cu, cuda/kernels/args.h)."""
     nbytes = count * es
     pack = max(1, 16 // es)
     assert p["algorithm"] in ("oneshot", "twoshot", "ring", "tree")
     assert p["algorithm"] in p["describe"] or (p["algorithm"] == "tree" and "double_binary_tree" in p["describe"])
     assert p["protocol"] in p["describe"]
+    assert p["protocol"] in PROTOCOLS and p["algorithm"] in PROTOCOLS[p["protocol"]]["algorithms"]
+    assert p["fits"]  # what the engine checks before it launches: the plan inside the workspace
+    mine = lim["protocols"][p["protocol"]]
+    assert 0 < nbytes <= mine["max_bytes"]
     if p["protocol"] == "ll":
-        assert p["algorithm"] == "oneshot" and nbytes <= lim["ll_max_bytes"] and p["check_plan"].startswith("one-shot")
+        assert p["algorithm"] == "oneshot" and p["check_plan"].startswith("one-shot")
         assert p["grid"] == ceil_div(nbytes, 16 * KiB) and 1 <= p["grid"] <= 64
         return
-    if p["protocol"] in REGISTERED:  # a registered protocol (cuda/all_reduce_registry.h)
-        r, mine = REGISTERED[p["protocol"]], lim["protocols"][p["protocol"]]
-        assert p["algorithm"] == r["algorithm"] and p["check_plan"] == r["check_plan"]
-        assert 0 < nbytes <= mine["max_bytes"] and 1 <= p["grid"] <= mine["max_blocks"]
-        assert p["fits_region"]  # what the engine checks before it launches
+    if p["protocol"] != "channel":  # a protocol with a check code of its own (cuda/all_reduce_registry.h)
+        r = PROTOCOLS[p["protocol"]]
+        assert p["check_plan"] == r["check_plan"] and 1 <= p["grid"] <= mine["max_blocks"]
         return
     assert p["protocol"] == "channel"
     if p["variant"].startswith("split"):
@@ -148,3 +150,21 @@ def test_bad_requests_name_the_problem(monkeypatch):
     monkeypatch.setenv("PYCOLL_CUDA_MAX_BLOCKS", "999")
     with pytest.raises(ValueError, match="PYCOLL_CUDA_MAX_BLOCKS"):
         plan(1024, 4, 2)
+
+
+def test_every_all_reduce_runs_through_the_protocol_registry():
+    # The registry (cuda/all_reduce_registry.h) holds every protocol the plan can pick, in the
+    # order it tries them: LL128 (two-shot up to its limit), LL (one-shot up to 1 MiB), then the
+    # channel protocol, which runs every schedule at any size.
+    names = [p["name"] for p in pycollectives._C.cuda_all_reduce_protocols()]
+    assert names == ["ll128", "ll", "channel"]
+    assert PROTOCOLS["channel"]["algorithms"] == ["oneshot", "twoshot", "ring", "tree"]
+    assert PROTOCOLS["ll"]["algorithms"] == ["oneshot"]
+    assert not PROTOCOLS["ll"]["has_region"] and not PROTOCOLS["channel"]["has_region"]
+    lim = limits(2, H100_SMS)["protocols"]
+    assert lim["ll"]["max_bytes"] == MiB and lim["channel"]["max_bytes"] >= 1 << 62
+    seen = {plan(count, 4, world, algo)["protocol"] for count in (1, 1024, 64 * KiB, 4 * MiB, 64 * MiB)
+            for world in (2, 4, 8) for algo in ("oneshot", "twoshot", "ring", "tree")}
+    assert seen == set(names)
+    # A protocol without a region of its own takes no workspace.
+    assert pycollectives._C.cuda_workspace_layout(2, 0, protocols={"ll": MiB, "channel": MiB})["regions"] == {}

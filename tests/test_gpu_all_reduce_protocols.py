@@ -61,7 +61,7 @@ def test_all_reduce_ll_protocol(seed):
 
 
 def _all_reduce_split(rank, world, seed):
-    """The split one-shot (pushing and reducing CTAs apart, kernels/one_shot.cuh; two ranks only),
+    """The split one-shot (pushing and reducing CTAs apart, cuda/kernels/one_shot.cuh; two ranks only),
     forced for every one-shot call of the channel protocol (PYCOLL_CUDA_SPLIT_MIN_KIB=0, LL off)
     with 16 KiB chunks,
     so that a channel carries many chunks: every dtype, in place (the reducer must not overwrite

@@ -1,4 +1,4 @@
-"""The LL128 two-shot all_reduce, a protocol registered with the CUDA engine (kernels/ll128_two_shot.cuh,
+"""The LL128 two-shot all_reduce, a protocol registered with the CUDA engine (cuda/kernels/ll128_two_shot.cuh,
 cuda/launch_ll128.cu, cuda/ll128_two_shot.cpp): without a GPU its registration, its plans and the
 sizes `auto` gives it (docs/decisions/0010, 0012), and its workspace region; on GPUs every dtype and
 op at odd offsets and sizes, interleaved with the other protocols, with changing grids and in CUDA
@@ -25,14 +25,15 @@ def plan(nbytes, world, algo="auto", es=4):
 
 
 def lines_for(nbytes, world):
-    # kernels/ll128_layout.h: a segment is ceil(count / n) elements rounded up to 16 bytes.
+    # cuda/kernels/ll128_layout.h: a segment is ceil(count / n) elements rounded up to 16 bytes.
     return -(-(-(-nbytes // world) + 23) // LINE_PAYLOAD)
 
 
 def test_registered_once_as_a_two_shot_with_its_own_check_code():
     mine = [p for p in C.cuda_all_reduce_protocols() if p["name"] == "ll128"]
     assert len(mine) == 1
-    assert mine[0]["algorithm"] == "twoshot" and mine[0]["check_plan"] == "two-shot (LL128 protocol)"
+    assert mine[0]["algorithms"] == ["twoshot"] and mine[0]["check_plan"] == "two-shot (LL128 protocol)"
+    assert mine[0]["has_region"]
     assert C.cuda_engine_limits(2)["protocols"]["ll128"] == {"max_bytes": 16 * MiB, "max_blocks": 128}
     assert C.cuda_engine_limits(8)["protocols"]["ll128"]["max_bytes"] == 0  # not measured beyond four
 
@@ -44,7 +45,7 @@ def test_plans_fit_its_region(world, es):
     for nbytes in (es, 3 * es, 120, 121 * es, 64 * 120 * world + 8, 1 * MiB + 8, 4 * MiB, 16 * MiB):
         p = plan(nbytes, world, "twoshot", es)
         count = nbytes // es
-        assert p["protocol"] == "ll128" and p["check_plan"] == "two-shot (LL128 protocol)" and p["fits_region"]
+        assert p["protocol"] == "ll128" and p["check_plan"] == "two-shot (LL128 protocol)" and p["fits"]
         assert p["seg"] * world >= count and (p["seg"] * es) % 16 == 0
         lines = -(-min(p["seg"], count) * es // LINE_PAYLOAD)
         assert lines <= lines_for(lim["max_bytes"], world)
@@ -104,7 +105,7 @@ def test_its_region(nranks, max_bytes):
 
 
 def _all_reduce_ll128(rank, world, seed):
-    """The LL128 two-shot (kernels/ll128_two_shot.cuh; PYCOLL_CUDA_LL128_MAX_KIB, here 64 MiB on
+    """The LL128 two-shot (cuda/kernels/ll128_two_shot.cuh; PYCOLL_CUDA_LL128_MAX_KIB, here 64 MiB on
     every world size, and PYCOLL_CUDA_LL128_BLOCKS=5 so that CTA ranges end at odd lines): every
     dtype and op in place at odd offsets, sizes from 1 element (the last ranks own no line and send
     an ack) through lines and CTA rows that end mid-word; the largest message the region holds and

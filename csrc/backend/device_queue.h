@@ -1,5 +1,5 @@
 // How an op on CUDA tensors becomes a Work, with ProcessGroupNCCL's stream semantics (see
-// backend/cuda/cuda_ops.h, the one implementation). The backend talks to it through this
+// backend/cuda_ops.h, the one implementation). The backend talks to it through this
 // interface only, so that the backend compiles the same with and without CUDA.
 #pragma once
 
@@ -14,6 +14,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "backend/flight_recorder.h"
 
 namespace pycoll {
 
@@ -31,17 +33,18 @@ class DeviceQueue {
   // Runs body on the stream the op belongs on and returns its Work: a synchronous collective
   // runs on the caller's current stream; an async one (and all point-to-point) on the group's
   // communication stream of its lane, ordered after the caller's stream. `tensors` stay alive
-  // until the op ran; `outputs` are what the Future holds.
+  // until the op ran; `outputs` are what the Future holds. `fr`: the op's flight-recorder entry,
+  // whose states then follow events around its kernels (backend/cuda_op_watcher.h).
   enum class Lane { Collective = 0, Send = 1, Recv = 2 };
   using Body = std::function<void(const c10::Stream&)>;
   virtual c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* op, uint64_t seq,
                                                 const std::vector<at::Tensor>& tensors,
                                                 const std::vector<at::Tensor>& outputs, bool async_op, const Body& body,
-                                                Lane lane) = 0;
+                                                Lane lane, const FrHandle& fr) = 0;
 
   // Point-to-point on the CUDA engine (matched per peer in issue order).
-  virtual c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, uint64_t seq) = 0;
-  virtual c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, uint64_t seq) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, uint64_t seq, const FrHandle& fr) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, uint64_t seq, const FrHandle& fr) = 0;
   // A coalesced batch_isend_irecv's sends and receives on the CUDA engine, in posting order: one
   // launch (one Work) when the engine can run them together, else one send or receive (and Work)
   // each.

@@ -30,6 +30,12 @@ const IntSetting kStacks("PYCOLL_FR_STACKS", 0, 0, 1, "backend", false, Audience
                          "1: the flight recorder keeps each op's Python stack (the caller's file, function and "
                          "line in a dump's frames; docs/tracing.md). It costs microseconds per op, hence off.");
 
+const IntSetting kGpuTiming("PYCOLL_FR_GPU_TIMING", 0, 0, 1, "backend", false, Audience::User,
+                            "1: ops on CUDA streams are timed with timed events, so that a flight-recorder dump's "
+                            "duration_ms is the GPU's time (docs/tracing.md); timed events cost more to record. "
+                            "Unset: TORCH_NCCL_ENABLE_TIMING, else 0.",
+                            "TORCH_NCCL_ENABLE_TIMING, else 0");
+
 size_t buffer_size_from_settings() {
   if (kBufferSize.is_set()) return static_cast<size_t>(kBufferSize.get());
   if (const char* torch_size = std::getenv("TORCH_FR_BUFFER_SIZE")) {
@@ -291,6 +297,7 @@ FrHandle FlightRecorder::record(int pg_id, uint64_t op_id, uint64_t collective_s
   e.created_ns = now;
   e.started_ns = started ? now : 0;
   e.completed_ns = 0;
+  e.gpu_ms = -1;
   e.timeout_ms = timeout.count();
   e.thread_id = me.tid;
   if (started) {
@@ -333,6 +340,19 @@ void FlightRecorder::ran(const FrHandle& h, const char* engine, const char* algo
   e.algo = algo ? algo : "";
   std::memcpy(e.plan, plan.data(), n);
   e.plan[n] = '\0';
+}
+
+bool FlightRecorder::gpu_timing_from_settings() {
+  if (kGpuTiming.is_set()) return kGpuTiming.get() != 0;
+  const char* torch_timing = std::getenv("TORCH_NCCL_ENABLE_TIMING");
+  return torch_timing != nullptr && std::strcmp(torch_timing, "1") == 0;
+}
+
+void FlightRecorder::gpu_duration(const FrHandle& h, float ms) {
+  Slot* s = live(h);
+  if (s == nullptr) return;
+  SlotGuard g(*s);
+  if (s->e.record_id == h.record_id) s->e.gpu_ms = ms;
 }
 
 void FlightRecorder::completed(const FrHandle& h, const char* error) {
@@ -448,7 +468,11 @@ std::string FlightRecorder::dump_json(const std::string& reason) const {
     out += ", \"time_discovered_completed_ns\": ";
     put_time_or_null(out, e.completed_ns);
     out += ", \"duration_ms\": ";
-    if (e.completed_ns > 0 && e.started_ns > 0) {
+    if (e.gpu_ms >= 0) {
+      char ms[32];
+      std::snprintf(ms, sizeof(ms), "%.6f", static_cast<double>(e.gpu_ms));
+      out += ms;
+    } else if (e.completed_ns > 0 && e.started_ns > 0) {
       char ms[32];
       std::snprintf(ms, sizeof(ms), "%.6f", static_cast<double>(e.completed_ns - e.started_ns) / 1e6);
       out += ms;

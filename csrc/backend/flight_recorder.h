@@ -92,6 +92,11 @@ class FlightRecorder {
   void ran(const FrHandle& h, const char* engine, const char* algo, const std::string& plan);
   // error: empty when the op succeeded.
   void completed(const FrHandle& h, const char* error = nullptr);
+  // The GPU's time between the events around the op's kernels (PYCOLL_FR_GPU_TIMING): a dump's
+  // duration_ms then, instead of the host's started-to-completed time.
+  void gpu_duration(const FrHandle& h, float ms);
+  // PYCOLL_FR_GPU_TIMING, else TORCH_NCCL_ENABLE_TIMING, as read now.
+  static bool gpu_timing_from_settings();
 
   // The whole ring as torch's flight-recorder layout, in JSON (docs/tracing.md).
   std::string dump_json(const std::string& reason) const;
@@ -120,6 +125,7 @@ class FlightRecorder {
     int8_t n_in = 0, n_out = 0;
     Tensor in[kMaxTensors], out[kMaxTensors];
     int64_t created_ns = 0, started_ns = 0, completed_ns = 0;
+    float gpu_ms = -1;  // gpu_duration(); -1: not measured
     int64_t timeout_ms = 0;
     uint64_t thread_id = 0;
     char thread_name[16] = {};

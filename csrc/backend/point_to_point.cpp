@@ -69,17 +69,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::point_to_point(bool is_send, 
     // another host gets it through host memory and Gloo, not NCCL: an unbatched NCCL send waits
     // for its receive, so a send then a receive on both ranks would deadlock, and our sends never block.
     const int local_peer = hosts_->local_rank(peer);
-    if (local_peer >= 0 && on_cuda_engine(t)) return tracked("cuda", device_p2p(is_send, t, local_peer));
+    if (local_peer >= 0 && on_cuda_engine(t)) return tracked("cuda", device_p2p(is_send, t, local_peer, fr));
     return in_block(tracked(local_peer >= 0 ? "cpu" : "gloo", host_p2p(is_send, op, t, peer, tag)));
   }
-  if (on_cuda_engine(t)) return tracked("cuda", device_p2p(is_send, t, peer));
+  if (on_cuda_engine(t)) return tracked("cuda", device_p2p(is_send, t, peer, fr));
   const bool other_host = hosts_ && hosts_->local_rank(peer) < 0;
   return in_block(tracked(other_host ? "gloo" : "cpu", host_p2p(is_send, op, t, peer, tag)));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::device_p2p(bool is_send, const at::Tensor& t, int peer) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::device_p2p(bool is_send, const at::Tensor& t, int peer,
+                                                              const FrHandle& fr) {
   if (auto held = defer_device_p2p(is_send, t, peer)) return held;  // inside a coalescing block
-  return is_send ? cuda_->send(t, peer, ++issued_) : cuda_->recv(t, peer, ++issued_);
+  return is_send ? cuda_->send(t, peer, ++issued_, fr) : cuda_->recv(t, peer, ++issued_, fr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {

@@ -14,6 +14,7 @@
 #include "backend/gil_release.h"
 #include "backend/op_call_helpers.h"
 #include "backend/op_stats.h"
+#include "backend/store_rendezvous.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "engines/cpu_tensor_engine.h"
@@ -23,27 +24,6 @@
 namespace pycoll {
 
 namespace {
-
-// Store calls take the GIL: the Store handed to a backend may be implemented
-// in Python (or wrap one), and calling into it without the GIL crashes.
-Rendezvous make_rendezvous(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix) {
-  Rendezvous rv;
-  rv.prefix = prefix;
-  rv.set = [store](const std::string& k, const std::string& v) {
-    pybind11::gil_scoped_acquire gil;
-    store->set(k, std::vector<uint8_t>(v.begin(), v.end()));
-  };
-  rv.get = [store](const std::string& k) {
-    pybind11::gil_scoped_acquire gil;
-    auto v = store->get(k);
-    return std::string(v.begin(), v.end());
-  };
-  rv.add = [store](const std::string& k, int64_t d) {
-    pybind11::gil_scoped_acquire gil;
-    return store->add(k, d);
-  };
-  return rv;
-}
 
 // Names as torch's flight recorder writes them ("nccl:all_reduce" there, "pycoll:all_reduce" here).
 const char* recorded_name(OpCode op) {
@@ -278,7 +258,8 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   if (!engine.enqueues_on_device() && stream.device_type() != at::kCPU) on_stream.emplace(stream);
   // Every part runs with the algorithm read at issue; PREMUL_SUM becomes a pre-scale + SUM (as NCCL).
   FlightRecorder& recorder = FlightRecorder::get();
-  recorder.started(call.fr);
+  // An op on a CUDA stream is started when its kernels are (the device queue's watcher).
+  if (!engine.enqueues_on_device()) recorder.started(call.fr);
   // Reused by every op of this thread: its capacity stays, so the copy of a plan allocates nothing.
   thread_local std::string plan_text;
   plan_text.clear();
@@ -332,7 +313,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
     const FrHandle fr = call.fr;
     auto work = cuda_->launch(
         call.type, call.name, seq, call.tensors, call.outputs, call.async,
-        [j](const c10::Stream& s) { j->pg->execute(*j->call, *j->engine, s); }, DeviceQueue::Lane::Collective);
+        [j](const c10::Stream& s) { j->pg->execute(*j->call, *j->engine, s); }, DeviceQueue::Lane::Collective, fr);
     if (auto* w = dynamic_cast<PycollWork*>(work.get())) w->track(fr);
     return in_block(std::move(work));
   }

@@ -70,7 +70,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   void abort() override;
-  // The CUDA engine's last traced kernel timeline (PYCOLL_CUDA_TRACE=1, kernels/trace.cuh); empty
+  // The CUDA engine's last traced kernel timeline (PYCOLL_CUDA_TRACE=1, cuda/kernels/trace.cuh); empty
   // in a CPU-only build or before the group's first CUDA collective.
   std::vector<int64_t> cuda_trace();
 
@@ -167,7 +167,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   // send and recv: checks, then to self, the device queue, or the host channels.
   c10::intrusive_ptr<c10d::Work> point_to_point(bool is_send, std::vector<at::Tensor>& tensors, int peer, int tag);
   // Point-to-point on the CUDA engine (`peer` numbered as the engine numbers ranks).
-  c10::intrusive_ptr<c10d::Work> device_p2p(bool is_send, const at::Tensor& t, int peer);
+  c10::intrusive_ptr<c10d::Work> device_p2p(bool is_send, const at::Tensor& t, int peer, const FrHandle& fr);
   // Point-to-point on the CPU engine's channels (CPU tensors, and CUDA tensors through host memory).
   c10::intrusive_ptr<c10d::Work> host_p2p(bool is_send, const char* op, const at::Tensor& t, int peer, int tag);
   // Point-to-point with a rank on another host, on the inter-host engine.

@@ -2,7 +2,7 @@
 // names the function and the argument; wrong dtypes raise TypeError, wrong
 // shapes, sizes and devices ValueError. The checks run with the GIL held;
 // the kernels run with it released. The kernels behind them assume
-// checked arguments (cpu/kernels/compression.h, kernels/compression_cuda.h).
+// checked arguments (cpu/kernels/compression.h, cuda/kernels/compression_cuda.h).
 #include "bindings/compression_bindings.h"
 
 #include <pybind11/stl.h>
@@ -14,7 +14,7 @@
 
 #include "cpu/kernels/compression.h"
 #ifdef PYCOLL_WITH_CUDA
-#include "kernels/compression_cuda.h"
+#include "cuda/kernels/compression_cuda.h"
 #endif
 
 namespace py = pybind11;

@@ -10,8 +10,8 @@
 #include "cuda/all_reduce_registry.h"
 #include "cuda/engine_limits.h"
 #include "cuda/select.h"
-#include "kernels/all_to_all_role.h"
-#include "kernels/args.h"
+#include "cuda/kernels/all_to_all_role.h"
+#include "cuda/kernels/args.h"
 #include "transport/cuda_ipc/layout.h"
 #include "transport/cuda_ipc/check_word.h"
 
@@ -30,7 +30,6 @@ py::dict limits_dict(const gpu::EngineLimits& l) {
   d["workspace_blocks"] = l.workspace_blocks;
   d["slot_bytes"] = l.slot_bytes;
   d["chunk_bytes"] = l.chunk_bytes;
-  d["ll_max_bytes"] = l.ll_max_bytes;
   d["split_min_bytes"] = l.split_min_bytes;
   d["split_chunk_bytes"] = l.split_chunk_bytes;
   d["claimed_chunk_bytes"] = l.claimed_chunk_bytes;
@@ -64,9 +63,13 @@ void register_cuda_plan(py::module_& m) {
         for (size_t i = 0; i < registered.size(); ++i) {
           py::dict d;
           d["name"] = registered[i].name;
-          d["algorithm"] = algo_name(registered[i].algo);
-          d["check_code"] = registered[i].check_code;
-          d["check_plan"] = cuda_ipc::check_plan_name(registered[i].check_code);
+          py::list algos;
+          for (Algo a : {Algo::OneShot, Algo::TwoShot, Algo::Ring, Algo::Tree})
+            if (registered[i].runs(a)) algos.append(algo_name(a));
+          d["algorithms"] = algos;
+          d["check_code"] = registered[i].check_code;  // 0: its plan sets a built-in one
+          d["check_plan"] = registered[i].check_code ? cuda_ipc::check_plan_name(registered[i].check_code) : "";
+          d["has_region"] = registered[i].has_region();
           d["priority"] = registered[i].priority;
           d["has_kernel"] = gpu::all_reduce_launcher(int(i)) != nullptr;  // false in CPU-only builds
           out.append(d);
@@ -100,11 +103,10 @@ void register_cuda_plan(py::module_& m) {
         d["seg"] = p.seg;
         d["early_ok"] = p.early_ok;
         d["describe"] = p.describe();
-        if (p.protocol == gpu::Protocol::Registered) {
-          // What the engine checks before it launches: the plan within the region its limits give.
-          const cuda_ipc::ProtocolRegion region = gpu::protocol_regions(l).at(size_t(p.registered));
-          d["fits_region"] =
-              region.bytes > 0 && gpu::all_reduce_protocols()[p.registered].fits(p, count, elem_bytes, world, region);
+        if (p.protocol >= 0) {
+          // What the engine checks before it launches: the plan within the workspace its limits give.
+          d["fits"] = gpu::all_reduce_protocols()[size_t(p.protocol)].fits(p, count, elem_bytes, world, p.protocol,
+                                                                           gpu::workspace_layout(l));
         }
         return d;
       },
@@ -179,7 +181,7 @@ void register_cuda_plan(py::module_& m) {
         return roles;
       },
       py::arg("world"), py::arg("rank"), py::arg("coll_channels") = int(cuda_ipc::kCollBlocks), py::arg("sms") = 132,
-      "The all_to_all's CTAs on `rank` (kernels/all_to_all_role.h): per CTA (peer or -1, channel, channels per "
+      "The all_to_all's CTAs on `rank` (cuda/kernels/all_to_all_role.h): per CTA (peer or -1, channel, channels per "
       "pair, sender).");
 }
 

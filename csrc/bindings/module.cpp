@@ -109,7 +109,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("global_ranks"), "The group's description and global ranks, for the flight recorder's dumps.")
       .def("cuda_trace", &pycoll::ProcessGroupPycoll::cuda_trace, py::call_guard<py::gil_scoped_release>(),
            "Timeline of the last kernel traced with PYCOLL_CUDA_TRACE=1: rows of trace_events() "
-           "%globaltimer stamps (ns), one per CTA (kernels/trace.cuh).");
+           "%globaltimer stamps (ns), one per CTA (cuda/kernels/trace.cuh).");
   m.def("trace_events", []() { return pycoll::cuda_ipc::kTraceEvents; });
 
   m.def("built_with_cuda", &built_with_cuda, "True if the CUDA engine was compiled in");
@@ -197,10 +197,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           throw py::value_error("cuda_algorithm: op must be all_reduce, all_gather or reduce_scatter, got " + op);
         if (builtin) return std::string(pycoll::algo_name(pycoll::gpu::builtin_choice(o, bytes, world)));
         if (o != pycoll::OpCode::AllReduce) return std::string(pycoll::algo_name(pycoll::gpu::choose(o, bytes, world)));
-        const int64_t fast =
-            fast_two_shot_max_bytes >= 0
-                ? fast_two_shot_max_bytes
-                : pycoll::gpu::registered_max_bytes(pycoll::gpu::read_engine_limits(world, 132), pycoll::Algo::TwoShot);
+        const int64_t fast = fast_two_shot_max_bytes >= 0
+                                 ? fast_two_shot_max_bytes
+                                 : pycoll::gpu::limited_protocol_max_bytes(pycoll::gpu::read_engine_limits(world, 132),
+                                                                           pycoll::Algo::TwoShot);
         return std::string(pycoll::algo_name(pycoll::gpu::choose_all_reduce(bytes, world, fast)));
       },
       py::arg("op"), py::arg("bytes"), py::arg("world"), py::arg("builtin") = false,

@@ -1,5 +1,5 @@
 // The copies of flatten_into / unflatten_from, the same for CPU and CUDA tensors: each contiguous
-// tensor becomes a piece of a batched copy plan (kernels/batched_copy.h) that the caller runs (one
+// tensor becomes a piece of a batched copy plan (common/batched_copy.h) that the caller runs (one
 // parallel loop on CPU, one kernel on CUDA); a tensor that is not contiguous is copied here, by
 // torch, before the plan runs. Plain C++ with ATen, compiled into .cpp and .cu files alike.
 #pragma once
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/batched_copy.h"
+#include "common/batched_copy.h"
 
 namespace pycoll {
 

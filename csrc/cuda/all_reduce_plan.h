@@ -12,35 +12,28 @@
 
 #include "common/types.h"
 #include "cuda/engine_limits.h"
-#include "kernels/args.h"
+#include "cuda/kernels/args.h"
 #include "transport/cuda_ipc/check_word.h"
 
 namespace pycoll {
 namespace gpu {
 
-// How the ranks signal that data has arrived.
-enum class Protocol : int32_t {
-  None = 0,        // nothing to launch (an empty tensor, or one rank: a local copy)
-  Channel = 1,     // slots with separate flags and credits (kernels/channel.cuh)
-  LL = 2,          // 16-byte lines with the flag inside the data (kernels/ll_all_reduce.cuh)
-  Registered = 3,  // a protocol of the registry (all_reduce_registry.h), e.g. the LL128 two-shot
-};
-
 struct AllReducePlan {
   Algo algo = Algo::Auto;  // OneShot, TwoShot, Ring or Tree (the double binary tree)
-  Protocol protocol = Protocol::None;
-  int registered = -1;       // Registered: its index in all_reduce_protocols()
+  // The protocol that runs it: its index in all_reduce_protocols() (all_reduce_registry.h); -1
+  // where nothing is launched (an empty tensor, or one rank: a local copy).
+  int protocol = -1;
   const char* variant = "";  // "split", "split-claimed", "waves", "wide-waves" or ""
-  kernels::ReduceMode mode = kernels::ReduceMode::AllReduceOneShot;  // Channel protocol only
+  kernels::ReduceMode mode = kernels::ReduceMode::AllReduceOneShot;  // the channel protocol's schedule
   int32_t flags = 0;                                                 // kernels::kArg* bits (the engine adds kArgTrace)
   cuda_ipc::CheckPlan check = cuda_ipc::CheckPlan::Unspecified;
   int grid = 0;       // CTAs launched
-  int64_t chunk = 0;  // elements per chunk (kernels/args.h)
+  int64_t chunk = 0;  // elements per chunk (cuda/kernels/args.h)
   int64_t nchunks = 0;
   int64_t seg = 0;       // elements per segment (two-shot, ring, LL128) or split channel
   bool early_ok = true;  // may start before the previous kernel ends (early launch)
 
-  // "none", "channel", "ll", or the registered protocol's name ("ll128").
+  // "none", or the protocol's name ("channel", "ll", "ll128").
   const char* protocol_name() const;
   // "twoshot ll128 grid=32 seg=..." for the debug log.
   std::string describe() const;
@@ -49,9 +42,10 @@ struct AllReducePlan {
 // Two-shot and ring cut the tensor into nranks segments whose starts stay 16-byte aligned.
 int64_t two_shot_segment(int64_t count, int64_t elem_bytes, int nranks);
 
-// `requested`: the user's algorithm (Auto: the cost model, select.h). A registered protocol of the
-// chosen algorithm whose plan rule takes the call runs it; otherwise the built-in schedules do.
-// Throws std::invalid_argument for a request the engine cannot run (not an all_reduce algorithm).
+// `requested`: the user's algorithm (Auto: the cost model, select.h). The first protocol (by
+// priority) that runs the chosen algorithm, is on, and whose plan rule takes the call runs it (the
+// channel protocol takes every size last). Throws std::invalid_argument for a request the engine
+// cannot run (not an all_reduce algorithm).
 AllReducePlan plan_all_reduce(int64_t count, int64_t elem_bytes, Algo requested, const EngineLimits& limits);
 
 }  // namespace gpu

@@ -27,18 +27,20 @@ std::map<std::string, AllReduceLauncher>& launchers() {
 
 bool register_all_reduce_protocol(const AllReduceProtocol& p) {
   auto& list = protocols();
-  if (!p.read_limits || !p.agreement || !p.plan || !p.fits || !p.region_bytes || !p.region_param || !p.ranges)
-    throw std::logic_error(std::string("all_reduce protocol '") + p.name + "' is registered without all its parts");
+  const std::string name = p.name;
+  if (!p.read_limits || !p.agreement || !p.plan || !p.fits || p.algos == 0)
+    throw std::logic_error("all_reduce protocol '" + name + "' is registered without all its parts");
+  if (bool(p.region_bytes) != bool(p.region_param) || bool(p.region_bytes) != bool(p.ranges))
+    throw std::logic_error("all_reduce protocol '" + name + "' gives only part of its region (size, param, ranges)");
   if (int(list.size()) >= cuda_ipc::kMaxProtocolRegions)
     throw std::logic_error("more all_reduce protocols than cuda_ipc::kMaxProtocolRegions");
-  if (p.check_code < cuda_ipc::kFirstRegisteredCheckPlan || p.check_code > 15 ||
-      cuda_ipc::check_plan_taken(p.check_code))
-    throw std::logic_error(std::string("all_reduce protocol '") + p.name + "': check code " +
-                           std::to_string(p.check_code) + " is taken or outside 9..15");
+  if (p.check_code != 0 && (p.check_code < cuda_ipc::kFirstRegisteredCheckPlan || p.check_code > 15 ||
+                            cuda_ipc::check_plan_taken(p.check_code)))
+    throw std::logic_error("all_reduce protocol '" + name + "': check code " + std::to_string(p.check_code) +
+                           " is taken or outside 9..15");
   for (const auto& q : list)
-    if (std::string(q.name) == p.name)
-      throw std::logic_error(std::string("all_reduce protocol '") + p.name + "' is registered twice");
-  cuda_ipc::register_check_plan_name(p.check_code, p.check_name);
+    if (name == q.name) throw std::logic_error("all_reduce protocol '" + name + "' is registered twice");
+  if (p.check_code != 0) cuda_ipc::register_check_plan_name(p.check_code, p.check_name);
   list.push_back(p);
   std::stable_sort(list.begin(), list.end(), [](const AllReduceProtocol& a, const AllReduceProtocol& b) {
     return a.priority != b.priority ? a.priority < b.priority : std::string(a.name) < b.name;
@@ -61,7 +63,7 @@ std::vector<cuda_ipc::ProtocolRegion> protocol_regions(const EngineLimits& l) {
   for (size_t i = 0; i < list.size(); ++i) {
     const ProtocolLimits& mine = l.protocols.at(i);
     cuda_ipc::ProtocolRegion r;
-    if (mine.max_bytes > 0) {
+    if (mine.max_bytes > 0 && list[i].has_region()) {
       r.bytes = list[i].region_bytes(l.nranks, mine);
       r.param = list[i].region_param(l.nranks, mine);
       if (list[i].probe) r.probe = list[i].probe(l.nranks, mine);

@@ -11,7 +11,6 @@
 
 #include "common/cuda_check.h"
 #include "common/settings_agreement.h"
-#include "common/store_wait.h"
 #include "cuda/all_reduce_plan.h"
 #include "cuda/all_reduce_registry.h"
 #include "cuda/cuda_settings.h"
@@ -19,7 +18,7 @@
 #include "engines/dtypes.h"
 #include "cuda/measured_choices.h"
 #include "cuda/select.h"
-#include "kernels/args.h"
+#include "cuda/kernels/args.h"
 #include "transport/cuda_ipc/check_word.h"
 #include "transport/cuda_ipc/workspace.h"
 
@@ -78,67 +77,9 @@ KernelType kernel_type(DType d, ReduceKind r, int nranks, const char* op) {
   TORCH_CHECK(false, "pycoll::", op, ": unsupported reduce op ", reduce_name(r));
 }
 
-// The backend checked the user's arguments (backend/tensor_args.h) and made them dense; what
-// reaches the engine otherwise is a bug of ours, not of the caller.
-void check_tensor(const at::Tensor& t, const char* op, const char* name, int device) {
-  TORCH_INTERNAL_ASSERT(t.defined() && t.is_cuda() && t.get_device() == device && t.is_contiguous(), "pycoll::", op,
-                        ": ", name, " must be a contiguous tensor on cuda:", device);
-}
-
-DType kernel_dtype(const at::Tensor& t, const char* op) {
-  const auto d = reducible_dtype(t.scalar_type());
-  TORCH_INTERNAL_ASSERT(d.has_value(), "pycoll::", op, ": the engine cannot reduce ", t.scalar_type());
-  return *d;
-}
-
 void copy_local(void* dst, const void* src, int64_t bytes, cudaStream_t stream, const char* op) {
   if (bytes <= 0 || dst == src) return;
   PYCOLL_CUDA_OK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, stream), op, "cudaMemcpyAsync");
-}
-
-// NCCL's in-order binary tree (ncclGetBtree): rank 0 is the root with one child; every other rank
-// has a parent and up to two children.
-void btree(int n, int rank, int* up, int* d0, int* d1) {
-  int bit = 1;
-  for (bit = 1; bit < n; bit <<= 1)
-    if (bit & rank) break;
-  if (rank == 0) {
-    *up = -1;
-    *d0 = -1;
-    *d1 = n > 1 ? bit >> 1 : -1;
-    return;
-  }
-  int u = (rank ^ bit) | (bit << 1);
-  if (u >= n) u = rank ^ bit;
-  *up = u;
-  int lowbit = bit >> 1;
-  *d0 = lowbit == 0 ? -1 : rank - lowbit;
-  int down1 = lowbit == 0 ? -1 : rank + lowbit;
-  while (down1 >= n) {
-    lowbit >>= 1;
-    down1 = lowbit == 0 ? -1 : rank + lowbit;
-  }
-  *d1 = down1;
-}
-
-// NCCL's double binary tree (ncclGetDtree): tree 1 is tree 0 mirrored (even n) or shifted by one
-// (odd n), so that a rank is an inner node in at most one of them.
-void dtree(int n, int rank, int parent[2], int child[2][2]) {
-  btree(n, rank, &parent[0], &child[0][0], &child[0][1]);
-  int u, a, b;
-  if (n % 2 == 1) {
-    btree(n, (rank - 1 + n) % n, &u, &a, &b);
-    auto map = [n](int x) { return x < 0 ? -1 : (x + 1) % n; };
-    parent[1] = map(u);
-    child[1][0] = map(a);
-    child[1][1] = map(b);
-  } else {
-    btree(n, n - 1 - rank, &u, &a, &b);
-    auto map = [n](int x) { return x < 0 ? -1 : n - 1 - x; };
-    parent[1] = map(u);
-    child[1][0] = map(a);
-    child[1][1] = map(b);
-  }
 }
 
 // What a rank that waits in vain for its peers while the engine starts is told.
@@ -154,8 +95,7 @@ std::string engine_start_help() {
 
 }  // namespace
 
-CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int size, int device,
-                       std::chrono::milliseconds timeout)
+CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), device_(device) {
   TORCH_CHECK(device >= 0, "pycoll::CudaEngine: device must be a CUDA device index, got ", device);
   int sms = 0;
@@ -176,25 +116,21 @@ CudaEngine::CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_pr
     SettingList mine = gpu::agreement_list(limits_);
     mine.push_back({"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured});
     mine.push_back({cuda_settings::kSameDevice.name(), same_device ? "kernels" : "staged"});
-    const std::string enc = encode_settings(mine);
-    store->set(key_prefix + "settings/" + std::to_string(rank), std::vector<uint8_t>(enc.begin(), enc.end()));
+    rv.set(rv.prefix + "settings/" + std::to_string(rank), encode_settings(mine));
     std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) keys.push_back(key_prefix + "settings/" + std::to_string(r));
+    for (int r = 0; r < size; ++r) keys.push_back(rv.prefix + "settings/" + std::to_string(r));
     // The group's timeout, not the store's.
-    wait_for_every_rank(*store, keys, timeout, "pycoll: the group's CUDA engine could not start", engine_start_help());
+    rv.wait_every_rank(keys, timeout, "pycoll: the group's CUDA engine could not start", engine_start_help());
     std::vector<std::string> all;
-    for (const auto& k : keys) {
-      const std::vector<uint8_t> v = store->get(k);
-      all.emplace_back(v.begin(), v.end());
-    }
+    for (const auto& k : keys) all.push_back(rv.get(k));
     const std::string diff = settings_disagreement(all);
     TORCH_CHECK(diff.empty(), "pycoll CUDA engine: the ranks of this group were started with different settings, ",
                 "so their kernels would not fit together; set them alike on every rank:\n", diff);
   }
 
-  ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(std::move(store), key_prefix, rank, size, device, timeout,
-                                                 limits_.slot_bytes, limits_.workspace_blocks,
-                                                 gpu::protocol_regions(limits_), limits_.p2p_slot_bytes, same_device);
+  ws_ = std::make_unique<cuda_ipc::IpcWorkspace>(rv, rank, size, device, timeout, limits_.slot_bytes,
+                                                 limits_.workspace_blocks, gpu::protocol_regions(limits_),
+                                                 limits_.p2p_slot_bytes, same_device);
   TORCH_INTERNAL_ASSERT(ws_->layout().coll.slot_bytes == limits_.slot_bytes, "pycoll: workspace slot size ",
                         ws_->layout().coll.slot_bytes, " differs from the planned ", limits_.slot_bytes);
   int major = 0;
@@ -310,39 +246,36 @@ kernels::CopyArgs make_copy_args(const cuda_ipc::DeviceHandle& h, OpCode op, ker
 
 }  // namespace
 
-Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream,
-                            std::string* plan_text) {
+Algo CudaEngine::all_reduce(const void* in, void* out, int64_t count, DType t, ReduceKind op, Algo algo,
+                            cudaStream_t stream, std::string* plan_text) {
   const char* kOp = "allreduce";
-  check_tensor(in, kOp, "input", device_);
-  check_tensor(out, kOp, "output", device_);
-  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::allreduce: output dtype ", out.scalar_type(),
-              " differs from input dtype ", in.scalar_type());
-  TORCH_CHECK(in.numel() == out.numel(), "pycoll::allreduce: output has ", out.numel(), " elements, input ",
-              in.numel());
-  const KernelType kt = kernel_type(kernel_dtype(in, kOp), op, size_, kOp);
-  const int64_t count = in.numel();
+  const KernelType kt = kernel_type(t, op, size_, kOp);
   const int64_t es = int64_t(dtype_size(kt.dtype));
   const gpu::AllReducePlan p = gpu::plan_all_reduce(count, es, algo, limits_);
   if (plan_text) *plan_text = p.describe();
   if (count == 0) return p.algo;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   if (size_ == 1) {
-    copy_local(out.data_ptr(), in.data_ptr(), count * es, stream, kOp);
+    copy_local(out, in, count * es, stream, kOp);
     return p.algo;
   }
   check_usable(kOp);
-  kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in.data_ptr(), out.data_ptr(), kt);
+  // One launch path for every protocol (all_reduce_registry.h): the plan's fields, what the
+  // protocol adds (prepare), the check that the launch stays inside the workspace, its launcher.
+  const gpu::AllReduceProtocol& proto = gpu::all_reduce_protocols().at(size_t(p.protocol));
+  const gpu::AllReduceLauncher* launcher = launchers_.at(size_t(p.protocol));  // planned: not null
+  kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::AllReduce, in, out, kt);
   a.count = count;
   a.check = cuda_ipc::collective_check_word(a.op, int(a.dtype), int(a.rop), 0, count, p.check);
-  if (p.protocol == gpu::Protocol::LL) {
-    PYCOLL_CUDA_OK(gpu::launch_ll_all_reduce(p.grid, stream, a, early_launch_), kOp, "kernel launch");
-    return p.algo;
-  }
   a.mode = p.mode;
-  a.flags = p.flags | (trace_ ? kernels::kArgTrace : 0);  // the channel-protocol kernels stamp their timeline
+  a.flags = p.flags | (trace_ ? kernels::kArgTrace : 0);  // kernels that stamp their timeline read it
   a.seg = p.seg;
   a.chunk = p.chunk;
   a.nchunks = p.nchunks;
+  a.region = p.protocol;
+  if (proto.prepare) proto.prepare(a, p);
+  TORCH_CHECK(p.grid >= 1 && p.grid <= sms_ && proto.fits(p, count, es, size_, p.protocol, ws_->layout()),
+              "pycoll::allreduce: the plan (", p.describe(), ") does not fit this engine's workspace or GPU");
   if (trace_) {
     // Rows of CTAs this launch does not run must not show an earlier kernel's timeline.
     const cuda_ipc::Layout& L = ws_->layout();
@@ -350,57 +283,26 @@ Algo CudaEngine::all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op
                                    size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents * sizeof(int64_t), stream),
                    kOp, "trace reset");
   }
-  if (p.protocol == gpu::Protocol::Registered) {
-    const gpu::AllReduceProtocol& proto = gpu::all_reduce_protocols().at(size_t(p.registered));
-    const gpu::AllReduceLauncher* launcher = launchers_.at(size_t(p.registered));  // planned: not null
-    const cuda_ipc::ProtocolRegion& region = a.h.layout.regions[p.registered];
-    TORCH_CHECK(region.bytes > 0 && proto.fits(p, count, es, size_, region), "pycoll::allreduce: ", count * es,
-                " bytes do not fit the workspace's ", p.protocol_name(), " region (", region.bytes, " bytes)");
-    a.region = p.registered;
-    PYCOLL_CUDA_OK(static_cast<cudaError_t>(launcher->launch(p.grid, stream, a, early_launch_)), kOp, "kernel launch");
-    return p.algo;
-  }
-  if (p.mode == kernels::ReduceMode::AllReduceTwoShot || p.mode == kernels::ReduceMode::AllReduceRing) {
-    a.out_stride = a.seg;
-  } else if (p.mode == kernels::ReduceMode::AllReduceTree) {
-    int parent[2];
-    int child[2][2];
-    dtree(size_, rank_, parent, child);
-    for (int t = 0; t < 2; ++t) {
-      a.tree_parent[t] = parent[t];
-      a.tree_child[t][0] = child[t][0];
-      a.tree_child[t][1] = child[t][1];
-    }
-  }
-  // A split grid is pushing plus reducing CTAs, one pair per channel.
-  const int channels = p.mode == kernels::ReduceMode::AllReduceOneShotSplit ? p.grid / 2 : p.grid;
-  TORCH_CHECK(channels >= 1 && channels <= a.h.layout.coll.nblocks && p.grid <= sms_,
-              "pycoll::allreduce: bad launch geometry (", p.describe(), ")");
-  PYCOLL_CUDA_OK(gpu::launch_reduce(p.grid, stream, a, early_launch_ && p.early_ok), kOp, "kernel launch");
+  PYCOLL_CUDA_OK(static_cast<cudaError_t>(launcher->launch(p.grid, stream, a, early_launch_ && p.early_ok)), kOp,
+                 "kernel launch");
   return p.algo;
 }
 
-Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream) {
+Algo CudaEngine::reduce_scatter(const void* in, void* out, int64_t m, DType t, ReduceKind op, Algo algo,
+                                cudaStream_t stream) {
   const char* kOp = "reduce_scatter";
-  check_tensor(in, kOp, "input", device_);
-  check_tensor(out, kOp, "output", device_);
-  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::reduce_scatter: output dtype ", out.scalar_type(),
-              " differs from input dtype ", in.scalar_type());
-  const int64_t m = out.numel();
-  TORCH_CHECK(in.numel() == m * size_, "pycoll::reduce_scatter: input has ", in.numel(),
-              " elements, expected world size (", size_, ") x output (", m, ")");
-  const KernelType kt = kernel_type(kernel_dtype(in, kOp), op, size_, kOp);
+  const KernelType kt = kernel_type(t, op, size_, kOp);
   const int64_t es = int64_t(dtype_size(kt.dtype));
   Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::ReduceScatter, m * es, size_) : algo;
   if (chosen != Algo::Ring) chosen = Algo::OneShot;
   if (m == 0) return chosen;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   if (size_ == 1) {
-    copy_local(out.data_ptr(), in.data_ptr(), m * es, stream, kOp);
+    copy_local(out, in, m * es, stream, kOp);
     return chosen;
   }
   check_usable(kOp);
-  kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::ReduceScatter, in.data_ptr(), out.data_ptr(), kt);
+  kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::ReduceScatter, in, out, kt);
   a.mode = chosen == Algo::Ring ? kernels::ReduceMode::ReduceScatterRing : kernels::ReduceMode::ReduceScatterDirect;
   a.count = m * size_;
   a.seg = m;
@@ -411,29 +313,22 @@ Algo CudaEngine::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceKin
   return chosen;
 }
 
-Algo CudaEngine::all_gather(const at::Tensor& in, at::Tensor& out, Algo algo, cudaStream_t stream) {
+Algo CudaEngine::all_gather(const void* in, void* out, int64_t bytes, Algo algo, cudaStream_t stream) {
   const char* kOp = "allgather";
-  check_tensor(in, kOp, "input", device_);
-  check_tensor(out, kOp, "output", device_);
-  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::allgather: output dtype ", out.scalar_type(),
-              " differs from input dtype ", in.scalar_type());
-  TORCH_CHECK(out.numel() == in.numel() * size_, "pycoll::allgather: output has ", out.numel(),
-              " elements, expected world size (", size_, ") x input (", in.numel(), ")");
-  const int64_t bytes = int64_t(in.nbytes());
   Algo chosen = algo == Algo::Auto ? gpu::choose(OpCode::AllGather, bytes, size_) : algo;
   if (chosen != Algo::Ring) chosen = Algo::OneShot;
   if (bytes == 0) return chosen;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   if (size_ == 1) {
-    copy_local(out.data_ptr(), in.data_ptr(), bytes, stream, kOp);
+    copy_local(out, in, bytes, stream, kOp);
     return chosen;
   }
   check_usable(kOp);
   kernels::CopyArgs a =
       make_copy_args(ws_->handle(), OpCode::AllGather,
                      chosen == Algo::Ring ? kernels::CopyMode::AllGatherRing : kernels::CopyMode::AllGatherDirect);
-  a.in = in.data_ptr();
-  a.out = out.data_ptr();
+  a.in = in;
+  a.out = out;
   a.bytes = bytes;
   set_check(a, bytes, 0);
   const gpu::Geometry g = gpu::plan_geometry(bytes, 1, chunk_bytes_, max_blocks_, small_max_blocks_);
@@ -443,17 +338,15 @@ Algo CudaEngine::all_gather(const at::Tensor& in, at::Tensor& out, Algo algo, cu
   return chosen;
 }
 
-void CudaEngine::broadcast(at::Tensor& t, int root, cudaStream_t stream) {
+void CudaEngine::broadcast(void* buf, int64_t bytes, int root, cudaStream_t stream) {
   const char* kOp = "broadcast";
-  check_tensor(t, kOp, "tensor", device_);
   TORCH_CHECK(root >= 0 && root < size_, "pycoll::broadcast: root ", root, " is outside 0..", size_ - 1);
-  const int64_t bytes = int64_t(t.nbytes());
   if (bytes == 0 || size_ == 1) return;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
   kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::Broadcast, kernels::CopyMode::Broadcast);
-  a.in = t.data_ptr();
-  a.out = t.data_ptr();
+  a.in = buf;
+  a.out = buf;
   a.bytes = bytes;
   a.root = root;
   set_check(a, bytes, root);
@@ -463,28 +356,21 @@ void CudaEngine::broadcast(at::Tensor& t, int root, cudaStream_t stream) {
   launch_copy_checked(g.blocks, stream, a, early_launch_, kOp);
 }
 
-void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceKind op, cudaStream_t stream) {
+void CudaEngine::reduce(const void* in, void* out, int64_t count, DType t, ReduceKind op, int root,
+                        cudaStream_t stream) {
   const char* kOp = "reduce";
-  check_tensor(in, kOp, "input", device_);
   TORCH_CHECK(root >= 0 && root < size_, "pycoll::reduce: root ", root, " is outside 0..", size_ - 1);
-  if (rank_ == root) {
-    check_tensor(out, kOp, "output", device_);
-    TORCH_CHECK(in.scalar_type() == out.scalar_type(), "pycoll::reduce: output dtype ", out.scalar_type(),
-                " differs from input dtype ", in.scalar_type());
-    TORCH_CHECK(in.numel() == out.numel(), "pycoll::reduce: output has ", out.numel(), " elements, input ", in.numel());
-  }
-  const KernelType kt = kernel_type(kernel_dtype(in, kOp), op, size_, kOp);
-  const int64_t count = in.numel();
+  TORCH_INTERNAL_ASSERT(rank_ != root || out != nullptr || count == 0, "pycoll::reduce: the root has no output");
+  const KernelType kt = kernel_type(t, op, size_, kOp);
   const int64_t es = int64_t(dtype_size(kt.dtype));
   if (count == 0) return;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   if (size_ == 1) {
-    copy_local(out.data_ptr(), in.data_ptr(), count * es, stream, kOp);
+    copy_local(out, in, count * es, stream, kOp);
     return;
   }
   check_usable(kOp);
-  kernels::ReduceArgs a =
-      make_reduce_args(ws_->handle(), OpCode::Reduce, in.data_ptr(), rank_ == root ? out.data_ptr() : nullptr, kt);
+  kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::Reduce, in, rank_ == root ? out : nullptr, kt);
   a.mode = kernels::ReduceMode::ReduceDirect;
   a.count = count;
   a.root = root;
@@ -493,17 +379,14 @@ void CudaEngine::reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceK
   launch_reduce_checked(g, stream, a, early_launch_, kOp);
 }
 
-void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& send_bytes,
-                            const std::vector<int64_t>& send_offsets, const std::vector<int64_t>& recv_bytes,
-                            const std::vector<int64_t>& recv_offsets, cudaStream_t stream) {
+void CudaEngine::all_to_all(const void* in, int64_t in_bytes, void* out, int64_t out_bytes,
+                            const std::vector<int64_t>& send_bytes, const std::vector<int64_t>& send_offsets,
+                            const std::vector<int64_t>& recv_bytes, const std::vector<int64_t>& recv_offsets,
+                            cudaStream_t stream) {
   const char* kOp = "alltoall";
-  check_tensor(in, kOp, "input", device_);
-  check_tensor(out, kOp, "output", device_);
   const size_t n = size_t(size_);
   TORCH_CHECK(send_bytes.size() == n && send_offsets.size() == n && recv_bytes.size() == n && recv_offsets.size() == n,
               "pycoll::alltoall: byte counts and offsets need one entry per rank (", size_, ")");
-  const int64_t in_bytes = int64_t(in.nbytes());
-  const int64_t out_bytes = int64_t(out.nbytes());
   int64_t total = 0;
   for (size_t q = 0; q < n; ++q) {
     TORCH_CHECK(send_bytes[q] >= 0 && send_offsets[q] >= 0 && send_offsets[q] + send_bytes[q] <= in_bytes,
@@ -519,14 +402,14 @@ void CudaEngine::all_to_all(const at::Tensor& in, at::Tensor& out, const std::ve
   if (total == 0) return;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   if (size_ == 1) {
-    copy_local(static_cast<char*>(out.data_ptr()) + recv_offsets[0],
-               static_cast<const char*>(in.data_ptr()) + send_offsets[0], send_bytes[0], stream, kOp);
+    copy_local(static_cast<char*>(out) + recv_offsets[0], static_cast<const char*>(in) + send_offsets[0], send_bytes[0],
+               stream, kOp);
     return;
   }
   check_usable(kOp);
   kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::AllToAll, kernels::CopyMode::AllToAll);
-  a.in = in.data_ptr();
-  a.out = out.data_ptr();
+  a.in = in;
+  a.out = out;
   a.chunk = ws_->layout().coll.slot_bytes;
   set_check(a, 0, 0);  // per-peer sizes differ legally; the receiver checks nothing else here
   for (size_t q = 0; q < n; ++q) {
@@ -572,27 +455,26 @@ gpu::Geometry CudaEngine::plan_p2p(int64_t bytes) const {
 
 // Send/recv kernels launch without programmatic dependent launch: an early-launched successor on the
 // same stream would park up to 64 CTAs on SMs that the kernels its peers wait on need.
-void CudaEngine::send(const at::Tensor& t, int peer, cudaStream_t stream) {
+void CudaEngine::send(const void* buf, int64_t bytes, int peer, cudaStream_t stream) {
   const char* kOp = "send";
-  check_tensor(t, kOp, "tensor", device_);
   TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::send: peer ", peer, " must be another rank in 0..",
               size_ - 1);
-  const int64_t bytes = int64_t(t.nbytes());  // 0 too: the receiver checks the length (plan_p2p)
+  // 0 bytes too: the receiver checks the length (plan_p2p)
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
-  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, true, plan_p2p(bytes));
+  // The send kernel only reads buf (P2PArgs has one pointer for both directions).
+  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), const_cast<void*>(buf), bytes, peer, true, plan_p2p(bytes));
   PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 
-void CudaEngine::recv(at::Tensor& t, int peer, cudaStream_t stream) {
+void CudaEngine::recv(void* buf, int64_t bytes, int peer, cudaStream_t stream) {
   const char* kOp = "recv";
-  check_tensor(t, kOp, "tensor", device_);
   TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "pycoll::recv: peer ", peer, " must be another rank in 0..",
               size_ - 1);
-  const int64_t bytes = int64_t(t.nbytes());  // 0 too: the receiver checks the length (plan_p2p)
+  // 0 bytes too: the receiver checks the length (plan_p2p)
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
-  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), t.data_ptr(), bytes, peer, false, plan_p2p(bytes));
+  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), buf, bytes, peer, false, plan_p2p(bytes));
   gate_receive(a, stream, kOp);
   PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
@@ -608,7 +490,6 @@ void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, const gpu::P2PBatchPla
   TORCH_CHECK(plan.fits && plan.geometry.size() == ops.size(),
               "pycoll::batch_isend_irecv: this batch cannot run in one launch (plan_p2p_batch)");
   for (const P2POp& o : ops) {
-    check_tensor(o.t, o.is_send ? "send" : "recv", "tensor", device_);
     TORCH_CHECK(o.peer >= 0 && o.peer < size_ && o.peer != rank_, "pycoll::", o.is_send ? "send" : "recv", ": peer ",
                 o.peer, " must be another rank in 0..", size_ - 1);
   }
@@ -619,8 +500,8 @@ void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, const gpu::P2PBatchPla
   for (size_t i = 0; i < ops.size(); ++i) {
     const gpu::Geometry& g = plan.geometry[i];
     kernels::P2PBatchOp& o = a.ops[a.nops++];
-    o.buf = ops[i].t.data_ptr();
-    o.bytes = int64_t(ops[i].t.nbytes());
+    o.buf = ops[i].buf;
+    o.bytes = ops[i].bytes;
     o.chunk = g.chunk;
     o.nchunks = g.nchunks;
     o.peer = ops[i].peer;
@@ -633,9 +514,8 @@ void CudaEngine::p2p_batch(const std::vector<P2POp>& ops, const gpu::P2PBatchPla
   bool any_send = false;
   for (const P2POp& o : ops) any_send = any_send || o.is_send;
   for (size_t i = 0; i < ops.size() && !any_send; ++i)
-    gate_receive(make_p2p_args(ws_->handle(), ops[i].t.data_ptr(), int64_t(ops[i].t.nbytes()), ops[i].peer, false,
-                               plan.geometry[i]),
-                 stream, kOp);
+    gate_receive(make_p2p_args(ws_->handle(), ops[i].buf, ops[i].bytes, ops[i].peer, false, plan.geometry[i]), stream,
+                 kOp);
   PYCOLL_CUDA_OK(gpu::launch_p2p_batch(plan.grid, stream, a), kOp, "kernel launch");
 }
 

@@ -26,11 +26,9 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
-#include <c10/util/intrusive_ptr.h>
 #include <cuda_runtime_api.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "common/rendezvous.h"
 #include "common/types.h"
 #include "cuda/engine_limits.h"
 #include "cuda/select.h"
@@ -44,9 +42,8 @@ class IpcWorkspace;
 class CudaEngine {
  public:
   // Collective: every rank of the group constructs it, in the same order, on first CUDA use.
-  // key_prefix is unique per group; use store->set/get(key_prefix + "...") for IPC handle exchange.
-  CudaEngine(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int size, int device,
-             std::chrono::milliseconds timeout);
+  // rv.prefix is unique per group and engine (the IPC handles are exchanged under it).
+  CudaEngine(Rendezvous rv, int rank, int size, int device, std::chrono::milliseconds timeout);
   ~CudaEngine();
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -55,36 +52,41 @@ class CudaEngine {
   // PYCOLL_CUDA_SAME_DEVICE=staged (the backend then stages through host memory).
   bool peers_reachable() const;
 
-  // Every call enqueues on `stream` (whose device is `device`) and returns without blocking the host;
-  // tensors are contiguous, same dtype on all ranks, on `device`. Returns the algorithm used (for logging).
-  // op is one of Sum, Avg, Product, Min, Max, BAnd, BOr, BXor (the backend turns PremulSum into a pre-scale + Sum).
-  // Bool: Sum/Max = OR, Product/Min = AND. Any size >= 0 must work (chunk through the bounded workspace).
-  // `plan_text`, where given, gets the plan's description (all_reduce_plan.h) for the debug log.
-  Algo all_reduce(const at::Tensor& in, at::Tensor& out, ReduceKind op, Algo algo, cudaStream_t stream,
-                  std::string* plan_text = nullptr);  // in may alias out
+  // Every call enqueues on `stream` (whose device is `device`) and returns without blocking the
+  // host. Buffers are device memory on `device`, dense, with the same counts and dtype on every
+  // rank (the caller checked them: the engine checks only what the kernels need). Returns the
+  // algorithm used (for logging). `t` is the dtype the kernels reduce (engines/dtypes.h); `op` one
+  // of Sum, Avg, Product, Min, Max, BAnd, BOr, BXor (the backend turns PremulSum into a pre-scale +
+  // Sum). Bool: Sum/Max = OR, Product/Min = AND. Any count >= 0 works (chunked through the bounded
+  // workspace). `plan_text`, where given, gets the plan's description (all_reduce_plan.h).
+  Algo all_reduce(const void* in, void* out, int64_t count, DType t, ReduceKind op, Algo algo, cudaStream_t stream,
+                  std::string* plan_text = nullptr);  // in may be out
   // For reduce_scatter and all_gather, OneShot names the direct algorithm (one hop: every rank
   // writes every peer) and Ring the ring; TwoShot and Tree requests run the direct one.
-  Algo reduce_scatter(const at::Tensor& in /* size*m elements */, at::Tensor& out /* m */, ReduceKind op, Algo algo,
-                      cudaStream_t stream);
-  Algo all_gather(const at::Tensor& in /* m */, at::Tensor& out /* size*m */, Algo algo, cudaStream_t stream);
-  void broadcast(at::Tensor& t, int root, cudaStream_t stream);
-  void reduce(const at::Tensor& in, at::Tensor& out, int root, ReduceKind op,
-              cudaStream_t stream);  // out meaningful on root
-  // Byte counts/offsets per peer, into in/out viewed as bytes.
-  void all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& send_bytes,
-                  const std::vector<int64_t>& send_offsets, const std::vector<int64_t>& recv_bytes,
-                  const std::vector<int64_t>& recv_offsets, cudaStream_t stream);
+  // reduce_scatter: `in` holds size * m elements, `out` m.
+  Algo reduce_scatter(const void* in, void* out, int64_t m, DType t, ReduceKind op, Algo algo, cudaStream_t stream);
+  // all_gather: `in` holds `bytes`, `out` size * bytes (any dtype: copies only).
+  Algo all_gather(const void* in, void* out, int64_t bytes, Algo algo, cudaStream_t stream);
+  void broadcast(void* buf, int64_t bytes, int root, cudaStream_t stream);
+  // `out` is written on the root only (null elsewhere).
+  void reduce(const void* in, void* out, int64_t count, DType t, ReduceKind op, int root, cudaStream_t stream);
+  // Byte counts and offsets per peer, into `in` (in_bytes) and `out` (out_bytes).
+  void all_to_all(const void* in, int64_t in_bytes, void* out, int64_t out_bytes,
+                  const std::vector<int64_t>& send_bytes, const std::vector<int64_t>& send_offsets,
+                  const std::vector<int64_t>& recv_bytes, const std::vector<int64_t>& recv_offsets,
+                  cudaStream_t stream);
   // Point-to-point, matched in issue order per (src,dst) pair. Sends and receives may be issued on different
   // streams by the backend; a send must not deadlock against a send in the opposite direction (use a per-pair
   // channel of bounded size in the receiver-visible workspace with ready/consumed counters).
-  void send(const at::Tensor& t, int peer, cudaStream_t stream);
-  void recv(at::Tensor& t, int peer, cudaStream_t stream);
+  void send(const void* buf, int64_t bytes, int peer, cudaStream_t stream);
+  void recv(void* buf, int64_t bytes, int peer, cudaStream_t stream);
   // A coalesced batch of sends and receives (in posting order) in one launch on `stream`, by the
   // plan plan_p2p_batch made for these items. Only when that plan `fits`; otherwise the batch
   // must run as separate sends and receives. The stream must be ordered after earlier sends and
   // receives of the kinds in the batch, and later ones after it (the backend does this).
   struct P2POp {
-    at::Tensor t;  // dense; a receive's destination
+    void* buf;  // dense; a receive's destination
+    int64_t bytes;
     int peer;
     bool is_send;
   };
@@ -101,7 +103,7 @@ class CudaEngine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int device() const { return device_; }
-  // The timeline rows of the last traced kernel (PYCOLL_CUDA_TRACE=1, kernels/trace.cuh):
+  // The timeline rows of the last traced kernel (PYCOLL_CUDA_TRACE=1, cuda/kernels/trace.cuh):
   // cuda_ipc::kTraceCtas rows of cuda_ipc::kTraceEvents values. Synchronises the device.
   std::vector<int64_t> trace() const;
 

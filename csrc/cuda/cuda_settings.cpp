@@ -24,10 +24,6 @@ const IntSetting kMaxBlocks("PYCOLL_CUDA_MAX_BLOCKS", gpu::kDefaultMaxBlocks, 1,
 const IntSetting kSmallMaxBlocks("PYCOLL_CUDA_SMALL_MAX_BLOCKS", gpu::kSmallMaxBlocks, 1, cuda_ipc::kMaxCollBlocks,
                                  kScope, true, Audience::Developer,
                                  "The same cap for messages up to gpu::kSmallMessageBytes.");
-const IntSetting kLLMaxKiB("PYCOLL_CUDA_LL_MAX_KIB", gpu::kDefaultLLMaxBytes / 1024, 0, cuda_ipc::kLLMaxBytes / 1024,
-                           kScope, true, Audience::Developer,
-                           "Largest all_reduce (KiB) that the one-shot runs with the LL protocol; 0 turns LL off. "
-                           "docs/decisions/0001-ll-protocol-small-all-reduce.md");
 const IntSetting kSlotKiB("PYCOLL_CUDA_SLOT_KIB", 0, 0, kMaxKiB, kScope, true, Audience::Developer,
                           "Collective slot size in KiB; 0 = by world size (transport/cuda_ipc/layout.h).",
                           "0 (by world size)", false, 4);
@@ -73,7 +69,7 @@ const IntSetting kEarlyLaunch("PYCOLL_CUDA_EARLY_LAUNCH", 1, 0, 1, kScope, false
                               "1 on sm_90 and later, else 0");
 const IntSetting kTrace("PYCOLL_CUDA_TRACE", 0, 0, 1, kScope, false, Audience::Developer,
                         "1: kernels that support it record their timeline in the workspace "
-                        "(pycollectives cuda_trace(); kernels/trace.cuh).");
+                        "(pycollectives cuda_trace(); cuda/kernels/trace.cuh).");
 const TextSetting kSameDevice("PYCOLL_CUDA_SAME_DEVICE", "staged", "staged, kernels", kScope, true, Audience::Developer,
                               "Ranks of a group that share one GPU: staged runs the group's CUDA ops through host "
                               "memory and the CPU engine; kernels maps their workspaces with CUDA IPC and runs the "

@@ -11,7 +11,6 @@ namespace pycoll::cuda_settings {
 
 extern const IntSetting kMaxBlocks;
 extern const IntSetting kSmallMaxBlocks;
-extern const IntSetting kLLMaxKiB;
 extern const IntSetting kSlotKiB;
 extern const IntSetting kChunkKiB;
 extern const IntSetting kSplitMinKiB;

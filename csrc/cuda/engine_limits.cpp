@@ -17,7 +17,6 @@ EngineLimits read_engine_limits(int nranks, int sms) {
   l.sms = sms;
   l.max_blocks = std::max(1, std::min(int(kMaxBlocks.get()), sms));
   l.small_max_blocks = int(cuda_settings::kSmallMaxBlocks.get());
-  l.ll_max_bytes = kLLMaxKiB.get() * 1024;
   l.split_min_bytes = kSplitMinKiB.get() * 1024;
   l.split_taper = kSplitTaper.get() != 0;
   l.split_claimed = kSplitClaimed.get() != 0;
@@ -44,6 +43,12 @@ EngineLimits read_engine_limits(int nranks, int sms) {
   return l;
 }
 
+cuda_ipc::Layout workspace_layout(const EngineLimits& l) {
+  const std::vector<cuda_ipc::ProtocolRegion> regions = protocol_regions(l);
+  return cuda_ipc::make_layout(l.nranks, l.slot_bytes, l.workspace_blocks, regions.data(), int(regions.size()),
+                               l.p2p_slot_bytes);
+}
+
 SettingList agreement_list(const EngineLimits& l) {
   using namespace cuda_settings;
   auto s = [](int64_t v) { return std::to_string(v); };
@@ -51,7 +56,6 @@ SettingList agreement_list(const EngineLimits& l) {
       {"GPU SM count", s(l.sms)},
       {kMaxBlocks.name(), s(l.max_blocks)},
       {cuda_settings::kSmallMaxBlocks.name(), s(l.small_max_blocks)},
-      {kLLMaxKiB.name(), s(l.ll_max_bytes / 1024)},
       {std::string(kSlotKiB.name()) + " (slot bytes)", s(l.slot_bytes)},
       {std::string(kChunkKiB.name()) + " (chunk bytes)", s(l.chunk_bytes)},
       {kSplitMinKiB.name(), s(l.split_min_bytes / 1024)},
@@ -70,11 +74,13 @@ SettingList agreement_list(const EngineLimits& l) {
   return list;
 }
 
-int64_t registered_max_bytes(const EngineLimits& l, Algo algo) {
+int64_t limited_protocol_max_bytes(const EngineLimits& l, Algo algo) {
   int64_t most = 0;
   const auto& protocols = all_reduce_protocols();
-  for (size_t i = 0; i < protocols.size(); ++i)
-    if (protocols[i].algo == algo) most = std::max(most, l.protocols.at(i).max_bytes);
+  for (size_t i = 0; i < protocols.size(); ++i) {
+    const int64_t limit = l.protocols.at(i).max_bytes;
+    if (protocols[i].runs(algo) && limit != kAnySize) most = std::max(most, limit);
+  }
   return most;
 }
 

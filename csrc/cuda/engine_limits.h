@@ -22,7 +22,6 @@ struct EngineLimits {
   int64_t slot_bytes = 0;           // one collective slot (make_layout)
   int64_t chunk_bytes = 0;          // largest chunk of one CTA step, at most a slot
   bool chunk_set = false;           // PYCOLL_CUDA_CHUNK_KIB given
-  int64_t ll_max_bytes = 0;         // largest one-shot all_reduce run with LL
   int64_t split_min_bytes = 0;      // two ranks: one-shot from here runs split
   int64_t split_chunk_bytes = 0;    // ... static split's chunk
   int64_t claimed_chunk_bytes = 0;  // ... claimed split's chunk
@@ -36,8 +35,12 @@ struct EngineLimits {
   std::vector<ProtocolLimits> protocols;
 };
 
-// The largest all_reduce a registered protocol of `algo` runs on this engine (0: none).
-int64_t registered_max_bytes(const EngineLimits& l, Algo algo);
+// The largest all_reduce that a protocol of a limited size runs as `algo` on this engine (0:
+// none): the cost model counts such a protocol's speed for `algo` up to there (select.h).
+int64_t limited_protocol_max_bytes(const EngineLimits& l, Algo algo);
+
+// The workspace an engine with these limits maps (what cuda_ipc::IpcWorkspace lays out).
+cuda_ipc::Layout workspace_layout(const EngineLimits& l);
 
 // Reads the settings, the registered protocols' included (a bad value raises, naming the setting
 // and its range).

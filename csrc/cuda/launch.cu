@@ -4,7 +4,7 @@
 #include "cuda/all_reduce_registry.h"
 #include "cuda/launch_config.h"
 
-#include "kernels/entry.cuh"
+#include "cuda/kernels/entry.cuh"
 
 namespace pycoll {
 namespace gpu {
@@ -27,9 +27,22 @@ cudaError_t launch_p2p_batch(int grid, cudaStream_t stream, const kernels::P2PBa
 
 bool kernels_support_early_launch() {
   return compiled_with_grid_dependency(kernels::reduce_kernel) && compiled_with_grid_dependency(kernels::copy_kernel) &&
-         compiled_with_grid_dependency(kernels::p2p_kernel) && ll_kernels_support_early_launch() &&
-         registered_launchers_support_early_launch();
+         compiled_with_grid_dependency(kernels::p2p_kernel) && registered_launchers_support_early_launch();
 }
+
+namespace {
+
+// The channel protocol's all_reduce (cuda/channel_all_reduce.cpp) runs in the reduce kernel.
+int launch_channel_all_reduce(int grid, void* stream, const kernels::ReduceArgs& a, bool early) {
+  return int(launch_reduce(grid, static_cast<cudaStream_t>(stream), a, early));
+}
+
+bool channel_supports_early_launch() { return compiled_with_grid_dependency(kernels::reduce_kernel); }
+
+[[maybe_unused]] const bool kRegistered =
+    register_all_reduce_launcher(kChannelProtocolName, {&launch_channel_all_reduce, &channel_supports_early_launch});
+
+}  // namespace
 
 }  // namespace gpu
 }  // namespace pycoll

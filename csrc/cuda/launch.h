@@ -2,13 +2,13 @@
 // launch. Each returns the launch's cudaGetLastError() for the caller to check.
 //
 // `early`: launch with programmatic stream serialization, so that the kernel's CTAs may be
-// scheduled while the kernel before it on the stream finishes (kernels/grid_dependency.cuh; sm_90
+// scheduled while the kernel before it on the stream finishes (cuda/kernels/grid_dependency.cuh; sm_90
 // and later, PYCOLL_CUDA_EARLY_LAUNCH).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/args.h"
+#include "cuda/kernels/args.h"
 
 namespace pycoll {
 namespace gpu {
@@ -19,14 +19,11 @@ cudaError_t launch_copy(int grid, cudaStream_t stream, const kernels::CopyArgs& 
 cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& args, bool early);
 // A coalesced batch of sends and receives (never early: see CudaEngine::send).
 cudaError_t launch_p2p_batch(int grid, cudaStream_t stream, const kernels::P2PBatchArgs& args);
-// The LL one-shot all-reduce (kernels/ll_all_reduce.cuh): `grid` = the message's 16 KiB regions.
-cudaError_t launch_ll_all_reduce(int grid, cudaStream_t stream, const kernels::ReduceArgs& args, bool early);
-// The registered protocols' kernels launch through the registry (cuda/all_reduce_registry.h).
+// all_reduce launches through the registry of its protocols (cuda/all_reduce_registry.h).
 
 // Whether the kernels (the registered protocols' too) were compiled with their grid-dependency
 // waits (PTX for sm_90 or later); without them `early` must stay false.
 bool kernels_support_early_launch();
-bool ll_kernels_support_early_launch();
 
 }  // namespace gpu
 }  // namespace pycoll

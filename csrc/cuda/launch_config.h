@@ -1,5 +1,5 @@
 // One kernel launch through cudaLaunchKernelEx, optionally with programmatic stream serialization
-// (kernels/grid_dependency.cuh). Included by the .cu files that launch the collective kernels.
+// (cuda/kernels/grid_dependency.cuh). Included by the .cu files that launch the collective kernels.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,7 +26,7 @@ cudaError_t launch_kernel(void (*kernel)(Args), int grid, int threads, cudaStrea
 }
 
 // True when `kernel` was compiled from PTX for sm_90 or later, i.e. its griddepcontrol
-// instructions exist (kernels/grid_dependency.cuh); a build for older targets JIT-compiled on a
+// instructions exist (cuda/kernels/grid_dependency.cuh); a build for older targets JIT-compiled on a
 // newer GPU has none, and must not be launched early.
 template <class Args>
 bool compiled_with_grid_dependency(void (*kernel)(Args)) {

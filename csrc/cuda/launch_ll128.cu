@@ -6,7 +6,7 @@
 #include "cuda/launch_config.h"
 #include "cuda/reduce_kernel_table.h"
 
-#include "kernels/ll128_two_shot.cuh"
+#include "cuda/kernels/ll128_two_shot.cuh"
 
 namespace pycoll {
 namespace gpu {

@@ -1,6 +1,6 @@
-// The LL128 two-shot all_reduce (kernels/ll128_two_shot.cuh; launcher: cuda/launch_ll128.cu),
+// The LL128 two-shot all_reduce (cuda/kernels/ll128_two_shot.cuh; launcher: cuda/launch_ll128.cu),
 // registered with the CUDA engine (cuda/all_reduce_registry.h): its settings, its limits, when it
-// takes a two-shot call, and its workspace region (kernels/ll128_layout.h).
+// takes a two-shot call, and its workspace region (cuda/kernels/ll128_layout.h).
 // docs/decisions/0010-ll128-two-shot.md, 0012-three-and-four-rank-all-reduce.md
 #include <algorithm>
 #include <string>
@@ -10,7 +10,7 @@
 #include "cuda/all_reduce_plan.h"
 #include "cuda/all_reduce_registry.h"
 #include "cuda/engine_limits.h"
-#include "kernels/ll128_layout.h"
+#include "cuda/kernels/ll128_layout.h"
 
 namespace pycoll {
 namespace gpu {
@@ -56,8 +56,10 @@ bool plan(AllReducePlan& p, int64_t count, int64_t es, const EngineLimits& l, co
 }
 
 // Lines of the largest segment against the lines per sender and phase the region holds.
-bool fits(const AllReducePlan& p, int64_t count, int64_t es, int nranks, const cuda_ipc::ProtocolRegion& region) {
-  return ceil_div(std::min(p.seg, count) * es, kLL128LinePayload) <= region.param;
+bool fits(const AllReducePlan& p, int64_t count, int64_t es, int nranks, int index, const cuda_ipc::Layout& L) {
+  const cuda_ipc::ProtocolRegion& region = L.regions[index];
+  return region.bytes > 0 && p.grid >= 1 && p.grid <= kLL128Blocks &&
+         ceil_div(std::min(p.seg, count) * es, kLL128LinePayload) <= region.param;
 }
 
 int64_t region_param(int nranks, const ProtocolLimits& l) { return cuda_ipc::ll128_lines_for(l.max_bytes, nranks); }
@@ -100,7 +102,7 @@ std::vector<RegionRange> ranges(int64_t base, int nranks, int me, const Protocol
 AllReduceProtocol registration() {
   AllReduceProtocol p;
   p.name = cuda_ipc::kLL128ProtocolName;
-  p.algo = Algo::TwoShot;
+  p.algos = algo_bit(Algo::TwoShot);
   p.check_code = 9;
   p.check_name = "two-shot (LL128 protocol)";
   p.read_limits = &read_limits;

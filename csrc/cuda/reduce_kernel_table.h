@@ -9,8 +9,8 @@
 #pragma once
 
 #include "common/types.h"
-#include "kernels/args.h"
-#include "kernels/vec.cuh"
+#include "cuda/kernels/args.h"
+#include "cuda/kernels/vec.cuh"
 
 namespace pycoll {
 namespace gpu {

@@ -28,18 +28,13 @@ constexpr int kDefaultMaxBlocks = 64;
 constexpr int kSmallMaxBlocks = 64;
 constexpr int64_t kSmallMessageBytes = 4 << 20;
 
-// One-shot all_reduce of at most this many bytes runs with the LL protocol (flags inside the data,
-// kernels/ll_all_reduce.cuh); PYCOLL_CUDA_LL_MAX_KIB overrides it (up to cuda_ipc::kLLMaxBytes).
-// docs/decisions/0001-ll-protocol-small-all-reduce.md
-constexpr int64_t kDefaultLLMaxBytes = int64_t(1) << 20;
-
-// Split one-shot all_reduce (pushing and reducing CTAs apart, kernels/one_shot.cuh), two ranks
+// Split one-shot all_reduce (pushing and reducing CTAs apart, cuda/kernels/one_shot.cuh), two ranks
 // only: a one-shot all_reduce of at least kDefaultSplitMinBytes runs split, with chunks of
 // kDefaultSplitChunkBytes (PYCOLL_CUDA_SPLIT_MIN_KIB / _CHUNK_KIB override).
 // docs/decisions/0004-split-one-shot.md
 constexpr int64_t kDefaultSplitMinBytes = int64_t(32) << 20;
 constexpr int64_t kDefaultSplitChunkBytes = int64_t(128) << 10;
-// The split one-shot runs claimed (kernels/one_shot_claimed.cuh: pushers take the next chunk from
+// The split one-shot runs claimed (cuda/kernels/one_shot_claimed.cuh: pushers take the next chunk from
 // one counter; PYCOLL_CUDA_SPLIT_CLAIMED=0 turns it off) with chunks of this size.
 // docs/decisions/0008-claimed-split.md
 constexpr int64_t kDefaultClaimedChunkBytes = int64_t(64) << 10;
@@ -147,7 +142,7 @@ int all_to_all_channels(int nranks, int coll_channels, int sms);
 Geometry plan_geometry(int64_t elems, int64_t elem_bytes, int64_t max_chunk_bytes, int max_blocks,
                        int small_max_blocks = kSmallMaxBlocks);
 
-// Cut `elems` elements for the split one-shot all_reduce (kernels/one_shot.cuh): `blocks` channels
+// Cut `elems` elements for the split one-shot all_reduce (cuda/kernels/one_shot.cuh): `blocks` channels
 // (at most `max_channels`, none with less than kMinChunkBytes), each a contiguous range of `seg`
 // elements (a multiple of 16 bytes; the last range may be short), cut into chunks of `chunk`
 // elements (at most `chunk_bytes`, a multiple of 32 bytes so that half a chunk keeps 16-byte
@@ -166,8 +161,8 @@ double predict_us(OpCode op, Algo algo, int64_t bytes, int nranks);
 Algo choose(OpCode op, int64_t bytes, int nranks);
 Algo builtin_choice(OpCode op, int64_t bytes, int nranks);
 
-// The all_reduce `auto` of an engine whose registered two-shot protocols run all_reduce up to
-// `fast_two_shot_max_bytes` (EngineLimits: registered_max_bytes): choose(), except that
+// The all_reduce `auto` of an engine whose two-shot protocols of a limited size (LL128) run up to
+// `fast_two_shot_max_bytes` (limited_protocol_max_bytes): choose(), except that
 // two ranks run one-shot where it picked two-shot below kTwoRankChannelTwoShotAllReduceBytes for a
 // size LL128 does not cover (the channel two-shot loses to one-shot there).
 Algo choose_all_reduce(int64_t bytes, int nranks, int64_t fast_two_shot_max_bytes);

@@ -16,7 +16,7 @@
 #endif
 
 #include "common/bucket_copy.h"
-#include "kernels/batched_copy.h"
+#include "common/batched_copy.h"
 
 namespace pycoll {
 

@@ -1,6 +1,6 @@
 // Gradient-compression kernels for CPU tensors: signSGD bit packing and
 // majority vote, PowerSGD's batched Gram-Schmidt, and the fused bucket
-// copies. The CUDA versions (kernels/compression_cuda.h) compute the same
+// copies. The CUDA versions (cuda/kernels/compression_cuda.h) compute the same
 // functions; pycollectives/hooks/_kernels.py holds the plain-torch reference
 // that both are tested against.
 //

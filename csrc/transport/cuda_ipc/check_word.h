@@ -31,9 +31,9 @@ enum class CheckPlan : int {
   TwoShot = 2,
   Ring = 3,
   Tree = 4,
-  SplitStatic = 5,   // split one-shot, each channel a fixed range (kernels/one_shot.cuh)
-  SplitClaimed = 6,  // split one-shot, chunks claimed from one counter (kernels/one_shot_claimed.cuh)
-  LL = 7,            // one-shot with flags inside the data (kernels/ll_all_reduce.cuh)
+  SplitStatic = 5,   // split one-shot, each channel a fixed range (cuda/kernels/one_shot.cuh)
+  SplitClaimed = 6,  // split one-shot, chunks claimed from one counter (cuda/kernels/one_shot_claimed.cuh)
+  LL = 7,            // one-shot with flags inside the data (cuda/kernels/ll_all_reduce.cuh)
   Direct = 8,        // one hop: reduce-scatter, all-gather and reduce
   // 9..15: the registered all_reduce protocols' codes (cuda/all_reduce_registry.h); the LL128
   // two-shot has 9.

@@ -8,7 +8,7 @@
 //     slot and then bumps `head` (in src's workspace). Both counters count messages since the
 //     engine was created and only grow, so a flag never needs a reset and a waiter compares with >=.
 //   block b: a channel index, driven by CTA b (all_to_all: a sender and a receiver CTA per
-//     channel, kernels/all_to_all_role.h). Channel b of one rank only ever talks to channel b of
+//     channel, cuda/kernels/all_to_all_role.h). Channel b of one rank only ever talks to channel b of
 //     its peers, so the channels of a kernel are independent pipelines.
 //   sent/recvd: the local copies of a channel's counters (only the owning rank touches them); a
 //     kernel loads them at start and stores them back at the end, which is what makes the kernels
@@ -17,7 +17,7 @@
 // Two channel sets exist: `coll` for collectives (issued in one stream order on every rank) and
 // `p2p` for send/recv (may run concurrently with collectives, on other streams).
 //
-// The LL region (low latency, kernels/ll_all_reduce.cuh) is separate from the channels: small
+// The LL region (low latency, cuda/kernels/ll_all_reduce.cuh) is separate from the channels: small
 // all-reduces write 16-byte lines that carry 8 payload bytes and two copies of a 32-bit flag, so
 // the receiver needs no separate flag, no fence and no credit. Per sender and CTA it has two
 // buffers (parity of the CTA's LL epoch), which is enough: see ll_all_reduce.cuh for why.
@@ -122,7 +122,7 @@ constexpr int kMaxProtocolRegions = 4;
 
 // How a peer already in its next call of a registered protocol shows it, so that a collective
 // waiting for that peer on a channel flag reports a mismatch at once instead of at the timeout
-// (kernels/signal.cuh): this rank's count of the protocol's calls is the u64 at `epoch_off`, and
+// (cuda/kernels/signal.cuh): this rank's count of the protocol's calls is the u64 at `epoch_off`, and
 // the header that sender index i (as in the LL region) writes into this rank for its next call
 // has the u64 count + 1 at `header_off + i * header_stride + flag_byte`, and its check word as the
 // header's first u64. Offsets from the region's start when registered, absolute in a Layout.
@@ -140,12 +140,12 @@ struct ProtocolRegion {
   RegionProbe probe;
 };
 
-// Progress of the split one-shot all_reduce (kernels/one_shot.cuh), local to each rank: for
+// Progress of the split one-shot all_reduce (cuda/kernels/one_shot.cuh), local to each rank: for
 // channel b, how many chunks its pushing CTA has sent and its reducing CTA has reduced, since the
 // engine was created. Equal at every kernel start (both CTAs of a channel handle the same chunks),
 // so the reducer knows how far the pusher of this call has got without a per-call reset.
 //
-// The claimed variant (kernels/one_shot_claimed.cuh) hands chunks to pushers from one counter
+// The claimed variant (cuda/kernels/one_shot_claimed.cuh) hands chunks to pushers from one counter
 // instead: `claim` (local) is the next chunk to push, reset to 0 by the call's last claim; `tag`
 // (in dst: [src rank][channel][slot] u64) tells the receiver which chunk a message holds; `ready`
 // (local: [chunk] u32) is set to 1 once this rank's pusher has read a chunk of the input, and back
@@ -168,7 +168,7 @@ struct SplitLayout {
   PYCOLL_HD int64_t ready_offset(int64_t chunk) const { return off_ready + chunk * 4; }
 };
 
-// Timeline of a traced kernel (PYCOLL_CUDA_TRACE=1, kernels/trace.cuh): per CTA of a grid of up
+// Timeline of a traced kernel (PYCOLL_CUDA_TRACE=1, cuda/kernels/trace.cuh): per CTA of a grid of up
 // to kTraceCtas, kTraceEvents %globaltimer stamps (event kTraceEvents-1 holds a count, not a time).
 // Local; overwritten by every traced kernel, read by the host (CudaEngine::trace).
 constexpr int kTraceCtas = 2 * kMaxCollBlocks;

@@ -19,7 +19,6 @@
 #include <c10/util/Exception.h>
 
 #include "common/cuda_check.h"
-#include "common/store_wait.h"
 #include "common/types.h"
 
 namespace pycoll {
@@ -65,21 +64,19 @@ std::string boot_id() {
   return s;
 }
 
-std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
-
 }  // namespace
 
-IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size,
-                           int device, std::chrono::milliseconds timeout, int64_t coll_slot_bytes, int coll_blocks,
-                           const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes, bool same_device)
+IpcWorkspace::IpcWorkspace(const Rendezvous& rv, int rank, int size, int device, std::chrono::milliseconds timeout,
+                           int64_t coll_slot_bytes, int coll_blocks, const std::vector<ProtocolRegion>& regions,
+                           int64_t p2p_slot_bytes, bool same_device)
     : rank_(rank), size_(size), device_(device), same_device_(same_device) {
   TORCH_CHECK(size >= 1 && size <= kMaxRanks, "pycoll::cuda_ipc: world size ", size, " is outside 1..", kMaxRanks,
               " (the CUDA engine serves one host)");
   TORCH_CHECK(rank >= 0 && rank < size, "pycoll::cuda_ipc: rank ", rank, " is outside 0..", size - 1);
-  TORCH_CHECK(store, "pycoll::cuda_ipc: store is null");
+  TORCH_CHECK(rv.set && rv.get && rv.wait_every_rank, "pycoll::cuda_ipc: the rendezvous lacks set, get or wait");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   try {
-    init(std::move(store), key_prefix, timeout, coll_slot_bytes, coll_blocks, regions, p2p_slot_bytes);
+    init(rv, timeout, coll_slot_bytes, coll_blocks, regions, p2p_slot_bytes);
   } catch (...) {
     release_mappings();
     if (host_err_ != nullptr) (void)cudaFreeHost(host_err_);
@@ -88,9 +85,8 @@ IpcWorkspace::IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::str
   }
 }
 
-void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix,
-                        std::chrono::milliseconds timeout, int64_t coll_slot_bytes, int coll_blocks,
-                        const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes) {
+void IpcWorkspace::init(const Rendezvous& rv, std::chrono::milliseconds timeout, int64_t coll_slot_bytes,
+                        int coll_blocks, const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes) {
   const int rank = rank_;
   const int size = size_;
   const int device = device_;
@@ -145,18 +141,16 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
   PYCOLL_IPC_CHECK(cudaIpcGetMemHandle(&mine.handle, local_), "cudaIpcGetMemHandle");
 
   // Round 1: every rank's handle.
-  const std::string base = key_prefix + "/pycoll_cuda_ipc/";
-  std::vector<uint8_t> blob(sizeof(PeerInfo));
-  std::memcpy(blob.data(), &mine, sizeof(PeerInfo));
-  store->set(base + "info/" + std::to_string(rank), blob);
+  const std::string base = rv.prefix + "/pycoll_cuda_ipc/";
+  rv.set(base + "info/" + std::to_string(rank), std::string(reinterpret_cast<const char*>(&mine), sizeof(PeerInfo)));
   std::vector<std::string> keys;
   for (int q = 0; q < size; ++q) keys.push_back(base + "info/" + std::to_string(q));
-  wait_for_every_rank(*store, keys, timeout, "pycoll::cuda_ipc: peers' workspace handles",
-                      "Every rank publishes its handle while its CUDA engine starts; the ranks named crashed, hung, "
-                      "or failed earlier in the start.");
+  rv.wait_every_rank(keys, timeout, "pycoll::cuda_ipc: peers' workspace handles",
+                     "Every rank publishes its handle while its CUDA engine starts; the ranks named crashed, hung, "
+                     "or failed earlier in the start.");
   std::vector<PeerInfo> info(size);
   for (int q = 0; q < size; ++q) {
-    const std::vector<uint8_t> v = store->get(keys[q]);
+    const std::string v = rv.get(keys[q]);
     TORCH_CHECK(v.size() == sizeof(PeerInfo), "pycoll::cuda_ipc: rank ", q, " published ", v.size(),
                 " bytes of workspace info, expected ", sizeof(PeerInfo), " (different pycollectives builds?)");
     std::memcpy(&info[q], v.data(), sizeof(PeerInfo));
@@ -215,15 +209,15 @@ void IpcWorkspace::init(c10::intrusive_ptr<c10d::Store> store, const std::string
   }
 
   // Round 2: every rank's verdict, so that all ranks agree.
-  store->set(base + "ok/" + std::to_string(rank), to_bytes(why.empty() ? std::string("1") : "0" + why));
+  rv.set(base + "ok/" + std::to_string(rank), why.empty() ? std::string("1") : "0" + why);
   std::vector<std::string> ok_keys;
   for (int q = 0; q < size; ++q) ok_keys.push_back(base + "ok/" + std::to_string(q));
-  wait_for_every_rank(*store, ok_keys, timeout, "pycoll::cuda_ipc: peers' verdicts on mapping the workspaces",
-                      "Every rank says whether it could map every peer's memory; the ranks named crashed, hung, "
-                      "or failed while mapping.");
+  rv.wait_every_rank(ok_keys, timeout, "pycoll::cuda_ipc: peers' verdicts on mapping the workspaces",
+                     "Every rank says whether it could map every peer's memory; the ranks named crashed, hung, "
+                     "or failed while mapping.");
   reachable_ = true;
   for (int q = 0; q < size; ++q) {
-    const std::vector<uint8_t> v = store->get(ok_keys[q]);
+    const std::string v = rv.get(ok_keys[q]);
     if (v.empty() || v[0] != '1') {
       reachable_ = false;
       if (reason_.empty())

@@ -1,10 +1,11 @@
 // Symmetric CUDA IPC workspace: one cudaMalloc per rank (layout.h), exported with CUDA IPC, the
-// handles exchanged through the c10d Store, every peer's workspace mapped into this process; plus
-// the host-mapped record where kernels report the first error. Hands kernels a DeviceHandle.
+// handles exchanged through the group's store (common/rendezvous.h), every peer's workspace mapped
+// into this process; plus the host-mapped record where kernels report the first error. Hands
+// kernels a DeviceHandle.
 //
 // Collective: every rank of the group constructs it, in the same order, with the same
-// key_prefix. The constructor talks to the Store twice (publish / read every rank's handle, then
-// publish / read every rank's verdict) so that all ranks agree on reachable().
+// rendezvous prefix. The constructor talks to the store twice (publish / read every rank's
+// handle, then publish / read every rank's verdict) so that all ranks agree on reachable().
 #pragma once
 
 #include <atomic>
@@ -13,9 +14,7 @@
 #include <string>
 #include <vector>
 
-#include <c10/util/intrusive_ptr.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
+#include "common/rendezvous.h"
 #include "transport/cuda_ipc/device_handle.h"
 
 namespace pycoll {
@@ -29,8 +28,8 @@ class IpcWorkspace {
   // (the constructor throws on every rank otherwise). `same_device`: a peer on this rank's GPU (another
   // process) is mapped like any other (PYCOLL_CUDA_SAME_DEVICE=kernels); false: such a peer makes the
   // group unreachable. A rank that passes false makes every rank's reachable() false.
-  IpcWorkspace(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, int rank, int size, int device,
-               std::chrono::milliseconds timeout, int64_t coll_slot_bytes = 0, int coll_blocks = kCollBlocks,
+  IpcWorkspace(const Rendezvous& rv, int rank, int size, int device, std::chrono::milliseconds timeout,
+               int64_t coll_slot_bytes = 0, int coll_blocks = kCollBlocks,
                const std::vector<ProtocolRegion>& regions = {}, int64_t p2p_slot_bytes = 0, bool same_device = false);
   ~IpcWorkspace();
   IpcWorkspace(const IpcWorkspace&) = delete;
@@ -61,9 +60,8 @@ class IpcWorkspace {
   bool aborted() const { return aborted_.load(); }
 
  private:
-  void init(c10::intrusive_ptr<c10d::Store> store, const std::string& key_prefix, std::chrono::milliseconds timeout,
-            int64_t coll_slot_bytes, int coll_blocks, const std::vector<ProtocolRegion>& regions,
-            int64_t p2p_slot_bytes);
+  void init(const Rendezvous& rv, std::chrono::milliseconds timeout, int64_t coll_slot_bytes, int coll_blocks,
+            const std::vector<ProtocolRegion>& regions, int64_t p2p_slot_bytes);
   void release_mappings() noexcept;
 
   int rank_;

@@ -1,0 +1,54 @@
+// The flight recorder's view of ops on CUDA streams: a background thread per group turns each
+// op's two events into its recorded states, without synchronizing any stream (as torch's NCCL
+// watchdog discovers its work's events). An op is started when the event recorded just before
+// its kernels has fired and completed when the one after them has; the recorded times are when
+// this thread saw that, within kPollInterval. With PYCOLL_FR_GPU_TIMING=1 (or, unset,
+// TORCH_NCCL_ENABLE_TIMING=1) the events are timed and the entry also gets the GPU's time between
+// them (a dump's duration_ms). Built only with CUDA (setup.py).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backend/cuda_event_pool.h"
+#include "backend/flight_recorder.h"
+
+namespace pycoll {
+
+class CudaOpWatcher {
+ public:
+  static constexpr std::chrono::milliseconds kPollInterval{1};
+
+  CudaOpWatcher();
+  ~CudaOpWatcher();  // stops the thread; ops still pending keep the states they have
+  CudaOpWatcher(const CudaOpWatcher&) = delete;
+  CudaOpWatcher& operator=(const CudaOpWatcher&) = delete;
+
+  // Whether the events of watched ops should be timed (PYCOLL_FR_GPU_TIMING).
+  static bool timing();
+  // Watches an op whose `start` and `end` events (of `device`) are recorded on its stream around
+  // its kernels (events of a timed pool when timing()). No-op when the op is not recorded.
+  void watch(const FrHandle& op, int device, EventPool::Event start, EventPool::Event end);
+
+ private:
+  struct Pending {
+    FrHandle op;
+    int device = 0;
+    EventPool::Event start, end;
+    bool started = false;
+  };
+  void loop();
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<Pending> pending_;  // in issue order; reserved, so that watch() rarely allocates
+  bool stop_ = false;
+  bool idle_ = false;   // the thread waits for work (not polling): a new op must wake it
+  std::thread thread_;  // started by the first watch()
+};
+
+}  // namespace pycoll

@@ -1,0 +1,324 @@
+#include "backend/cuda_ops.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "backend/work.h"
+#include "backend/cuda_event_pool.h"
+#include "common/check.h"
+#include "common/cuda_check.h"
+#include "backend/op_call_helpers.h"
+#include "backend/op_stats.h"
+#include "backend/store_rendezvous.h"
+#include "cuda/cuda_engine.h"
+#include "engines/cuda_tensor_engine.h"
+
+namespace pycoll {
+
+#define PYCOLL_CHECK_CUDA(expr, op) PYCOLL_CUDA_CHECK(expr, op, ": ", #expr)
+
+CudaOps::CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank, int size,
+                 std::chrono::milliseconds timeout)
+    : store_(std::move(store)), group_name_(std::move(group_name)), rank_(rank), size_(size), timeout_(timeout) {}
+
+std::unique_ptr<DeviceQueue> make_cuda_queue(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank,
+                                             int size, std::chrono::milliseconds timeout) {
+  return std::make_unique<CudaOps>(std::move(store), std::move(group_name), rank, size, timeout);
+}
+
+CudaOps::~CudaOps() = default;
+
+Engine* CudaOps::engine(const at::Device& device) {
+  if (Engine* e = bound_tensor_engine_.load(std::memory_order_acquire)) {
+    if (bound_device_.load(std::memory_order_relaxed) == device.index()) return e;
+  }
+  CudaEngine& eng = cuda_engine(device);
+  if (!eng.peers_reachable()) return nullptr;
+  std::lock_guard<std::mutex> g(mu_);
+  if (!tensor_engine_) {
+    tensor_engine_ = std::make_unique<CudaTensorEngine>(eng);
+    bound_tensor_engine_.store(tensor_engine_.get(), std::memory_order_release);
+  }
+  return tensor_engine_.get();
+}
+
+CudaEngine& CudaOps::cuda_engine(const at::Device& device) {
+  const int idx = device.index();
+  if (CudaEngine* e = bound_engine_.load(std::memory_order_acquire)) {
+    if (bound_device_.load(std::memory_order_relaxed) == idx) return *e;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  // One GPU per rank, as with NCCL: the first CUDA collective binds the group
+  // to its device; a tensor elsewhere is a user error, not a second engine.
+  TORCH_CHECK_VALUE(engines_.empty() || engines_.begin()->first == idx, "pycoll: wrong device: this rank's group is ",
+                    "bound to cuda:", engines_.empty() ? -1 : engines_.begin()->first, " (its first CUDA collective), ",
+                    "got a tensor on cuda:", idx, "; use one GPU per rank (torch.cuda.set_device(local_rank))");
+  auto it = engines_.find(idx);
+  if (it == engines_.end()) {
+    c10::cuda::CUDAGuard guard(device);
+    // Keyed by the order in which this rank first used a device, not by the
+    // device index: rank r drives cuda:r, yet every rank's first engine must
+    // meet the others under the same Store keys.
+    const std::string key = "pycoll/" + group_name_ + "/cuda_engine" + std::to_string(engines_.size()) + "/";
+    auto eng = std::make_unique<CudaEngine>(make_rendezvous(store_, key), rank_, size_, idx, timeout_);
+    it = engines_.emplace(idx, std::move(eng)).first;
+    bound_device_.store(idx, std::memory_order_relaxed);
+    bound_engine_.store(it->second.get(), std::memory_order_release);
+  }
+  return *it->second;
+}
+
+std::vector<int64_t> CudaOps::trace() {
+  CudaEngine* e = bound_engine_.load(std::memory_order_acquire);
+  return e != nullptr ? e->trace() : std::vector<int64_t>();
+}
+
+void CudaOps::abort() noexcept {
+  // Not under mu_: an engine being created holds it across a Store exchange with peers that may
+  // be gone. The engines outlive this call (destroyed with the group, after abort).
+  if (CudaEngine* e = bound_engine_.load(std::memory_order_acquire)) e->abort();
+}
+
+c10::cuda::CUDAStream CudaOps::comm_stream(const at::Device& device, Lane lane) {
+  std::lock_guard<std::mutex> g(mu_);
+  const auto key = std::make_pair(static_cast<int>(device.index()), static_cast<int>(lane));
+  auto it = streams_.find(key);
+  if (it == streams_.end()) {
+    it = streams_.emplace(key, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())).first;
+  }
+  return it->second;
+}
+
+EventPool& CudaOps::events(const at::Device& device) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto& pool = event_pools_[device.index()];
+  if (!pool) pool = std::make_unique<EventPool>(device.index());
+  return *pool;
+}
+
+EventPool& CudaOps::watch_events(const at::Device& device) {
+  if (!CudaOpWatcher::timing()) return events(device);
+  std::lock_guard<std::mutex> g(mu_);
+  auto& pool = timed_event_pools_[device.index()];
+  if (!pool) pool = std::make_unique<EventPool>(device.index(), /*timed=*/true);
+  return *pool;
+}
+
+void CudaOps::order_after_last_collective(cudaStream_t stream, const at::Device& device, const char* op) {
+  if (last_collective_stream_ != nullptr && last_collective_stream_ != stream) {
+    // Inside a CUDA graph capture a wait on an uncaptured stream is illegal; torch.cuda.graph
+    // synchronises the device before capture, and replays are the caller's to order (as NCCL).
+    cudaStreamCaptureStatus now = cudaStreamCaptureStatusNone, before = cudaStreamCaptureStatusNone;
+    PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(stream, &now), op);
+    PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(last_collective_stream_, &before), op);
+    if (now == cudaStreamCaptureStatusNone && before == cudaStreamCaptureStatusNone) {
+      // The wait takes the event's state at this call, so the event may go back to the pool now.
+      // Recorded now, it also covers what was queued on that stream after the last collective:
+      // more order than needed, never less, and only when the stream changes.
+      EventPool::Event e = events(device).get();
+      PYCOLL_CHECK_CUDA(cudaEventRecord(e.get(), last_collective_stream_), op);
+      PYCOLL_CHECK_CUDA(cudaStreamWaitEvent(stream, e.get(), 0), op);
+    }
+  }
+  last_collective_stream_ = stream;
+}
+
+void CudaOps::order_streams(cudaStream_t earlier, cudaStream_t later, const at::Device& device, const char* op) {
+  cudaStreamCaptureStatus a = cudaStreamCaptureStatusNone, b = cudaStreamCaptureStatusNone;
+  PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(earlier, &a), op);
+  PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(later, &b), op);
+  if (a != cudaStreamCaptureStatusNone || b != cudaStreamCaptureStatusNone) return;
+  EventPool::Event e = events(device).get();
+  PYCOLL_CHECK_CUDA(cudaEventRecord(e.get(), earlier), op);
+  PYCOLL_CHECK_CUDA(cudaStreamWaitEvent(later, e.get(), 0), op);
+}
+
+c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op, uint64_t seq,
+                                               const std::vector<at::Tensor>& tensors,
+                                               const std::vector<at::Tensor>& outputs, bool async_op, const Body& body,
+                                               Lane lane, const FrHandle& fr) {
+  TORCH_INTERNAL_ASSERT(!tensors.empty());
+  const at::Device device = tensors[0].device();
+  c10::cuda::CUDAGuard guard(device);
+  CudaEngine& eng = cuda_engine(device);
+  if (int code = eng.device_error()) {
+    C10_THROW_ERROR(DistBackendError, str(op, ": the group is unusable after a GPU-side error (code ", code,
+                                          "): ", eng.device_error_message()));
+  }
+  auto current = c10::cuda::getCurrentCUDAStream(device.index());
+  const std::vector<c10::Device> devices{device};
+
+  // Collective kernels share the engine's channels, so they must run one after another in issue
+  // order, whatever stream each is issued on (FSDP2 issues all-gathers and reduce-scatters from
+  // two streams). Held until the kernel is queued.
+  std::unique_lock<std::mutex> issue;
+  if (lane == Lane::Collective) issue = std::unique_lock<std::mutex>(issue_mu_);
+
+  // A recorded op gets its states from events around its kernels (the watcher), except while the
+  // stream is captured into a CUDA graph: nothing runs then, and such events cannot be queried.
+  bool watched = fr.recorded();
+  if (watched) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(current.stream(), &capture), op);
+    watched = capture == cudaStreamCaptureStatusNone;
+    if (!watched) FlightRecorder::get().started(fr);
+  }
+  const auto event_on = [&](cudaStream_t s) {
+    EventPool::Event e = watch_events(device).get();
+    PYCOLL_CHECK_CUDA(cudaEventRecord(e.get(), s), op);
+    return e;
+  };
+
+  if (!async_op && lane == Lane::Collective) {
+    // A synchronous collective runs on the caller's stream, as ProcessGroupNCCL
+    // does for asyncOp=false: the caller waits for it anyway, so the comm
+    // stream would only add two events and a cross-stream hop (several us of
+    // a ~15 us small all_reduce). The tensors are used only on the caller's
+    // stream, so the allocator needs no recordStream.
+    order_after_last_collective(current.stream(), device, op);
+    EventPool::Event before = watched ? event_on(current.stream()) : nullptr;
+    body(current);
+    if (watched) watcher_.watch(fr, device.index(), std::move(before), event_on(current.stream()));
+    auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices, /*lazy_future=*/true);
+    const cudaStream_t s = current.stream();
+    // Conservative: the stream is idle only once this op (and what followed) ran.
+    work->query = [s]() {
+      const cudaError_t err = cudaStreamQuery(s);
+      if (err == cudaErrorNotReady) (void)cudaGetLastError();
+      return err == cudaSuccess;
+    };
+    work->mark_done(nullptr);
+    work->settle_future();
+    return work;
+  }
+
+  auto comm = comm_stream(device, lane);
+  EventPool& pool = events(device);
+  EventPool::Event start = pool.get();
+  PYCOLL_CHECK_CUDA(cudaEventRecord(start.get(), current.stream()), op);
+  PYCOLL_CHECK_CUDA(cudaStreamWaitEvent(comm.stream(), start.get(), 0), op);
+  if (lane == Lane::Collective) order_after_last_collective(comm.stream(), device, op);
+  for (const auto& t : tensors) {
+    if (t.defined() && t.numel() > 0) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm);
+  }
+  EventPool::Event before = watched ? event_on(comm.stream()) : nullptr;
+  {
+    c10::cuda::CUDAStreamGuard sg(comm);  // temporaries made by body live on the comm stream
+    body(comm);
+  }
+  EventPool::Event end = pool.get();
+  PYCOLL_CHECK_CUDA(cudaEventRecord(end.get(), comm.stream()), op);
+  // Timed events need a timed end too; untimed, the Work's end event serves.
+  if (watched)
+    watcher_.watch(fr, device.index(), std::move(before), CudaOpWatcher::timing() ? event_on(comm.stream()) : end);
+
+  auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
+  work->on_wait = [end, device]() {
+    // Blocks the caller's stream, not the host (ProcessGroupNCCL's wait()).
+    PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), end.get(), 0),
+                      "pycoll: cudaStreamWaitEvent");
+  };
+  work->query = [end]() {
+    const cudaError_t err = cudaEventQuery(end.get());
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // a not-ready query is not an error to report later
+      return false;
+    }
+    PYCOLL_CUDA_CHECK(err, "pycoll: cudaEventQuery");
+    return true;
+  };
+  work->mark_done(nullptr);
+  {
+    c10::cuda::CUDAStreamGuard sg(comm);  // the Future's events go on the comm stream
+    work->settle_future();
+  }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> CudaOps::send(const at::Tensor& t, int dst, uint64_t seq, const FrHandle& fr) {
+  static constexpr const char* kOp = "pycoll::send";
+  return launch(
+      c10d::OpType::SEND, kOp, seq, {t}, {t}, /*async_op=*/true,
+      [this, t, dst](const c10::Stream& s) {
+        const at::Tensor buf = dense(t);  // alive until the kernel is queued (on this stream)
+        cuda_engine(t.device()).send(buf.data_ptr(), int64_t(buf.nbytes()), dst, c10::cuda::CUDAStream(s).stream());
+        record_op("send", static_cast<int64_t>(t.nbytes()), Algo::Direct, OpTimer(), -1, size_);
+      },
+      Lane::Send, fr);
+}
+
+c10::intrusive_ptr<c10d::Work> CudaOps::recv(const at::Tensor& t, int src, uint64_t seq, const FrHandle& fr) {
+  static constexpr const char* kOp = "pycoll::recv";
+  return launch(
+      c10d::OpType::RECV, kOp, seq, {t}, {t}, /*async_op=*/true,
+      [this, t, src](const c10::Stream& s) {
+        at::Tensor buf = dense(t);
+        cuda_engine(t.device()).recv(buf.data_ptr(), int64_t(buf.nbytes()), src, c10::cuda::CUDAStream(s).stream());
+        write_back(t, buf);
+      },
+      Lane::Recv, fr);
+}
+
+std::vector<c10::intrusive_ptr<c10d::Work>> CudaOps::p2p_batch(const std::vector<P2PRequest>& ops, uint64_t seq) {
+  static constexpr const char* kOp = "pycoll::batch_isend_irecv";
+  TORCH_INTERNAL_ASSERT(!ops.empty());
+  const at::Device device = ops[0].t.device();
+  std::vector<gpu::P2PBatchItem> items;
+  std::vector<at::Tensor> tensors, received;
+  bool has_send = false, has_recv = false;
+  for (const P2PRequest& o : ops) {
+    TORCH_CHECK_VALUE(o.t.device() == device, "pycoll::batch_isend_irecv: every tensor must be on one device; got ",
+                      device.str(), " and ", o.t.device().str());
+    items.push_back({o.peer, o.is_send, int64_t(o.t.nbytes())});
+    tensors.push_back(o.t);
+    if (o.is_send) {
+      has_send = true;
+    } else {
+      has_recv = true;
+      received.push_back(o.t);
+    }
+  }
+  c10::cuda::CUDAGuard guard(device);
+  CudaEngine& eng = cuda_engine(device);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  const gpu::P2PBatchPlan plan = eng.plan_p2p_batch(items);
+  if (!plan.fits) {
+    // Each on its lane, as when posted one by one (the peer may post them so: it agrees on every chunk).
+    for (const P2PRequest& o : ops)
+      works.push_back(o.is_send ? send(o.t, o.peer, o.seq, FrHandle()) : recv(o.t, o.peer, o.seq, FrHandle()));
+    return works;
+  }
+  // One kernel, on the lane of its kind (a batch of receives never waits behind a send). Sends
+  // and receives each keep one order per lane (their channels' counters): a batch of both runs on
+  // the send lane after the receive lane's earlier ops, and the receive lane's later ops wait for it.
+  const Lane lane = has_send ? Lane::Send : Lane::Recv;
+  const bool both = has_send && has_recv;
+  const cudaStream_t send_lane = comm_stream(device, Lane::Send).stream();
+  const cudaStream_t recv_lane = comm_stream(device, Lane::Recv).stream();
+  if (both) order_streams(recv_lane, send_lane, device, kOp);
+  int64_t bytes = 0;
+  for (const auto& it : items) bytes += it.bytes;
+  works.push_back(launch(
+      c10d::OpType::COALESCED, kOp, seq, tensors, received, /*async_op=*/true,
+      [&](const c10::Stream& s) {
+        std::vector<CudaEngine::P2POp> eops;
+        std::vector<at::Tensor> bufs;  // alive until the kernel is queued (on this stream)
+        std::vector<std::pair<at::Tensor, at::Tensor>> copies_back;
+        eops.reserve(ops.size());
+        bufs.reserve(ops.size());
+        for (const P2PRequest& o : ops) {
+          bufs.push_back(dense(o.t));
+          const at::Tensor& buf = bufs.back();
+          if (!o.is_send && !buf.is_same(o.t)) copies_back.emplace_back(o.t, buf);
+          eops.push_back({buf.data_ptr(), int64_t(buf.nbytes()), o.peer, o.is_send});
+        }
+        eng.p2p_batch(eops, plan, c10::cuda::CUDAStream(s).stream());
+        for (const auto& [user, buf] : copies_back) write_back(user, buf);
+        record_op("batch_isend_irecv", bytes, Algo::Direct, OpTimer(), -1, size_);
+      },
+      lane, FrHandle()));
+  if (both) order_streams(send_lane, recv_lane, device, kOp);
+  return works;
+}
+
+}  // namespace pycoll

@@ -1,0 +1,69 @@
+"""The flight recorder on CUDA ops (backend/cuda_op_watcher.h): states from the events around each
+op's kernels, found by a background thread without synchronizing any stream; GPU durations with
+PYCOLL_FR_GPU_TIMING=1. Runs with ranks sharing one GPU where PYCOLL_GPU_WORLD says so."""
+import json
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from gpu_collectives_util import GPU_MARKS, WORLD, run_bound
+
+pytestmark = GPU_MARKS
+
+
+def _dump_after(prefix, seconds=5.0):
+    """The dump once every entry is completed (the watcher polls every millisecond), at most `seconds`."""
+    import pycollectives.trace
+
+    deadline = time.monotonic() + seconds
+    while True:
+        dump = json.load(open(pycollectives.trace.dump(prefix)))
+        if all(e["state"] == "completed" for e in dump["entries"]) or time.monotonic() > deadline:
+            return dump
+        time.sleep(0.01)
+
+
+def _cuda_ops(rank, world, prefix):
+    import pycollectives.trace
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x = torch.ones(1 << 20, device=dev)
+    # A long kernel first on this rank's stream: the collective queued behind it must not be
+    # recorded as started before the stream reaches it.
+    a = torch.randn(4096, 4096, device=dev)
+    for _ in range(16):
+        a = a @ a / 64
+    work = dist.all_reduce(x, async_op=True)
+    early = json.load(open(pycollectives.trace.dump(prefix)))["entries"][-1]
+    work.wait()
+    dist.all_reduce(x)  # synchronous: on the caller's stream
+    peer = (rank + 1) % world
+    if world > 1:
+        reqs = [dist.isend(x, peer), dist.irecv(torch.empty_like(x), (rank - 1) % world)]
+        for r in reqs:
+            r.wait()
+    torch.cuda.synchronize()
+    return early["state"], _dump_after(prefix)
+
+
+@pytest.mark.parametrize("timing", ["0", "1"])
+def test_cuda_ops_complete_from_their_events(tmp_path, timing):
+    prefix = str(tmp_path / "rank_")
+    out = run_bound(WORLD, _cuda_ops, prefix, env={"PYCOLL_FR_GPU_TIMING": timing}, timeout=180)
+    for rank, (early_state, dump) in enumerate(out):
+        # Queued behind seconds of matmuls, the async all_reduce was not started at issue.
+        assert early_state == "scheduled", early_state
+        entries = [e for e in dump["entries"] if e["engine"] == "cuda"]
+        names = [e["profiling_name"] for e in entries]
+        assert names[:2] == ["pycoll:all_reduce", "pycoll:all_reduce"], names
+        for e in entries:
+            assert e["state"] == "completed" and not e["error"], e
+            assert e["time_created_ns"] <= e["time_discovered_started_ns"] <= e["time_discovered_completed_ns"]
+            assert e["duration_ms"] is not None and e["duration_ms"] >= 0
+        if timing == "1":
+            # The GPU's time of a 4 MiB all_reduce: well under the host's view of the matmuls before it.
+            first = entries[0]
+            host_ms = (first["time_discovered_completed_ns"] - first["time_discovered_started_ns"]) / 1e6
+            assert 0 < first["duration_ms"] < 1000 and first["duration_ms"] <= host_ms + 2, (first, host_ms)
