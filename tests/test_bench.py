@@ -375,6 +375,122 @@ def test_bad_arguments_are_usage_errors(argv, capsys):
     assert "usage: pycoll-bench" in capsys.readouterr().err
 
 
+# -- ranks sharing GPUs (no GPU needed: the bench's view of torch.cuda is faked) -----------------
+def _fake_gpus(monkeypatch, count, launched=None):
+    """parse_config sees `count` GPUs; launched=(rank, world, local_world) fakes a torchrun rank."""
+    cli = _bench_module("cli")
+    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(cli.torch.cuda, "device_count", lambda: count)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PYCOLL_CUDA_SAME_DEVICE"):
+        monkeypatch.delenv(var, raising=False)
+    if launched:
+        rank, world, local_world = launched
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("LOCAL_RANK", str(rank % local_world))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
+    return cli
+
+
+@pytest.mark.pycoll_only
+def test_ranks_sharing_a_gpu_run_against_gloo(monkeypatch, capsys):
+    cli = _fake_gpus(monkeypatch, 1)
+    cfg, launched = cli.parse_config(["--device", "cuda", "--nproc", "2"])
+    assert launched is None and cfg.device == "cuda" and cfg.nproc == 2
+    assert cfg.backends == ["pycoll", "gloo"]
+    assert cfg.gpu_layout == "2 ranks on 1 GPU(s), ranks sharing GPUs"
+    assert cfg.same_device == "staged" and cfg.notes == [] and cfg.hint is None
+    assert capsys.readouterr().err == ""  # nothing was left out
+    monkeypatch.setenv("PYCOLL_CUDA_SAME_DEVICE", " Kernels ")  # read as the extension reads it
+    cfg, _ = cli.parse_config(["--device", "cuda", "--nproc", "4"])
+    assert cfg.same_device == "kernels" and cfg.gpu_layout.startswith("4 ranks on 1 GPU(s)")
+    # One rank per GPU: NCCL stays the comparison and no layout line is printed.
+    cli = _fake_gpus(monkeypatch, 2)
+    cfg, _ = cli.parse_config(["--device", "cuda", "--nproc", "2"])
+    assert cfg.backends == ["pycoll", "nccl"] and cfg.gpu_layout is None and cfg.same_device is None
+    cfg, _ = cli.parse_config(["--device", "cuda", "--nproc", "3"])
+    assert cfg.backends == ["pycoll", "gloo"] and cfg.gpu_layout == "3 ranks on 2 GPU(s), ranks sharing GPUs"
+    # Under torchrun, the ranks of this host (LOCAL_WORLD_SIZE) decide.
+    cli = _fake_gpus(monkeypatch, 2, launched=(1, 8, 4))
+    cfg, launched = cli.parse_config(["--device", "cuda"])
+    assert launched == (1, 8, 1) and cfg.backends == ["pycoll", "gloo"]
+    assert cfg.gpu_layout == "4 ranks per host on 2 GPU(s), ranks sharing GPUs"
+    cli = _fake_gpus(monkeypatch, 4, launched=(0, 8, 4))
+    cfg, _ = cli.parse_config(["--device", "cuda"])
+    assert cfg.backends == ["pycoll", "nccl"] and cfg.gpu_layout is None
+
+
+@pytest.mark.pycoll_only
+def test_the_header_says_the_layout_and_the_same_device_path(monkeypatch):
+    cli = _fake_gpus(monkeypatch, 1)
+    report = _bench_module("report")
+    cfg, _ = cli.parse_config(["--device", "cuda", "--nproc", "2", "--backends", "pycoll,nccl,gloo"])
+    meta = {"world_size": 2, "device": "cuda", "card": "a GPU", "torch": "x"}
+    head = report.format_table([], meta, cfg, "gloo").splitlines()
+    assert ("# 2 ranks on 1 GPU(s), ranks sharing GPUs; pycoll runs their CUDA ops staged "
+            "(PYCOLL_CUDA_SAME_DEVICE): through host memory and the CPU engine") in head
+    assert '# nccl left out: 2 ranks on 1 GPU(s), ranks sharing GPUs, which NCCL refuses ("Duplicate GPU detected")' \
+        in head
+
+
+@pytest.mark.pycoll_only
+def test_nccl_is_left_out_where_ranks_share_gpus(monkeypatch, capsys):
+    cli = _fake_gpus(monkeypatch, 1)
+    cfg, _ = cli.parse_config(["--device", "cuda", "--nproc", "2", "--backends", "pycoll,nccl"])
+    assert cfg.backends == ["pycoll"]
+    note = 'nccl left out: 2 ranks on 1 GPU(s), ranks sharing GPUs, which NCCL refuses ("Duplicate GPU detected")'
+    assert cfg.notes == [note]
+    assert capsys.readouterr().err == f"pycoll-bench: {note}; running pycoll\n"
+    cfg, _ = cli.parse_config(["--device", "cuda", "--nproc", "2", "--backends", "nccl,pycoll,gloo"])
+    assert cfg.backends == ["pycoll", "gloo"] and cfg.notes == [note]
+    # Under torchrun only rank 0 says it.
+    cli = _fake_gpus(monkeypatch, 1, launched=(1, 2, 2))
+    capsys.readouterr()
+    cfg, _ = cli.parse_config(["--device", "cuda", "--backends", "pycoll,nccl"])
+    assert cfg.backends == ["pycoll"] and cfg.notes == [note] and capsys.readouterr().err == ""
+
+
+def test_nccl_alone_on_shared_gpus_is_refused(monkeypatch, capsys):
+    cli = _fake_gpus(monkeypatch, 1)
+    for backends in ("nccl", "nccl,nccl"):
+        with pytest.raises(SystemExit) as info:
+            cli.parse_config(["--device", "cuda", "--nproc", "2", "--backends", backends])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "usage: pycoll-bench" in err
+        assert 'which NCCL refuses ("Duplicate GPU detected")' in err and "--backends pycoll,gloo" in err
+    with pytest.raises(SystemExit) as info:  # --link gives each simulated host GPUs of its own
+        cli.parse_config(["--device", "cuda", "--nproc", "4", "--hosts", "2", "--link", "1gbit",
+                          "--backends", "gloo"])
+    assert info.value.code == 2 and "give --nproc at most 1" in capsys.readouterr().err
+
+
+@pytest.mark.pycoll_only
+def test_a_bad_same_device_setting_is_a_usage_error(monkeypatch, capsys):
+    cli = _fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("PYCOLL_CUDA_SAME_DEVICE", "fast")
+    with pytest.raises(SystemExit) as info:
+        cli.parse_config(["--device", "cuda", "--nproc", "2"])
+    assert info.value.code == 2
+    assert "PYCOLL_CUDA_SAME_DEVICE='fast' is not valid: it must be one of staged, kernels" in capsys.readouterr().err
+
+
+def test_default_run_on_one_gpu_stays_on_cpu_and_says_how_to_share_it(monkeypatch):
+    cli = _fake_gpus(monkeypatch, 1)
+    cfg, _ = cli.parse_config(["--backends", "gloo,gloo"])
+    assert cfg.device == "cpu" and cfg.nproc == 2 and cfg.gpu_layout is None
+    assert cfg.hint.startswith("one GPU visible: ") and "--device cuda --nproc 2 runs two ranks on it" in cfg.hint
+    assert cli.gpu_hint("auto", "cpu", 1, None) == cfg.hint
+    # Only the default device choice on exactly one GPU, and not under a launcher.
+    assert cli.gpu_hint("cpu", "cpu", 1, None) is None
+    assert cli.gpu_hint("auto", "cpu", 0, None) is None
+    assert cli.gpu_hint("auto", "cuda", 2, None) is None
+    assert cli.gpu_hint("auto", "cpu", 1, (0, 2, 0)) is None
+    for count in (0, 2):
+        cli = _fake_gpus(monkeypatch, count)
+        cfg, _ = cli.parse_config(["--backends", "gloo,gloo"] + (["--device", "cpu"] if count else []))
+        assert cfg.hint is None
+
+
 def test_bad_arguments_exit_code_2(tmp_path):
     proc = run_cli(["--backends", "gloo,gloo", "-b", "64K", "-e", "8"], tmp_path)
     assert proc.returncode == 2, _describe(proc)

@@ -28,12 +28,19 @@ CALIBRATE_HOST_FORMS = ["flat", "hierarchical"]
 EXAMPLES = """\
 examples:
   pycoll-bench                                   # pycoll vs gloo on 2 CPU ranks (vs nccl, one rank per GPU)
+  pycoll-bench --device cuda --nproc 2           # 2 ranks sharing one GPU, vs gloo (NCCL refuses that layout)
   pycoll-bench --ops all_reduce -b 8 -e 1G -f 2 --check
   pycoll-bench --backends pycoll,gloo --algo ring,tree,auto --nproc 4
   pycoll-bench --calibrate --rounds 3            # calibrate auto on this machine -> ~/.cache/pycollectives/cost_model.json
   pycoll-bench --hosts 2 --nproc 4 --calibrate --rounds 3   # + when auto runs flat or hierarchical across hosts
   pycoll-bench --hosts 2 --nproc 4 --link 1gbit  # hosts in network namespaces, links shaped to 1 Gbit/s (root)
   torchrun --nproc-per-node 8 -m pycollectives.bench --backends pycoll,nccl
+
+ranks sharing GPUs (--device cuda, more ranks than GPUs): rank r runs on GPU r % (GPUs visible)
+and pycoll runs their CUDA ops as PYCOLL_CUDA_SAME_DEVICE says (staged, the default, or kernels;
+docs/using-gpus.md). NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so the
+comparison is Gloo: nccl named in --backends is left out with a note, or refused when it is the
+only backend. The table's header says the layout and pycoll's path.
 
 sizes are bytes of the op's largest buffer (all_gather: output, reduce_scatter: input), with
 K/M/G suffixes (powers of 1024); all_gather, reduce_scatter and all_to_all run the largest
@@ -101,7 +108,8 @@ def build_parser():
     g.add_argument("--backends", type=_csv, default=None,
                    help="comma list of backends, one process group each, run in alternation on the same "
                         "tensors; ratios refer to the first that is not pycoll "
-                        "(default: pycoll,nccl with >= 2 GPUs, else pycoll,gloo)")
+                        "(default: pycoll,nccl on GPUs, one rank per GPU; pycoll,gloo on CPU and where ranks "
+                        "share GPUs, which NCCL refuses: there nccl is left out with a note, see below)")
     g.add_argument("--algo", type=_csv, default=None,
                    help="pycoll algorithms, one row each (pycollectives.set_algo on every rank): "
                         + ",".join(KNOWN_ALGOS) + ", or a schedule program's name (docs/schedules.md)")
@@ -154,9 +162,11 @@ def build_parser():
     g.add_argument("--inject-fault", default="", help=argparse.SUPPRESS)
     g = p.add_argument_group("ranks")
     g.add_argument("--nproc", type=_positive_int, default=None,
-                   help="ranks to spawn (default: one per GPU with >= 2 GPUs, else 2); ignored under torchrun")
+                   help="ranks to spawn (default: one per GPU with >= 2 GPUs, else 2); with --device cuda, "
+                        "more ranks than GPUs share them (rank r on GPU r %% count); ignored under torchrun")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="tensor device (default: cuda with >= 2 GPUs, else cpu)")
+                   help="tensor device (default: cuda with >= 2 GPUs, else cpu; on one GPU, --device cuda "
+                        "--nproc 2 runs two ranks on it)")
     g.add_argument("--hosts", type=_positive_int, default=1,
                    help="simulate this many hosts on one machine: consecutive blocks of ranks get their own "
                         "PYCOLL_HOSTID and NCCL_HOSTID, for pycoll and the comparison backend alike (default: 1)")
@@ -201,22 +211,47 @@ def _torchrun_env():
     return None
 
 
-def _pycollectives(device):
+def _pycollectives(device, shared=False):
     """(module, problem): problem is None when the 'pycoll' backend is registered."""
     try:
         import pycollectives
     except Exception as exc:  # the package failed to import
         return None, f"import pycollectives failed: {type(exc).__name__}: {exc}"
     if "pycoll" not in dist.Backend.backend_list:
+        harness = "nccl,nccl" if device == "cuda" and not shared else "gloo,gloo"
         return pycollectives, ("import pycollectives did not register the 'pycoll' backend (is the C++ "
-                               "extension built?); try --backends " + ("nccl,nccl" if device == "cuda" else "gloo,gloo")
-                               + " to exercise the harness")
+                               f"extension built?); try --backends {harness} to exercise the harness")
     return pycollectives, None
 
 
+def _prog():
+    return "python -m pycollectives.bench" if sys.argv and sys.argv[0].endswith("__main__.py") else "pycoll-bench"
+
+
 def _command(argv):
-    prog = "python -m pycollectives.bench" if sys.argv and sys.argv[0].endswith("__main__.py") else "pycoll-bench"
-    return " ".join([prog] + [shlex.quote(a) for a in argv])
+    return " ".join([_prog()] + [shlex.quote(a) for a in argv])
+
+
+def same_device_path():
+    """PYCOLL_CUDA_SAME_DEVICE as the extension reads it (trimmed, lower case), from the settings
+    registry; ValueError when it is none of the registry's values."""
+    from .. import settings
+
+    value = "".join(settings.read("PYCOLL_CUDA_SAME_DEVICE").split()).lower()
+    info = next(s for s in settings.settings() if s["name"] == "PYCOLL_CUDA_SAME_DEVICE")
+    allowed = [v.strip() for v in info["range"].split(",")]
+    if value not in allowed:
+        raise ValueError(f"PYCOLL_CUDA_SAME_DEVICE={value!r} is not valid: it must be one of {', '.join(allowed)}")
+    return value
+
+
+def gpu_hint(device_arg, device, ngpu, launched):
+    """The one line that the default run (make bench) prints on a machine with exactly one GPU,
+    where --device auto stays on CPU: how to run ranks that share that GPU.  None elsewhere."""
+    if device_arg != "auto" or device != "cpu" or ngpu != 1 or launched:
+        return None
+    return (f"one GPU visible: {_prog()} --device cuda --nproc 2 runs two ranks on it, pycoll against gloo "
+            "(NCCL refuses two ranks on one GPU)")
 
 
 def parse_config(argv, parser=None):
@@ -229,8 +264,8 @@ def parse_config(argv, parser=None):
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
     device = a.device
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) if launched else 0
     if device == "auto":
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
         device = "cuda" if ngpu >= 2 or (launched and ngpu >= max(1, local_world)) else "cpu"
     if device == "cuda" and ngpu == 0:
         err("--device cuda: no GPU is visible")
@@ -241,17 +276,36 @@ def parse_config(argv, parser=None):
             + ("" if ngpu else ": no GPU is visible"))
 
     world = launched[1] if launched else (a.nproc or (ngpu if device == "cuda" else 2))
-    if device == "cuda" and not launched and world > ngpu:
-        err(f"--nproc {world}: only {ngpu} GPU(s) visible; one rank per GPU")
     if a.root >= world:
         err(f"--root {a.root}: must be below the number of ranks ({world})")
+    # Ranks that share GPUs: more ranks on this host than GPUs visible (rank r runs on GPU r % count).
+    # Under a launcher, the ranks on this host are LOCAL_WORLD_SIZE; without it, one rank per GPU.
+    local_ranks = local_world if launched else world
+    shared = device == "cuda" and local_ranks > ngpu
+    gpu_layout = None
+    if shared:
+        per_host = " per host" if launched and local_ranks != world else ""
+        gpu_layout = f"{local_ranks} ranks{per_host} on {ngpu} GPU(s), ranks sharing GPUs"
+        if a.link:
+            err(f"--link gives every simulated host its own GPUs; {gpu_layout}: give --nproc at most {ngpu}")
 
-    backends = [b.lower() for b in (a.backends or ["pycoll", "nccl" if device == "cuda" else "gloo"])]
+    backends = [b.lower() for b in (a.backends or ["pycoll", "nccl" if device == "cuda" and not shared else "gloo"])]
     if not backends:
         err("--backends: give at least one backend")
+    notes = []
+    if shared and "nccl" in backends:
+        why = f'nccl left out: {gpu_layout}, which NCCL refuses ("Duplicate GPU detected")'
+        kept = [b for b in backends if b != "nccl"]
+        if not kept:
+            err(f"--backends {','.join(backends)}: {why}; compare pycoll with gloo (--backends pycoll,gloo), "
+                f"or run at most {ngpu} rank(s) per host")
+        notes.append(why)
+        if not launched or launched[0] == 0:
+            print(f"pycoll-bench: {why}; running {','.join(kept)}", file=sys.stderr)
+        backends = kept
     pyc, problem = (None, None)
     if "pycoll" in backends or a.algo:
-        pyc, problem = _pycollectives(device)
+        pyc, problem = _pycollectives(device, shared)
     for b in backends:
         if b == "pycoll":
             if problem:
@@ -261,6 +315,12 @@ def parse_config(argv, parser=None):
                 f"{', '.join(x for x in dist.Backend.backend_list if x != 'undefined')})")
         if b == "nccl" and device != "cuda":
             err("--backends nccl needs GPUs (--device cuda); on CPU compare with gloo")
+    same_device = None
+    if shared and "pycoll" in backends:
+        try:
+            same_device = same_device_path()
+        except ValueError as exc:
+            err(str(exc))
 
     algos = a.algo or []
     if algos:
@@ -341,7 +401,8 @@ def parse_config(argv, parser=None):
         save=not a.no_save, plot=not a.no_plot, calibrate=a.calibrate, calibrate_out=calibrate_out, trace=a.trace,
         timeout_s=a.timeout, progress=not a.no_progress,
         command=_command([x for x in argv if x != "--in-cluster"]), argv=[x for x in argv if x != "--in-cluster"],
-        launcher="pycoll-cluster" if a.in_cluster else "torchrun" if launched else "spawn", hosts=a.hosts, link=a.link)
+        launcher="pycoll-cluster" if a.in_cluster else "torchrun" if launched else "spawn", hosts=a.hosts, link=a.link,
+        gpu_layout=gpu_layout, same_device=same_device, notes=notes, hint=gpu_hint(a.device, device, ngpu, launched))
     return cfg, launched
 
 

@@ -2,6 +2,12 @@
 import dataclasses
 from typing import List, Optional
 
+# What each PYCOLL_CUDA_SAME_DEVICE value runs for ranks that share a GPU (docs/using-gpus.md).
+SAME_DEVICE_PATHS = {
+    "staged": "through host memory and the CPU engine",
+    "kernels": "the CUDA engine's kernels on CUDA IPC mappings (correct, not fast)",
+}
+
 
 @dataclasses.dataclass
 class BenchConfig:
@@ -41,6 +47,10 @@ class BenchConfig:
     command: str = ""
     argv: List[str] = dataclasses.field(default_factory=list)
     launcher: str = "spawn"          # "spawn", "torchrun" or "pycoll-cluster"
+    gpu_layout: Optional[str] = None  # ranks that share GPUs: "N ranks on M GPU(s), ranks sharing GPUs"
+    same_device: Optional[str] = None  # then pycoll's path for them: PYCOLL_CUDA_SAME_DEVICE (staged, kernels)
+    notes: List[str] = dataclasses.field(default_factory=list)  # header lines: a backend left out, and why
+    hint: Optional[str] = None       # header line of the default run on a one-GPU machine
 
     def to_json(self):
         d = dataclasses.asdict(self)

@@ -13,6 +13,7 @@ import sys
 import torch
 
 from . import calibrate
+from .config import SAME_DEVICE_PATHS
 from .sizes import format_size
 
 SCHEMA = "pycoll-bench/1"
@@ -193,6 +194,15 @@ def format_table(rows, meta, cfg, baseline):
         + "; algbw = size / time; busbw = algbw * nccl-tests factor;",
         f"# {ratio_head} = busbw / busbw of {baseline} at the same size (>1: faster than {baseline})",
     ]
+    if cfg.gpu_layout:
+        path = ""
+        if cfg.same_device:
+            path = (f"; pycoll runs their CUDA ops {cfg.same_device} (PYCOLL_CUDA_SAME_DEVICE): "
+                    + SAME_DEVICE_PATHS.get(cfg.same_device, ""))
+        lines.append(f"# {cfg.gpu_layout}{path}")
+    lines.extend(f"# {note}" for note in cfg.notes)
+    if cfg.hint:
+        lines.append(f"# {cfg.hint}")
     if meta.get("link"):
         measured = meta.get("link_measured_bps")
         lines.insert(1, f"# link between hosts: {meta['link']} each way (pycoll-cluster, tc tbf)"
