@@ -67,3 +67,36 @@ def test_cuda_ops_complete_from_their_events(tmp_path, timing):
             first = entries[0]
             host_ms = (first["time_discovered_completed_ns"] - first["time_discovered_started_ns"]) / 1e6
             assert 0 < first["duration_ms"] < 1000 and first["duration_ms"] <= host_ms + 2, (first, host_ms)
+
+
+def _one_rank_skips(rank, world, prefix):
+    import pycollectives.trace
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    dist.all_reduce(torch.ones(16, device=dev))  # every rank: the engine exists
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 0:
+        # The peers never join: the kernel's wait ends at the group's timeout with a device error,
+        # and the watcher completes the entry with it (no wait() or is_completed() asked).
+        dist.all_reduce(torch.ones(1024, device=dev))
+        torch.cuda.synchronize()  # returns once the kernel gave up
+        deadline = time.monotonic() + 10
+        while True:
+            entry = json.load(open(pycollectives.trace.dump(prefix)))["entries"][-1]
+            if entry["state"] == "completed" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return entry
+    return None
+
+
+def test_an_op_that_fails_on_the_gpu_is_recorded_with_its_error(tmp_path):
+    import datetime
+
+    out = run_bound(WORLD, _one_rank_skips, str(tmp_path / "rank_"), pg_timeout=datetime.timedelta(seconds=4),
+                    env={"PYCOLL_FR_DUMP_ON_ERROR": "0"}, timeout=120, destroy=False)
+    entry = out[0]
+    assert entry["profiling_name"] == "pycoll:all_reduce" and entry["state"] == "completed", entry
+    assert entry["error"], entry  # the engine's device error, e.g. a peer that did not arrive
+    assert entry["thread_name"] != "", entry

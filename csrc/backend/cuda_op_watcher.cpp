@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/dump_watcher.h"
+
 namespace pycoll {
 
 namespace {
@@ -25,7 +27,9 @@ bool CudaOpWatcher::timing() {
   return on;
 }
 
-CudaOpWatcher::CudaOpWatcher() { pending_.reserve(1024); }
+CudaOpWatcher::CudaOpWatcher(std::function<std::string()> device_error) : device_error_(std::move(device_error)) {
+  pending_.reserve(1024);
+}
 
 CudaOpWatcher::~CudaOpWatcher() {
   {
@@ -49,52 +53,75 @@ void CudaOpWatcher::watch(const FrHandle& op, int device, EventPool::Event start
   if (wake) wake_.notify_one();
 }
 
-void CudaOpWatcher::loop() {
+void CudaOpWatcher::sweep(std::vector<Pending>& batch) {
   FlightRecorder& recorder = FlightRecorder::get();
+  size_t kept = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Pending& p = batch[i];
+    if (p.device != device_) {
+      if (cudaSetDevice(p.device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        continue;  // the context is going away: nothing more to learn about this op
+      }
+      device_ = p.device;
+      // This thread's queries must not invalidate a CUDA graph that another thread captures in
+      // the global mode (torch.cuda.graph's default), as ProcessGroupNCCL's watchdog does.
+      cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+      (void)cudaThreadExchangeStreamCaptureMode(&relaxed);
+    }
+    if (!p.started && fired(p.start)) {
+      p.started = true;
+      recorder.started(p.op, /*by_this_thread=*/false);
+    }
+    if (p.started && fired(p.end)) {
+      if (timing()) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p.start.get(), p.end.get()) == cudaSuccess) {
+          recorder.gpu_duration(p.op, ms);
+        } else {
+          (void)cudaGetLastError();
+        }
+      }
+      // A kernel whose wait failed returns at once, so its end fires: the engine's error says so.
+      // (An op that ended well within the poll interval before the error is marked too.)
+      const std::string error = device_error_ ? device_error_() : std::string();
+      if (error.empty()) {
+        recorder.completed(p.op);
+      } else {
+        recorder.completed(p.op, error.c_str());
+        DumpWatcher::get().op_failed(p.op.pg_id, error);
+      }
+      continue;  // its events go back to their pool
+    }
+    if (kept != i) batch[kept] = std::move(p);
+    ++kept;
+  }
+  batch.resize(kept);
+}
+
+void CudaOpWatcher::loop() {
   std::vector<Pending> batch;  // taken out of pending_ while the events are queried
   batch.reserve(1024);
-  int current_device = -1;  // this thread's: never a context on a GPU the group does not use
   for (;;) {
+    bool stopping = false;
     {
       std::unique_lock<std::mutex> g(mu_);
-      if (batch.empty()) {
+      if (batch.empty() && !stop_) {
         idle_ = true;
         wake_.wait(g, [this] { return stop_ || !pending_.empty(); });
         idle_ = false;
       }
-      if (stop_) return;
       for (auto& p : pending_) batch.push_back(std::move(p));
       pending_.clear();
+      stopping = stop_;
     }
-    // Every pending op's events, queried until its end has fired (a few per op while it runs).
-    size_t kept = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      Pending& p = batch[i];
-      if (p.device != current_device && cudaSetDevice(p.device) == cudaSuccess) current_device = p.device;
-      if (!p.started && fired(p.start)) {
-        p.started = true;
-        recorder.started(p.op);
-      }
-      if (p.started && fired(p.end)) {
-        if (timing()) {
-          float ms = 0;
-          if (cudaEventElapsedTime(&ms, p.start.get(), p.end.get()) == cudaSuccess) {
-            recorder.gpu_duration(p.op, ms);
-          } else {
-            (void)cudaGetLastError();
-          }
-        }
-        recorder.completed(p.op);
-        continue;  // its events go back to their pool
-      }
-      if (kept != i) batch[kept] = std::move(p);
-      ++kept;
-    }
-    batch.resize(kept);
+    // When stopping, one last look: ops that ended within the last poll interval are recorded
+    // as such, not left looking hung.
+    sweep(batch);
+    if (stopping) return;
     if (!batch.empty()) {
       std::unique_lock<std::mutex> g(mu_);
       wake_.wait_for(g, kPollInterval, [this] { return stop_; });
-      if (stop_) return;
     }
   }
 }

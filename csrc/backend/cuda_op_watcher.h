@@ -2,15 +2,18 @@
 // op's two events into its recorded states, without synchronizing any stream (as torch's NCCL
 // watchdog discovers its work's events). An op is started when the event recorded just before
 // its kernels has fired and completed when the one after them has; the recorded times are when
-// this thread saw that, within kPollInterval. With PYCOLL_FR_GPU_TIMING=1 (or, unset,
-// TORCH_NCCL_ENABLE_TIMING=1) the events are timed and the entry also gets the GPU's time between
-// them (a dump's duration_ms). Built only with CUDA (setup.py).
+// this thread saw that, within kPollInterval. An op that ends while the engine reports a device
+// error (a peer's wait expired, a mismatch, an abort) is completed with that error, and the group's
+// dump-on-error follows. With PYCOLL_FR_GPU_TIMING=1 (or, unset, TORCH_NCCL_ENABLE_TIMING=1) the
+// events are timed and the entry also gets the GPU's time between them (a dump's duration_ms).
+// Built only with CUDA (setup.py).
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,8 +26,10 @@ class CudaOpWatcher {
  public:
   static constexpr std::chrono::milliseconds kPollInterval{1};
 
-  CudaOpWatcher();
-  ~CudaOpWatcher();  // stops the thread; ops still pending keep the states they have
+  // `device_error`: the engine's device error message, empty while there is none (cheap: it is
+  // called once per op that completes).
+  explicit CudaOpWatcher(std::function<std::string()> device_error);
+  ~CudaOpWatcher();  // one last look at the pending ops, then the thread stops
   CudaOpWatcher(const CudaOpWatcher&) = delete;
   CudaOpWatcher& operator=(const CudaOpWatcher&) = delete;
 
@@ -41,13 +46,17 @@ class CudaOpWatcher {
     EventPool::Event start, end;
     bool started = false;
   };
+  // Queries every op of `batch` once; keeps those not completed.
+  void sweep(std::vector<Pending>& batch);
   void loop();
 
+  std::function<std::string()> device_error_;
   std::mutex mu_;
   std::condition_variable wake_;
   std::vector<Pending> pending_;  // in issue order; reserved, so that watch() rarely allocates
   bool stop_ = false;
   bool idle_ = false;   // the thread waits for work (not polling): a new op must wake it
+  int device_ = -1;     // the thread's current device: never a context on a GPU the group does not use
   std::thread thread_;  // started by the first watch()
 };
 

@@ -3,6 +3,9 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <exception>
+#include <string>
+
 #include "backend/work.h"
 #include "backend/cuda_event_pool.h"
 #include "common/check.h"
@@ -19,7 +22,15 @@ namespace pycoll {
 
 CudaOps::CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank, int size,
                  std::chrono::milliseconds timeout)
-    : store_(std::move(store)), group_name_(std::move(group_name)), rank_(rank), size_(size), timeout_(timeout) {}
+    : store_(std::move(store)),
+      group_name_(std::move(group_name)),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      watcher_([this]() {
+        const CudaEngine* e = bound_engine_.load(std::memory_order_acquire);
+        return e != nullptr && e->device_error() != 0 ? e->device_error_message() : std::string();
+      }) {}
 
 std::unique_ptr<DeviceQueue> make_cuda_queue(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank,
                                              int size, std::chrono::milliseconds timeout) {
@@ -168,6 +179,17 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
     PYCOLL_CHECK_CUDA(cudaEventRecord(e.get(), s), op);
     return e;
   };
+  // An op whose body raises (nothing of it was queued, or part) is completed with that error.
+  const auto run_body = [&](const c10::Stream& s) {
+    try {
+      body(s);
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
+      FlightRecorder::get().completed(fr, why.c_str());
+      throw;
+    }
+  };
 
   if (!async_op && lane == Lane::Collective) {
     // A synchronous collective runs on the caller's stream, as ProcessGroupNCCL
@@ -177,7 +199,7 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
     // stream, so the allocator needs no recordStream.
     order_after_last_collective(current.stream(), device, op);
     EventPool::Event before = watched ? event_on(current.stream()) : nullptr;
-    body(current);
+    run_body(current);
     if (watched) watcher_.watch(fr, device.index(), std::move(before), event_on(current.stream()));
     auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices, /*lazy_future=*/true);
     const cudaStream_t s = current.stream();
@@ -204,7 +226,7 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
   EventPool::Event before = watched ? event_on(comm.stream()) : nullptr;
   {
     c10::cuda::CUDAStreamGuard sg(comm);  // temporaries made by body live on the comm stream
-    body(comm);
+    run_body(comm);
   }
   EventPool::Event end = pool.get();
   PYCOLL_CHECK_CUDA(cudaEventRecord(end.get(), comm.stream()), op);

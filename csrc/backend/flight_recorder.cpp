@@ -299,12 +299,9 @@ FrHandle FlightRecorder::record(int pg_id, uint64_t op_id, uint64_t collective_s
   e.completed_ns = 0;
   e.gpu_ms = -1;
   e.timeout_ms = timeout.count();
+  // The issuing thread until a thread that runs the op says otherwise (started()).
   e.thread_id = me.tid;
-  if (started) {
-    std::memcpy(e.thread_name, me.name, sizeof(e.thread_name));
-  } else {
-    e.thread_name[0] = '\0';
-  }
+  std::memcpy(e.thread_name, me.name, sizeof(e.thread_name));
   e.plan[0] = '\0';
   e.engine = e.algo = "";
   return FrHandle{slot, id, pg_id};
@@ -314,19 +311,21 @@ FlightRecorder::Slot* FlightRecorder::live(const FrHandle& h) {
   return h.recorded() && capacity_ > 0 ? &ring_[h.slot] : nullptr;
 }
 
-void FlightRecorder::started(const FrHandle& h) {
+void FlightRecorder::started(const FrHandle& h, bool by_this_thread) {
   Slot* s = live(h);
   if (s == nullptr) return;
   const int64_t now = wall_ns();
-  const ThreadIdentity& me = this_thread_identity();
+  const ThreadIdentity* me = by_this_thread ? &this_thread_identity() : nullptr;
   SlotGuard g(*s);
   Entry& e = s->e;
   if (e.record_id != h.record_id || e.state != State::Scheduled) return;
   e.state = State::Started;
   e.was_started = true;
   e.started_ns = now;
-  e.thread_id = me.tid;
-  std::memcpy(e.thread_name, me.name, sizeof(e.thread_name));
+  if (me != nullptr) {
+    e.thread_id = me->tid;
+    std::memcpy(e.thread_name, me->name, sizeof(e.thread_name));
+  }
 }
 
 void FlightRecorder::ran(const FrHandle& h, const char* engine, const char* algo, const std::string& plan) {

@@ -86,7 +86,9 @@ class FlightRecorder {
   FrHandle record(int pg_id, uint64_t op_id, uint64_t collective_seq, uint64_t p2p_seq, const char* op, int peer,
                   Tensors inputs, Tensors outputs, std::chrono::milliseconds timeout,
                   bool inputs_may_hold_outputs = false, bool started = false);
-  void started(const FrHandle& h);
+  // `by_this_thread`: the calling thread runs the op (it becomes the entry's thread); false for a
+  // watcher that only saw the op start (an op on a CUDA stream keeps the thread that issued it).
+  void started(const FrHandle& h, bool by_this_thread = true);
   // engine: "cpu", "cuda", "staged", "hierarchical"; algo and plan: what the engine ran. engine
   // and algo must be static strings (they are kept as pointers).
   void ran(const FrHandle& h, const char* engine, const char* algo, const std::string& plan);

@@ -274,7 +274,10 @@ Algo CudaEngine::all_reduce(const void* in, void* out, int64_t count, DType t, R
   a.nchunks = p.nchunks;
   a.region = p.protocol;
   if (proto.prepare) proto.prepare(a, p);
-  TORCH_CHECK(p.grid >= 1 && p.grid <= sms_ && proto.fits(p, count, es, size_, p.protocol, ws_->layout()),
+  // Each protocol's own CTA limit: the SMs for the channel protocol (every CTA resident), the LL
+  // region's 64 blocks for LL, LL128's setting.
+  const int max_grid = limits_.protocols.at(size_t(p.protocol)).max_blocks;
+  TORCH_CHECK(p.grid >= 1 && p.grid <= max_grid && proto.fits(p, count, es, size_, p.protocol, ws_->layout()),
               "pycoll::allreduce: the plan (", p.describe(), ") does not fit this engine's workspace or GPU");
   if (trace_) {
     // Rows of CTAs this launch does not run must not show an earlier kernel's timeline.
