@@ -103,10 +103,9 @@ if [ "$NG" -eq 1 ]; then
   [ $MPS -eq 1 ] && export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
   step gpu_staged_2 570 env PYCOLL_CUDA_SAME_DEVICE=staged python3 -m pytest -q -m gpu \
     tests/test_gpu_all_reduce.py tests/test_gpu_other_collectives.py -p no:cacheprovider
-  # The benchmark under torchrun (pycoll-bench --nproc refuses more ranks than GPUs), against Gloo.
-  step bench_shared_2 570 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-    -m pycollectives.bench --device cuda --backends pycoll,gloo --ops all_reduce,all_gather,reduce_scatter \
-    -e 16M -f 4 --no-progress --out "$OUTDIR" --name shared-gpu-2
+  # The benchmark with 2 ranks on the one GPU, against Gloo (pycoll-bench leaves NCCL out there).
+  step bench_shared_2 570 python3 -m pycollectives.bench --device cuda --nproc 2 --backends pycoll,gloo \
+    --ops all_reduce,all_gather,reduce_scatter -e 16M -f 4 --no-progress --out "$OUTDIR" --name shared-gpu-2
   step ddp_gpt_shared_2 570 python3 examples/ddp_gpt.py --nproc 2 --compare gloo --steps 10 --warmup 3
   step fsdp_gpt_shared_2 570 python3 examples/fsdp_gpt.py --nproc 2 --compare gloo --steps 10 --warmup 3
   grep -h "ms/step\|step time" "$OUTDIR"/ddp_gpt*.log "$OUTDIR"/fsdp_gpt*.log 2>/dev/null
