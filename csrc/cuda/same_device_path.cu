@@ -261,6 +261,7 @@ struct alignas(64) SdLine {
   std::atomic<int64_t> ready;
   std::atomic<int64_t> done;
   std::atomic<uint64_t> desc[3];  // the round published in `ready` (Desc)
+  std::atomic<int32_t> quiet;     // 1: in teardown, and this rank's GPU no longer reads the peers' W
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
 
@@ -376,25 +377,29 @@ SameDevicePath::SameDevicePath(const Rendezvous& rv, int rank, int size, int dev
 
 SameDevicePath::~SameDevicePath() {
   if (size_ == 1) return;
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-  // A peer's last kernel may still read W_r, and this rank's may still read the peers': freed
-  // staging must be idle. Bounded, and skipped once the group is broken (a dead peer's events may
-  // never complete).
-  if (sh_ != nullptr && broken_.empty() && !aborted_.load() && sh_->stopped_by.load() == 0) {
-    const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10));
-    for (int q = 0; q < size_; ++q) {
-      while (sh_->line[q].done.load(std::memory_order_acquire) < round_ && peer_alive(q) &&
-             sh_->stopped_by.load() == 0 && Clock::now() < deadline) {
+  int prev = -1;
+  const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
+  // Freed staging must be idle: a peer's last kernel may still read W_r. Each rank says when its
+  // own reads are over (its last D completed), then waits for every peer to say so; no rank
+  // touches a peer's event here, since that peer may be destroying it. Bounded, and skipped once
+  // the group is broken (a dead peer's work may never complete).
+  try {
+    if (sh_ != nullptr && broken_.empty() && !aborted_.load() && sh_->stopped_by.load() == 0) {
+      const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10));
+      while (cudaEventQuery(done_ev_[rank_]) == cudaErrorNotReady && Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
-      if (done_ev_[q] == nullptr || (q != rank_ && !peer_alive(q))) continue;
-      while (cudaEventQuery(done_ev_[q]) == cudaErrorNotReady && Clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      sh_->line[rank_].quiet.store(1, std::memory_order_release);
+      for (int q = 0; q < size_; ++q) {
+        while (sh_->line[q].quiet.load(std::memory_order_acquire) == 0 && sh_->stopped_by.load() == 0 &&
+               peer_alive(q) && Clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
       }
     }
-    (void)cudaGetLastError();  // a query's error is not this destructor's to report
-  }
+  } catch (...) {}
   release();
+  if (switched) (void)cudaSetDevice(prev);
 }
 
 void SameDevicePath::release() noexcept {
