@@ -18,7 +18,7 @@ def test_declared_in_the_registry():
     assert len(found) == 1, [s["name"] for s in ps.settings()]
     s = found[0]
     assert s["default"] == "staged", s
-    assert s["range"] == "staged, kernels", s
+    assert s["range"] == "staged, kernels, events", s
     assert s["scope"] == "cuda engine", s
     assert s["ranks_agree"] is True, s
     assert s["audience"] == "developer", s
@@ -30,6 +30,8 @@ def test_read_gives_the_default_and_the_value_set(monkeypatch):
     assert ps.read(NAME) == "staged"
     monkeypatch.setenv(NAME, "kernels")
     assert ps.read(NAME) == "kernels"
+    monkeypatch.setenv(NAME, "events")
+    assert ps.read(NAME) == "events"
 
 
 def test_documented_with_mps_and_the_cta_caps():

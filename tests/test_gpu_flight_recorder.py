@@ -100,3 +100,47 @@ def test_an_op_that_fails_on_the_gpu_is_recorded_with_its_error(tmp_path):
     assert entry["profiling_name"] == "pycoll:all_reduce" and entry["state"] == "completed", entry
     assert entry["error"], entry  # the engine's device error, e.g. a peer that did not arrive
     assert entry["thread_name"] != "", entry
+
+
+def _traced_ops(rank, world, prefix):
+    import pycollectives.trace
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for numel in (1024, 1 << 22):  # the LL one-shot, then a channel or LL128 all_reduce
+        dist.all_reduce(torch.ones(numel, device=dev))
+    x = torch.ones(1 << 20, device=dev)
+    peer = (rank + 1) % world
+    reqs = [dist.isend(x, peer), dist.irecv(torch.empty_like(x), (rank - 1) % world)]
+    for r in reqs:
+        r.wait()
+    for _ in range(20):  # more traced kernels than the ring keeps
+        dist.all_reduce(torch.ones(4096, device=dev))
+    torch.cuda.synchronize()
+    return _dump_after(prefix)
+
+
+def test_traced_kernels_become_phases_of_their_ops(tmp_path):
+    prefix = str(tmp_path / "rank_")
+    out = run_bound(WORLD, _traced_ops, prefix, env={"PYCOLL_CUDA_TRACE": "1"}, timeout=180)
+    for dump in out:
+        cuda = [e for e in dump["entries"] if e["engine"] == "cuda"]
+        traced = [e for e in cuda if e.get("cta_phases")]
+        # The engine keeps its last 16 traced kernels; every send, receive and all_reduce is traced.
+        assert len(traced) == 16 and traced == cuda[-16:], [e["record_id"] for e in traced]
+        for e in traced:
+            kernels = [p for p in e["cta_phases"] if p["name"] == "kernel"]
+            assert kernels and len({p["cta"] for p in kernels}) == len(kernels), e["cta_phases"][:4]
+            for p in e["cta_phases"]:
+                assert p["start_ns"] <= p["end_ns"]
+                # On the wall clock of the op's own times, within the clock mapping's error.
+                assert e["time_created_ns"] - 5_000_000 <= p["start_ns"] <= e["time_discovered_completed_ns"] + 5_000_000
+    # The timeline shows them as child slices of their ops.
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "pycollectives.trace", "timeline", str(tmp_path), "-o",
+                          str(tmp_path / "job.json")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    events = json.load(open(tmp_path / "job.json"))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert any(ev.get("cat") == "cta" for ev in events)

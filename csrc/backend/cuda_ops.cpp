@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <exception>
 #include <string>
 
@@ -13,6 +14,8 @@
 #include "backend/op_call_helpers.h"
 #include "backend/op_stats.h"
 #include "backend/store_rendezvous.h"
+#include "common/issuing_op.h"
+#include "transport/cuda_ipc/layout.h"
 #include "cuda/cuda_engine.h"
 #include "engines/cuda_tensor_engine.h"
 
@@ -30,14 +33,44 @@ CudaOps::CudaOps(c10::intrusive_ptr<c10d::Store> store, std::string group_name, 
       watcher_([this]() {
         const CudaEngine* e = bound_engine_.load(std::memory_order_acquire);
         return e != nullptr && e->device_error() != 0 ? e->device_error_message() : std::string();
-      }) {}
+      }) {
+  phase_source_ = FlightRecorder::get().add_phase_source([this](FlightRecorder::Phases& out) { add_phases(out); });
+}
+
+// Each traced kernel's CTAs as phases of the op that launched it: the whole run (events 0 to 1),
+// and between the stamps in between, in time order (cuda/kernels/trace.cuh says what each is).
+void CudaOps::add_phases(FlightRecorder::Phases& out) const {
+  const CudaEngine* e = bound_engine_.load(std::memory_order_acquire);
+  if (e == nullptr) return;
+  const int64_t offset = e->gpu_clock_offset_ns();
+  const int E = cuda_ipc::kTraceEvents;
+  for (const CudaEngine::TracedKernel& k : e->traced_kernels()) {
+    if (k.op == 0) continue;
+    std::vector<FlightRecorder::CtaPhase>& phases = out[k.op];
+    for (int c = 0; c < cuda_ipc::kTraceCtas; ++c) {
+      const uint64_t* row = k.rows.data() + size_t(c) * E;
+      if (row[0] == 0) continue;                     // a CTA the launch did not have (or not there yet)
+      std::vector<std::pair<uint64_t, int>> stamps;  // (time, event), events 2..E-2 (E-1 is a count)
+      for (int ev = 2; ev < E - 1; ++ev)
+        if (row[ev] != 0) stamps.push_back({row[ev], ev});
+      std::sort(stamps.begin(), stamps.end());
+      const uint64_t end = row[1] != 0 ? row[1] : (stamps.empty() ? row[0] : stamps.back().first);
+      phases.push_back({c, -1, int64_t(row[0]) + offset, int64_t(end) + offset});
+      uint64_t from = row[0];
+      for (const auto& [t, ev] : stamps) {
+        phases.push_back({c, ev, int64_t(from) + offset, int64_t(t) + offset});
+        from = t;
+      }
+    }
+  }
+}
 
 std::unique_ptr<DeviceQueue> make_cuda_queue(c10::intrusive_ptr<c10d::Store> store, std::string group_name, int rank,
                                              int size, std::chrono::milliseconds timeout) {
   return std::make_unique<CudaOps>(std::move(store), std::move(group_name), rank, size, timeout);
 }
 
-CudaOps::~CudaOps() = default;
+CudaOps::~CudaOps() { FlightRecorder::get().remove_phase_source(phase_source_); }
 
 Engine* CudaOps::engine(const at::Device& device) {
   if (Engine* e = bound_tensor_engine_.load(std::memory_order_acquire)) {
@@ -261,8 +294,9 @@ c10::intrusive_ptr<c10d::Work> CudaOps::send(const at::Tensor& t, int dst, uint6
   static constexpr const char* kOp = "pycoll::send";
   return launch(
       c10d::OpType::SEND, kOp, seq, {t}, {t}, /*async_op=*/true,
-      [this, t, dst](const c10::Stream& s) {
-        const at::Tensor buf = dense(t);  // alive until the kernel is queued (on this stream)
+      [this, t, dst, fr](const c10::Stream& s) {
+        const IssuingOp issuing(fr.record_id);  // a traced kernel's timeline names its op
+        const at::Tensor buf = dense(t);        // alive until the kernel is queued (on this stream)
         cuda_engine(t.device()).send(buf.data_ptr(), int64_t(buf.nbytes()), dst, c10::cuda::CUDAStream(s).stream());
         record_op("send", static_cast<int64_t>(t.nbytes()), Algo::Direct, OpTimer(), -1, size_);
       },
@@ -273,7 +307,8 @@ c10::intrusive_ptr<c10d::Work> CudaOps::recv(const at::Tensor& t, int src, uint6
   static constexpr const char* kOp = "pycoll::recv";
   return launch(
       c10d::OpType::RECV, kOp, seq, {t}, {t}, /*async_op=*/true,
-      [this, t, src](const c10::Stream& s) {
+      [this, t, src, fr](const c10::Stream& s) {
+        const IssuingOp issuing(fr.record_id);
         at::Tensor buf = dense(t);
         cuda_engine(t.device()).recv(buf.data_ptr(), int64_t(buf.nbytes()), src, c10::cuda::CUDAStream(s).stream());
         write_back(t, buf);

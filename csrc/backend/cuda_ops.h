@@ -85,6 +85,9 @@ class CudaOps : public DeviceQueue {
   // pools that live as long as the process, so the handle stays valid).
   std::mutex issue_mu_;
   cudaStream_t last_collective_stream_ = nullptr;
+  // The flight recorder asks for traced kernels' phases at every dump (PYCOLL_CUDA_TRACE).
+  void add_phases(FlightRecorder::Phases& out) const;
+  int phase_source_ = -1;
   // Last member: its thread stops (joined) before the pools and streams above go away.
   CudaOpWatcher watcher_;
 

@@ -384,9 +384,26 @@ void FlightRecorder::completed(const FrHandle& h, const char* error) {
   if (newest > capacity_) errors_.erase(errors_.begin(), errors_.upper_bound(newest - capacity_));
 }
 
+int FlightRecorder::add_phase_source(std::function<void(Phases&)> source) {
+  std::lock_guard<std::mutex> g(sources_mu_);
+  phase_sources_[next_source_] = std::move(source);
+  return next_source_++;
+}
+
+void FlightRecorder::remove_phase_source(int id) {
+  std::lock_guard<std::mutex> g(sources_mu_);
+  phase_sources_.erase(id);
+}
+
 std::string FlightRecorder::dump_json(const std::string& reason) const {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
+  // The kernel phases of traced ops (PYCOLL_CUDA_TRACE), asked before any lock of the ring.
+  Phases phases;
+  {
+    std::lock_guard<std::mutex> g(sources_mu_);
+    for (const auto& [id, source] : phase_sources_) source(phases);
+  }
   // The stacks as frames, made before the lock (symbolizing takes the GIL): record id -> frames.
   std::map<uint64_t, std::string> frames;
   if (stacks_on_) {
@@ -494,6 +511,16 @@ std::string FlightRecorder::dump_json(const std::string& reason) const {
     out += ", \"error\": ";
     const auto err = e.failed ? errors_.find(e.record_id) : errors_.end();
     put_string(out, err != errors_.end() ? err->second : std::string());
+    if (const auto ph = phases.find(e.record_id); ph != phases.end()) {
+      out += ", \"cta_phases\": [";
+      for (size_t i = 0; i < ph->second.size(); ++i) {
+        const CtaPhase& p = ph->second[i];
+        out += std::string(i ? ", " : "") + "{\"cta\": " + std::to_string(p.cta) + ", \"name\": \"" +
+               (p.event < 0 ? std::string("kernel") : "to event " + std::to_string(p.event)) +
+               "\", \"start_ns\": " + std::to_string(p.start_ns) + ", \"end_ns\": " + std::to_string(p.end_ns) + "}";
+      }
+      out += "]";
+    }
     out += "}";
   };
   // Oldest first: from the slot after the newest, around the ring. A slot that ops recorded

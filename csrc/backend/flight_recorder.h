@@ -30,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -100,6 +101,21 @@ class FlightRecorder {
   // PYCOLL_FR_GPU_TIMING, else TORCH_NCCL_ENABLE_TIMING, as read now.
   static bool gpu_timing_from_settings();
 
+  // A phase of one CTA of an op's kernel (PYCOLL_CUDA_TRACE), in wall-clock ns: a dump's
+  // "cta_phases" of the op, which `pycoll-trace timeline` shows as child slices. `event` names the
+  // kernel's stamp that ends it (cuda/kernels/trace.cuh); -1: the CTA's whole run.
+  struct CtaPhase {
+    int32_t cta = 0;
+    int32_t event = -1;
+    int64_t start_ns = 0, end_ns = 0;
+  };
+  using Phases = std::map<uint64_t, std::vector<CtaPhase>>;  // by record id
+  // Something that knows ops' kernel phases (a group's CUDA engine); asked at every dump, from the
+  // dumping thread, so it must not block on an op. Returns an id for remove_phase_source, which
+  // returns once no dump calls it any more.
+  int add_phase_source(std::function<void(Phases&)> source);
+  void remove_phase_source(int id);
+
   // The whole ring as torch's flight-recorder layout, in JSON (docs/tracing.md).
   std::string dump_json(const std::string& reason) const;
   // Writes dump_json to prefix + rank (prefix: the argument, else TORCH_FR_DUMP_TEMP_FILE, else
@@ -169,6 +185,9 @@ class FlightRecorder {
   bool stacks_on_ = false;                  // PYCOLL_FR_STACKS
   std::map<uint64_t, std::shared_ptr<torch::CapturedTraceback>> stacks_;  // record id -> the caller's stack
   int process_rank_ = -1, world_size_ = 0;
+  mutable std::mutex sources_mu_;  // the phase sources; held while a dump asks them
+  std::map<int, std::function<void(Phases&)>> phase_sources_;
+  int next_source_ = 0;
 };
 
 }  // namespace pycoll

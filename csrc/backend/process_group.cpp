@@ -17,6 +17,7 @@
 #include "backend/store_rendezvous.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "common/issuing_op.h"
 #include "engines/cpu_tensor_engine.h"
 #include "engines/hierarchical_engine.h"
 #include "engines/staged_engine.h"
@@ -260,6 +261,7 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   FlightRecorder& recorder = FlightRecorder::get();
   // An op on a CUDA stream is started when its kernels are (the device queue's watcher).
   if (!engine.enqueues_on_device()) recorder.started(call.fr);
+  const IssuingOp issuing(call.fr.record_id);  // what a traced kernel's timeline names as its op
   // Reused by every op of this thread: its capacity stays, so the copy of a plan allocates nothing.
   thread_local std::string plan_text;
   plan_text.clear();

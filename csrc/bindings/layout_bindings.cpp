@@ -120,31 +120,18 @@ py::dict layout_report(int nranks, int me, int64_t coll_slot_bytes, int coll_blo
     }
   }
   ranges["split.ready"].push_back({L.split.ready_offset(0), L.split.ready_offset(cuda_ipc::kMaxClaimedChunks)});
-  for (int c = 0; c < cuda_ipc::kTraceCtas; ++c) {
-    ranges["trace"].push_back({L.trace.event_offset(c, 0), L.trace.event_offset(c, cuda_ipc::kTraceEvents - 1) + 8});
-  }
   // Where make_layout placed each region (a region may use anything up to the next one).
-  const std::vector<std::pair<std::string, int64_t>> starts = {{"abort", L.off_abort},
-                                                               {"claim", L.off_claim},
-                                                               {"coll.tail", L.coll.off_tail},
-                                                               {"coll.head", L.coll.off_head},
-                                                               {"coll.check", L.coll.off_check},
-                                                               {"coll.sent", L.coll.off_sent},
-                                                               {"coll.recvd", L.coll.off_recvd},
-                                                               {"p2p.tail", L.p2p.off_tail},
-                                                               {"p2p.head", L.p2p.off_head},
-                                                               {"p2p.check", L.p2p.off_check},
-                                                               {"p2p.sent", L.p2p.off_sent},
-                                                               {"p2p.recvd", L.p2p.off_recvd},
-                                                               {"coll.data", L.coll.off_data},
-                                                               {"p2p.data", L.p2p.off_data},
-                                                               {"ll.epoch", L.ll.off_epoch},
-                                                               {"ll.data", L.ll.off_data},
-                                                               {"split", L.split.off},
-                                                               {"split.claim", L.split.off_claim},
-                                                               {"split.tag", L.split.off_tag},
-                                                               {"split.ready", L.split.off_ready},
-                                                               {"trace", L.trace.off}};
+  const std::vector<std::pair<std::string, int64_t>> starts = {
+      {"abort", L.off_abort},           {"claim", L.off_claim},
+      {"coll.tail", L.coll.off_tail},   {"coll.head", L.coll.off_head},
+      {"coll.check", L.coll.off_check}, {"coll.sent", L.coll.off_sent},
+      {"coll.recvd", L.coll.off_recvd}, {"p2p.tail", L.p2p.off_tail},
+      {"p2p.head", L.p2p.off_head},     {"p2p.check", L.p2p.off_check},
+      {"p2p.sent", L.p2p.off_sent},     {"p2p.recvd", L.p2p.off_recvd},
+      {"coll.data", L.coll.off_data},   {"p2p.data", L.p2p.off_data},
+      {"ll.epoch", L.ll.off_epoch},     {"ll.data", L.ll.off_data},
+      {"split", L.split.off},           {"split.claim", L.split.off_claim},
+      {"split.tag", L.split.off_tag},   {"split.ready", L.split.off_ready}};
   std::vector<std::pair<std::string, int64_t>> all_starts = starts;
   all_starts.insert(all_starts.end(), region_starts.begin(), region_starts.end());
   py::dict d;

@@ -2,7 +2,9 @@
 // all_reduce_plan.h; the others through select.h), kernel launches (through launch.h). Nothing here blocks the host or allocates.
 #include "cuda/cuda_engine.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -10,13 +12,16 @@
 #include <c10/util/Exception.h>
 
 #include "common/cuda_check.h"
+#include "common/issuing_op.h"
 #include "common/settings_agreement.h"
 #include "cuda/all_reduce_plan.h"
 #include "cuda/all_reduce_registry.h"
+#include "cuda/kernel_type.h"
 #include "cuda/cuda_settings.h"
 #include "cuda/launch.h"
 #include "engines/dtypes.h"
 #include "cuda/measured_choices.h"
+#include "cuda/same_device_path.h"
 #include "cuda/select.h"
 #include "cuda/kernels/args.h"
 #include "transport/cuda_ipc/check_word.h"
@@ -29,53 +34,10 @@ namespace {
 using cuda_ipc::kCollBlocks;
 using cuda_ipc::kMaxRanks;
 using KOp = kernels::ReduceOp;
+using gpu::kernel_type;
+using gpu::KernelType;
 
 #define PYCOLL_CUDA_OK(expr, op, what) PYCOLL_CUDA_CHECK(expr, "pycoll::", op, ": ", what)
-
-// What the kernels run for a (dtype, reduce op): Bool runs as UInt8 with OR/AND/XOR, Int8 bitwise
-// ops as UInt8 (sign does not matter), Avg as Sum with a final division by the world size.
-struct KernelType {
-  DType dtype;
-  KOp op;
-  int div;
-};
-
-KernelType kernel_type(DType d, ReduceKind r, int nranks, const char* op) {
-  TORCH_CHECK(r != ReduceKind::PremulSum, "pycoll::", op,
-              ": PREMUL_SUM reaches the CUDA engine as a pre-scale + SUM (backend's job)");
-  if (d == DType::Bool) {
-    switch (r) {
-      case ReduceKind::Sum:
-      case ReduceKind::Avg:
-      case ReduceKind::Max:
-      case ReduceKind::BOr: return {DType::UInt8, KOp::Or, 1};
-      case ReduceKind::Product:
-      case ReduceKind::Min:
-      case ReduceKind::BAnd: return {DType::UInt8, KOp::And, 1};
-      case ReduceKind::BXor: return {DType::UInt8, KOp::Xor, 1};
-      default: break;
-    }
-    TORCH_CHECK(false, "pycoll::", op, ": unsupported reduce op ", reduce_name(r), " for bool");
-  }
-  switch (r) {
-    case ReduceKind::Sum: return {d, KOp::Sum, 1};
-    case ReduceKind::Avg: return {d, KOp::Sum, nranks};
-    case ReduceKind::Product: return {d, KOp::Prod, 1};
-    case ReduceKind::Min: return {d, KOp::Min, 1};
-    case ReduceKind::Max: return {d, KOp::Max, 1};
-    case ReduceKind::BAnd:
-    case ReduceKind::BOr:
-    case ReduceKind::BXor: {
-      TORCH_CHECK(!is_floating(d), "pycoll::", op, ": ", reduce_name(r), " needs an integer or bool tensor, got ",
-                  dtype_name(d));
-      const DType kd = d == DType::Int8 ? DType::UInt8 : d;
-      const KOp k = r == ReduceKind::BAnd ? KOp::And : (r == ReduceKind::BOr ? KOp::Or : KOp::Xor);
-      return {kd, k, 1};
-    }
-    default: break;
-  }
-  TORCH_CHECK(false, "pycoll::", op, ": unsupported reduce op ", reduce_name(r));
-}
 
 void copy_local(void* dst, const void* src, int64_t bytes, cudaStream_t stream, const char* op) {
   if (bytes <= 0 || dst == src) return;
@@ -106,7 +68,8 @@ CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chron
   small_max_blocks_ = limits_.small_max_blocks;
   chunk_bytes_ = limits_.chunk_bytes;
   trace_ = cuda_settings::kTrace.get() != 0;
-  const bool same_device = cuda_settings::same_device_kernels();
+  const cuda_settings::SameDeviceMode same_device_mode = cuda_settings::same_device_mode();
+  const bool same_device = same_device_mode != cuda_settings::SameDeviceMode::Staged;
 
   // Every rank must plan the same launches from these (the GPUs of a group are assumed alike, as
   // the workspace size check assumes): compare them before anything is launched. Tracing and early
@@ -115,7 +78,7 @@ CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chron
     const std::string measured = gpu::measured_steps_digest(size);
     SettingList mine = gpu::agreement_list(limits_);
     mine.push_back({"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured});
-    mine.push_back({cuda_settings::kSameDevice.name(), same_device ? "kernels" : "staged"});
+    mine.push_back({cuda_settings::kSameDevice.name(), cuda_settings::same_device_mode_name(same_device_mode)});
     rv.set(rv.prefix + "settings/" + std::to_string(rank), encode_settings(mine));
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(rv.prefix + "settings/" + std::to_string(r));
@@ -146,23 +109,109 @@ CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chron
                 "pycoll CUDA engine: the all_reduce protocol '", gpu::all_reduce_protocols()[i].name,
                 "' is registered, but this build has no launcher registered under that name");
   }
+  // Every rank on this GPU, events mode: the main collectives run with no cross-process spinning.
+  if (same_device_mode == cuda_settings::SameDeviceMode::Events && size > 1 && ws_->reachable() &&
+      ws_->peers_on_this_gpu() == size - 1) {
+    same_device_ = std::make_unique<SameDevicePath>(rv, rank, size, device, timeout,
+                                                    cuda_settings::kSameDeviceStagingKiB.get() * 1024);
+  }
+  if (trace_ && size > 1 && ws_->reachable()) start_tracing();  // last: nothing after it throws
+}
+
+namespace {
+
+constexpr size_t kTraceRowsPerKernel = size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents;
+
+int64_t wall_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+void CudaEngine::start_tracing() {
+  void* ring = nullptr;
+  const size_t bytes = size_t(kTraceSlots) * kTraceRowsPerKernel * sizeof(uint64_t);
+  PYCOLL_CUDA_OK(cudaHostAlloc(&ring, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "engine", "trace ring");
+  std::memset(ring, 0, bytes);
+  trace_ring_ = static_cast<uint64_t*>(ring);
+  void* dev = nullptr;
+  PYCOLL_CUDA_OK(cudaHostGetDevicePointer(&dev, ring, 0), "engine", "trace ring device pointer");
+  trace_ring_dev_ = static_cast<uint64_t*>(dev);
+  trace_ops_.assign(kTraceSlots, 0);
+  trace_launches_.assign(kTraceSlots, 0);
+  // %globaltimer against the wall clock: the read with the shortest round trip of a few.
+  void* clock = nullptr;
+  PYCOLL_CUDA_OK(cudaHostAlloc(&clock, sizeof(uint64_t), cudaHostAllocMapped), "engine", "clock word");
+  void* clock_dev = nullptr;
+  cudaStream_t s = nullptr;
+  PYCOLL_CUDA_OK(cudaHostGetDevicePointer(&clock_dev, clock, 0), "engine", "clock word device pointer");
+  PYCOLL_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "engine", "clock stream");
+  int64_t best = INT64_MAX;
+  for (int i = 0; i < 5; ++i) {
+    const int64_t t0 = wall_now_ns();
+    PYCOLL_CUDA_OK(gpu::launch_read_globaltimer(static_cast<uint64_t*>(clock_dev), s), "engine", "clock read");
+    PYCOLL_CUDA_OK(cudaStreamSynchronize(s), "engine", "clock read");
+    const int64_t t1 = wall_now_ns();
+    if (t1 - t0 < best) {
+      best = t1 - t0;
+      gpu_clock_offset_ns_ = t0 + (t1 - t0) / 2 - int64_t(*static_cast<volatile uint64_t*>(clock));
+    }
+  }
+  (void)cudaStreamDestroy(s);
+  (void)cudaFreeHost(clock);
+}
+
+uint64_t* CudaEngine::begin_trace() {
+  if (trace_ring_ == nullptr) return nullptr;
+  std::lock_guard<std::mutex> g(trace_mu_);
+  const size_t slot = size_t(traced_ % kTraceSlots);
+  ++traced_;
+  trace_ops_[slot] = issuing_op();
+  trace_launches_[slot] = traced_;
+  std::memset(trace_ring_ + slot * kTraceRowsPerKernel, 0, kTraceRowsPerKernel * sizeof(uint64_t));
+  return trace_ring_dev_ + slot * kTraceRowsPerKernel;
+}
+
+std::vector<CudaEngine::TracedKernel> CudaEngine::traced_kernels() const {
+  std::vector<TracedKernel> out;
+  if (trace_ring_ == nullptr) return out;
+  std::lock_guard<std::mutex> g(trace_mu_);
+  const uint64_t n = std::min<uint64_t>(traced_, kTraceSlots);
+  for (uint64_t k = traced_ - n; k < traced_; ++k) {
+    const size_t slot = size_t(k % kTraceSlots);
+    TracedKernel t;
+    t.op = trace_ops_[slot];
+    t.launch = trace_launches_[slot];
+    const volatile uint64_t* rows = trace_ring_ + slot * kTraceRowsPerKernel;
+    t.rows.resize(kTraceRowsPerKernel);
+    for (size_t i = 0; i < kTraceRowsPerKernel; ++i) t.rows[i] = rows[i];
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 std::vector<int64_t> CudaEngine::trace() const {
-  std::vector<int64_t> rows(size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents, 0);
-  if (size_ < 2 || !ws_->reachable()) return rows;
+  std::vector<int64_t> rows(kTraceRowsPerKernel, 0);
+  if (trace_ring_ == nullptr) return rows;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   PYCOLL_CUDA_OK(cudaDeviceSynchronize(), "trace", "synchronize");
-  const char* src = ws_->handle().base[rank_] + ws_->layout().trace.off;
-  PYCOLL_CUDA_OK(cudaMemcpy(rows.data(), src, rows.size() * sizeof(int64_t), cudaMemcpyDeviceToHost), "trace", "copy");
+  const std::vector<TracedKernel> kernels = traced_kernels();
+  if (!kernels.empty()) std::copy(kernels.back().rows.begin(), kernels.back().rows.end(), rows.begin());
   return rows;
 }
 
-CudaEngine::~CudaEngine() = default;
+CudaEngine::~CudaEngine() {
+  same_device_.reset();
+  if (trace_ring_ != nullptr) (void)cudaFreeHost(trace_ring_);
+}
 
 bool CudaEngine::peers_reachable() const { return ws_->reachable(); }
 int CudaEngine::device_error() const { return ws_->error_code(); }
-void CudaEngine::abort() noexcept { ws_->abort(); }
+void CudaEngine::abort() noexcept {
+  ws_->abort();
+  if (same_device_) same_device_->abort();
+}
 std::string CudaEngine::device_error_message() const { return ws_->error_message(); }
 
 void CudaEngine::check_usable(const char* op) const {
@@ -260,6 +309,10 @@ Algo CudaEngine::all_reduce(const void* in, void* out, int64_t count, DType t, R
     return p.algo;
   }
   check_usable(kOp);
+  if (same_device_) {  // every rank on this GPU, PYCOLL_CUDA_SAME_DEVICE=events
+    if (plan_text) *plan_text = "same-device events: one-shot reads of the peers' staging";
+    return same_device_->all_reduce(in, out, count, t, op, stream);
+  }
   // One launch path for every protocol (all_reduce_registry.h): the plan's fields, what the
   // protocol adds (prepare), the check that the launch stays inside the workspace, its launcher.
   const gpu::AllReduceProtocol& proto = gpu::all_reduce_protocols().at(size_t(p.protocol));
@@ -273,19 +326,13 @@ Algo CudaEngine::all_reduce(const void* in, void* out, int64_t count, DType t, R
   a.chunk = p.chunk;
   a.nchunks = p.nchunks;
   a.region = p.protocol;
+  a.h.trace = trace_ ? begin_trace() : nullptr;
   if (proto.prepare) proto.prepare(a, p);
   // Each protocol's own CTA limit: the SMs for the channel protocol (every CTA resident), the LL
   // region's 64 blocks for LL, LL128's setting.
   const int max_grid = limits_.protocols.at(size_t(p.protocol)).max_blocks;
   TORCH_CHECK(p.grid >= 1 && p.grid <= max_grid && proto.fits(p, count, es, size_, p.protocol, ws_->layout()),
               "pycoll::allreduce: the plan (", p.describe(), ") does not fit this engine's workspace or GPU");
-  if (trace_) {
-    // Rows of CTAs this launch does not run must not show an earlier kernel's timeline.
-    const cuda_ipc::Layout& L = ws_->layout();
-    PYCOLL_CUDA_OK(cudaMemsetAsync(ws_->handle().base[rank_] + L.trace.off, 0,
-                                   size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents * sizeof(int64_t), stream),
-                   kOp, "trace reset");
-  }
   PYCOLL_CUDA_OK(static_cast<cudaError_t>(launcher->launch(p.grid, stream, a, early_launch_ && p.early_ok)), kOp,
                  "kernel launch");
   return p.algo;
@@ -305,6 +352,10 @@ Algo CudaEngine::reduce_scatter(const void* in, void* out, int64_t m, DType t, R
     return chosen;
   }
   check_usable(kOp);
+  if (same_device_) {
+    same_device_->reduce_scatter(in, out, m, t, op, stream);
+    return Algo::OneShot;
+  }
   kernels::ReduceArgs a = make_reduce_args(ws_->handle(), OpCode::ReduceScatter, in, out, kt);
   a.mode = chosen == Algo::Ring ? kernels::ReduceMode::ReduceScatterRing : kernels::ReduceMode::ReduceScatterDirect;
   a.count = m * size_;
@@ -327,6 +378,10 @@ Algo CudaEngine::all_gather(const void* in, void* out, int64_t bytes, Algo algo,
     return chosen;
   }
   check_usable(kOp);
+  if (same_device_) {
+    same_device_->all_gather(in, out, bytes, stream);
+    return Algo::OneShot;
+  }
   kernels::CopyArgs a =
       make_copy_args(ws_->handle(), OpCode::AllGather,
                      chosen == Algo::Ring ? kernels::CopyMode::AllGatherRing : kernels::CopyMode::AllGatherDirect);
@@ -347,6 +402,10 @@ void CudaEngine::broadcast(void* buf, int64_t bytes, int root, cudaStream_t stre
   if (bytes == 0 || size_ == 1) return;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
+  if (same_device_) {
+    same_device_->broadcast(buf, bytes, root, stream);
+    return;
+  }
   kernels::CopyArgs a = make_copy_args(ws_->handle(), OpCode::Broadcast, kernels::CopyMode::Broadcast);
   a.in = buf;
   a.out = buf;
@@ -451,6 +510,12 @@ void gate_receive(const kernels::P2PArgs& a, cudaStream_t stream, const char* op
 
 }  // namespace
 
+void CudaEngine::trace_p2p(kernels::P2PArgs& a) {
+  if (!trace_) return;
+  a.h.trace = begin_trace();
+  if (a.h.trace != nullptr) a.flags |= kernels::kP2PTrace;
+}
+
 gpu::Geometry CudaEngine::plan_p2p(int64_t bytes) const {
   const cuda_ipc::ChannelSetLayout& p2p = ws_->layout().p2p;
   return gpu::plan_p2p(bytes, p2p.slot_bytes, p2p.nblocks, sms_, limits_.p2p_max_blocks);
@@ -466,7 +531,8 @@ void CudaEngine::send(const void* buf, int64_t bytes, int peer, cudaStream_t str
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
   // The send kernel only reads buf (P2PArgs has one pointer for both directions).
-  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), const_cast<void*>(buf), bytes, peer, true, plan_p2p(bytes));
+  kernels::P2PArgs a = make_p2p_args(ws_->handle(), const_cast<void*>(buf), bytes, peer, true, plan_p2p(bytes));
+  trace_p2p(a);
   PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 
@@ -477,8 +543,9 @@ void CudaEngine::recv(void* buf, int64_t bytes, int peer, cudaStream_t stream) {
   // 0 bytes too: the receiver checks the length (plan_p2p)
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   check_usable(kOp);
-  const kernels::P2PArgs a = make_p2p_args(ws_->handle(), buf, bytes, peer, false, plan_p2p(bytes));
-  gate_receive(a, stream, kOp);
+  kernels::P2PArgs a = make_p2p_args(ws_->handle(), buf, bytes, peer, false, plan_p2p(bytes));
+  gate_receive(a, stream, kOp);  // before trace_p2p: the gate is not traced
+  trace_p2p(a);
   PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ namespace pycoll {
 namespace cuda_ipc {
 class IpcWorkspace;
 }
+namespace kernels {
+struct P2PArgs;
+}
+class SameDevicePath;
 
 class CudaEngine {
  public:
@@ -103,8 +108,24 @@ class CudaEngine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int device() const { return device_; }
-  // The timeline rows of the last traced kernel (PYCOLL_CUDA_TRACE=1, cuda/kernels/trace.cuh):
-  // cuda_ipc::kTraceCtas rows of cuda_ipc::kTraceEvents values. Synchronises the device.
+  // PYCOLL_CUDA_TRACE=1 (cuda/kernels/trace.cuh): the engine keeps the timelines of its last
+  // kTraceSlots traced kernels (all_reduce, send, receive) in host-mapped memory that the kernels
+  // write directly. A kernel's `rows` are cuda_ipc::kTraceCtas rows of cuda_ipc::kTraceEvents
+  // %globaltimer stamps (0: not stamped); `op` is the flight-recorder record id that was this
+  // thread's issuing op (common/issuing_op.h) when it was launched.
+  static constexpr int kTraceSlots = 16;
+  struct TracedKernel {
+    uint64_t op = 0;
+    uint64_t launch = 0;  // 1 for the engine's first traced launch, and so on
+    std::vector<uint64_t> rows;
+  };
+  // The ring as it is now, oldest first, without synchronizing anything: a kernel still running
+  // shows the stamps it has written so far. (A slot is reused kTraceSlots launches later, even
+  // when its kernel has not run yet.)
+  std::vector<TracedKernel> traced_kernels() const;
+  // wall-clock ns (system_clock) minus %globaltimer ns, measured when the engine started tracing.
+  int64_t gpu_clock_offset_ns() const { return gpu_clock_offset_ns_; }
+  // The rows of the newest traced kernel, after synchronizing the device (empty without tracing).
   std::vector<int64_t> trace() const;
 
  private:
@@ -120,11 +141,25 @@ class CudaEngine {
   int64_t chunk_bytes_ = 0;
   int sms_ = 0;         // the GPU's SM count: every CTA of a collective must be resident
   bool trace_ = false;  // PYCOLL_CUDA_TRACE: kernels record their timeline
+  // The traced launch's rows (device alias in the ring), its slot claimed for this thread's
+  // issuing op; null without tracing.
+  uint64_t* begin_trace();
+  void trace_p2p(kernels::P2PArgs& a);  // a send or receive's timeline, when tracing
+  void start_tracing();                 // allocates the ring and measures gpu_clock_offset_ns_
+  uint64_t* trace_ring_ = nullptr;      // kTraceSlots x kTraceCtas x kTraceEvents, host-mapped
+  uint64_t* trace_ring_dev_ = nullptr;
+  std::vector<uint64_t> trace_ops_, trace_launches_;  // per slot
+  uint64_t traced_ = 0;                               // traced launches so far
+  int64_t gpu_clock_offset_ns_ = 0;
+  mutable std::mutex trace_mu_;
   // The registered protocols' launchers by protocol index (all_reduce_registry.h), looked up once
   // here rather than by name on every launch; null for a protocol off on this engine.
   std::vector<const gpu::AllReduceLauncher*> launchers_;
   bool early_launch_ = false;  // PYCOLL_CUDA_EARLY_LAUNCH: programmatic dependent launch (sm_90+)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
+  // PYCOLL_CUDA_SAME_DEVICE=events with every rank on this GPU: all_reduce, reduce_scatter,
+  // all_gather and broadcast go there (cuda/same_device_path.h); null otherwise.
+  std::unique_ptr<SameDevicePath> same_device_;
 };
 
 }  // namespace pycoll

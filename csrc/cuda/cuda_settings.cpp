@@ -70,20 +70,38 @@ const IntSetting kEarlyLaunch("PYCOLL_CUDA_EARLY_LAUNCH", 1, 0, 1, kScope, false
 const IntSetting kTrace("PYCOLL_CUDA_TRACE", 0, 0, 1, kScope, false, Audience::Developer,
                         "1: kernels that support it record their timeline in the workspace "
                         "(pycollectives cuda_trace(); cuda/kernels/trace.cuh).");
-const TextSetting kSameDevice("PYCOLL_CUDA_SAME_DEVICE", "staged", "staged, kernels", kScope, true, Audience::Developer,
+const TextSetting kSameDevice("PYCOLL_CUDA_SAME_DEVICE", "staged", "staged, kernels, events", kScope, true,
+                              Audience::Developer,
                               "Ranks of a group that share one GPU: staged runs the group's CUDA ops through host "
                               "memory and the CPU engine; kernels maps their workspaces with CUDA IPC and runs the "
                               "engine's kernels (time-sliced between the processes unless the MPS daemon runs; "
-                              "correct, not fast). docs/using-gpus.md");
+                              "correct, not fast); events runs all_reduce, reduce_scatter, all_gather and broadcast "
+                              "with no kernel waiting on another process (streams ordered by CUDA IPC events, "
+                              "cuda/same_device_path.h) and the other ops as kernels does. docs/using-gpus.md");
+const IntSetting kSameDeviceStagingKiB(
+    "PYCOLL_CUDA_SAME_DEVICE_STAGING_KIB", 65536, 4, int64_t(1) << 22, kScope, true, Audience::Developer,
+    "PYCOLL_CUDA_SAME_DEVICE=events: each rank's staging buffer in KiB (device memory every peer maps); a larger "
+    "message takes one round per buffer. cuda/same_device_path.h",
+    nullptr, false, 4);
 
-bool same_device_kernels() {
+SameDeviceMode same_device_mode() {
   std::string v = kSameDevice.get();
   v.erase(std::remove_if(v.begin(), v.end(), [](unsigned char c) { return std::isspace(c) != 0; }), v.end());
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-  if (v == "kernels") return true;
+  if (v == "kernels") return SameDeviceMode::Kernels;
+  if (v == "events") return SameDeviceMode::Events;
   TORCH_CHECK_VALUE(v == "staged", "pycoll: ", kSameDevice.name(), "=", kSameDevice.get(),
-                    " is not valid: it must be one of staged, kernels");
-  return false;
+                    " is not valid: it must be one of staged, kernels, events");
+  return SameDeviceMode::Staged;
+}
+
+const char* same_device_mode_name(SameDeviceMode m) {
+  switch (m) {
+    case SameDeviceMode::Kernels: return "kernels";
+    case SameDeviceMode::Events: return "events";
+    case SameDeviceMode::Staged: break;
+  }
+  return "staged";
 }
 
 }  // namespace pycoll::cuda_settings

@@ -24,10 +24,14 @@ extern const IntSetting kP2PSlotKiB;
 extern const IntSetting kEarlyLaunch;
 extern const IntSetting kTrace;
 extern const TextSetting kSameDevice;
+extern const IntSetting kSameDeviceStagingKiB;
 
-// PYCOLL_CUDA_SAME_DEVICE, parsed: true for "kernels" (ranks that share a GPU map each other's
-// workspace and run the engine's kernels), false for "staged" (such a group stages through host
-// memory). Any other value raises ValueError naming the setting and its values.
-bool same_device_kernels();
+// PYCOLL_CUDA_SAME_DEVICE, parsed: staged (ranks that share a GPU stage through host memory),
+// kernels (they map each other's workspace and run the engine's kernels), events (as kernels,
+// except that the main collectives run cuda/same_device_path.h). Any other value raises
+// ValueError naming the setting and its values.
+enum class SameDeviceMode { Staged, Kernels, Events };
+SameDeviceMode same_device_mode();
+const char* same_device_mode_name(SameDeviceMode m);
 
 }  // namespace pycoll::cuda_settings

@@ -25,6 +25,18 @@ cudaError_t launch_p2p_batch(int grid, cudaStream_t stream, const kernels::P2PBa
   return launch_kernel(kernels::p2p_batch_kernel, grid, kernels::kThreads, stream, a, /*early=*/false);
 }
 
+namespace {
+// Reads the GPU's clock into host-mapped memory (gpu::launch_read_globaltimer).
+__global__ void read_globaltimer_kernel(uint64_t* out) {
+  *reinterpret_cast<volatile uint64_t*>(out) = kernels::globaltimer_ns();
+}
+}  // namespace
+
+cudaError_t launch_read_globaltimer(uint64_t* out, cudaStream_t stream) {
+  read_globaltimer_kernel<<<1, 1, 0, stream>>>(out);
+  return cudaGetLastError();
+}
+
 bool kernels_support_early_launch() {
   return compiled_with_grid_dependency(kernels::reduce_kernel) && compiled_with_grid_dependency(kernels::copy_kernel) &&
          compiled_with_grid_dependency(kernels::p2p_kernel) && registered_launchers_support_early_launch();

@@ -20,6 +20,8 @@ cudaError_t launch_p2p(int grid, cudaStream_t stream, const kernels::P2PArgs& ar
 // A coalesced batch of sends and receives (never early: see CudaEngine::send).
 cudaError_t launch_p2p_batch(int grid, cudaStream_t stream, const kernels::P2PBatchArgs& args);
 // all_reduce launches through the registry of its protocols (cuda/all_reduce_registry.h).
+// One thread writes the GPU's %globaltimer (ns) to `out` (device-visible, e.g. host-mapped).
+cudaError_t launch_read_globaltimer(uint64_t* out, cudaStream_t stream);
 
 // Whether the kernels (the registered protocols' too) were compiled with their grid-dependency
 // waits (PTX for sm_90 or later); without them `early` must stay false.

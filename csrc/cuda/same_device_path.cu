@@ -23,6 +23,7 @@
 #include "common/cuda_check.h"
 #include "cuda/kernels/primitives.cuh"
 #include "cuda/kernels/vec.cuh"
+#include "cuda/kernel_type.h"
 #include "cuda/reduce_kernel_table.h"
 #include "transport/cuda_ipc/layout.h"
 
@@ -32,6 +33,8 @@ namespace {
 
 using cuda_ipc::kMaxRanks;
 using KOp = kernels::ReduceOp;
+using gpu::kernel_type;
+using gpu::KernelType;
 using Clock = std::chrono::steady_clock;
 
 #define PYCOLL_SD_CHECK(expr, op, what) \
@@ -110,51 +113,6 @@ void split(int64_t bytes, int max_blocks, int64_t align, int* blocks, int64_t* s
 }
 
 // ---- dtype and reduce op -------------------------------------------------------------------
-
-// What the kernel runs for (dtype, op), as the CUDA engine maps it (cuda_engine.cu: kernel_type):
-// Bool as UInt8 with OR/AND/XOR, Int8 bitwise ops as UInt8, Avg as Sum divided by the world size.
-struct KernelType {
-  DType dtype;
-  KOp op;
-  int div;
-};
-
-KernelType kernel_type(DType d, ReduceKind r, int nranks, const char* op) {
-  TORCH_CHECK(r != ReduceKind::PremulSum, "pycoll::", op,
-              ": PREMUL_SUM reaches the CUDA engine as a pre-scale + SUM (backend's job)");
-  if (d == DType::Bool) {
-    switch (r) {
-      case ReduceKind::Sum:
-      case ReduceKind::Avg:
-      case ReduceKind::Max:
-      case ReduceKind::BOr: return {DType::UInt8, KOp::Or, 1};
-      case ReduceKind::Product:
-      case ReduceKind::Min:
-      case ReduceKind::BAnd: return {DType::UInt8, KOp::And, 1};
-      case ReduceKind::BXor: return {DType::UInt8, KOp::Xor, 1};
-      default: break;
-    }
-    TORCH_CHECK(false, "pycoll::", op, ": unsupported reduce op ", reduce_name(r), " for bool");
-  }
-  switch (r) {
-    case ReduceKind::Sum: return {d, KOp::Sum, 1};
-    case ReduceKind::Avg: return {d, KOp::Sum, nranks};
-    case ReduceKind::Product: return {d, KOp::Prod, 1};
-    case ReduceKind::Min: return {d, KOp::Min, 1};
-    case ReduceKind::Max: return {d, KOp::Max, 1};
-    case ReduceKind::BAnd:
-    case ReduceKind::BOr:
-    case ReduceKind::BXor: {
-      TORCH_CHECK(!is_floating(d), "pycoll::", op, ": ", reduce_name(r), " needs an integer or bool tensor, got ",
-                  dtype_name(d));
-      const DType kd = d == DType::Int8 ? DType::UInt8 : d;
-      const KOp k = r == ReduceKind::BAnd ? KOp::And : (r == ReduceKind::BOr ? KOp::Or : KOp::Xor);
-      return {kd, k, 1};
-    }
-    default: break;
-  }
-  TORCH_CHECK(false, "pycoll::", op, ": unsupported reduce op ", reduce_name(r));
-}
 
 ReduceFamily::Fn reduce_fn(const KernelType& kt, DType t, ReduceKind r, const char* op) {
   const ReduceFamily::Fn fn = gpu::reduce_kernel_for<ReduceFamily>(kt.dtype, kt.op);

@@ -6,6 +6,8 @@ from typing import List, Optional
 SAME_DEVICE_PATHS = {
     "staged": "through host memory and the CPU engine",
     "kernels": "the CUDA engine's kernels on CUDA IPC mappings (correct, not fast)",
+    "events": "all_reduce, reduce_scatter, all_gather and broadcast ordered by CUDA IPC events, "
+              "no kernel waiting on another process; the other ops as kernels",
 }
 
 

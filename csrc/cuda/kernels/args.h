@@ -106,13 +106,14 @@ struct P2PArgs {
   int64_t chunk;
   int64_t nchunks;
   int32_t blocks;
-  int32_t flags;  // kP2PGate
+  int32_t flags;  // kP2PGate, kP2PTrace
 };
 
 // A receive's gate (one CTA, before the receive's own launch on the same stream): returns once
 // the message's first chunk is in channel 0, consuming nothing. A receive posted before its send
 // then waits on one SM instead of all of its CTAs. gpu::p2p_gate.
 constexpr int32_t kP2PGate = 1;
+constexpr int32_t kP2PTrace = 2;  // stamp the timeline (PYCOLL_CUDA_TRACE, cuda/kernels/trace.cuh)
 
 // Several sends and receives in one launch (a coalesced batch_isend_irecv, gpu::plan_p2p_batch):
 // op i runs on CTAs first_block .. first_block + blocks - 1, cut as that message alone would be

@@ -94,9 +94,12 @@ static __global__ void __launch_bounds__(kThreads, 1) copy_kernel(const __grid_c
   if (ok) ch.finish();
 }
 
-// A launch of one send or receive may be its receive's gate (kP2PGate); a batch never is.
+// A launch of one send or receive may be its receive's gate (kP2PGate); a batch never is. Only
+// one send or receive stamps its timeline (kP2PTrace).
 static __device__ __forceinline__ bool p2p_gate_only(const P2PArgs& a) { return (a.flags & kP2PGate) != 0; }
 static __device__ __forceinline__ bool p2p_gate_only(const P2PBatchArgs&) { return false; }
+static __device__ __forceinline__ bool p2p_traced(const P2PArgs& a) { return (a.flags & kP2PTrace) != 0; }
+static __device__ __forceinline__ bool p2p_traced(const P2PBatchArgs&) { return false; }
 
 // One CTA of a p2p launch (`Args`: one message, P2PArgs, or a coalesced batch, P2PBatchArgs):
 // the message p2p_message says it serves, on its channel of the pair.
@@ -115,7 +118,10 @@ static __device__ __forceinline__ void p2p_cta(const Args& a) {
     (void)ch.acquire(0, 1u << m.peer);
     return;
   }
+  const bool stamp = p2p_traced(sa) && threadIdx.x == 0;
+  if (stamp) trace_now(&sa.h, true, int(blockIdx.x), 0);
   if (p2p_run(m, ch, &sh)) ch.finish();
+  if (stamp) trace_now(&sa.h, true, int(blockIdx.x), 1);
 }
 
 static __global__ void __launch_bounds__(kThreads, 1) p2p_kernel(const __grid_constant__ P2PArgs a) { p2p_cta(a); }

@@ -51,6 +51,7 @@
 #include "cuda/kernels/ll128_layout.h"
 #include "cuda/kernels/ll_all_reduce.cuh"
 #include "cuda/kernels/signal.cuh"
+#include "cuda/kernels/trace.cuh"
 #include "transport/cuda_ipc/device_handle.h"
 
 namespace pycoll {
@@ -155,6 +156,8 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
 
   uint64_t flag;  // the epoch; nothing but `a` is touched before ll_kernel_start
   if (!ll_kernel_start(h, a.check, mine + L.epoch_offset(b), flag)) return;
+  const bool traced = (a.flags & kArgTrace) != 0 && threadIdx.x == 0;
+  if (traced) trace_now(h, true, b, 0);
 
   const int64_t seg = a.seg * a.elem_size;  // bytes per segment, a multiple of 16
   const int64_t total = a.count * a.elem_size;
@@ -353,6 +356,7 @@ __global__ void __launch_bounds__(kLL128Threads, 1) ll128_two_shot_kernel(const 
     for (int c = int(gridDim.x) + int(threadIdx.x); c < cuda_ipc::kLL128Blocks; c += int(blockDim.x))
       *reinterpret_cast<uint64_t*>(mine + L.epoch_offset(c)) = flag;
   }
+  if (traced) trace_now(h, true, b, 1);
 }
 
 }  // namespace kernels

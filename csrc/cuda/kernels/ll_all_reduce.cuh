@@ -34,6 +34,7 @@
 #include "cuda/kernels/args.h"
 #include "cuda/kernels/grid_dependency.cuh"
 #include "cuda/kernels/signal.cuh"
+#include "cuda/kernels/trace.cuh"
 #include "cuda/kernels/vec.cuh"
 #include "transport/cuda_ipc/device_handle.h"
 
@@ -188,6 +189,8 @@ __global__ void __launch_bounds__(kLLThreads, 1) ll_all_reduce_kernel(const __gr
 
   uint64_t epoch;  // nothing but `a` is touched before ll_kernel_start
   if (!ll_kernel_start(h, a.check, mine + L.epoch_offset(b), epoch)) return;
+  const bool traced = (a.flags & kArgTrace) != 0 && threadIdx.x == 0;
+  if (traced) trace_now(h, true, b, 0);
   const uint32_t flag = ll_flag(epoch);
   const int parity = int(epoch & 1);
 
@@ -270,6 +273,7 @@ __global__ void __launch_bounds__(kLLThreads, 1) ll_all_reduce_kernel(const __gr
   for (int i = 0; i < kLLWordsPerThread; ++i)
     if (i < nmine) ll_store_word(out, first + int64_t(i) * kLLThreads, bytes, out_aligned, r[i].result(a.div));
   if (threadIdx.x == 0) *reinterpret_cast<uint64_t*>(mine + L.epoch_offset(b)) = epoch;
+  if (traced) trace_now(h, true, b, 1);
 }
 
 }  // namespace kernels

@@ -1,11 +1,12 @@
-// PYCOLL_CUDA_TRACE=1: a kernel stamps %globaltimer at the points of its timeline into the
-// workspace's trace region (transport/cuda_ipc/layout.h: TraceLayout), one row per CTA, so that
-// where the time of a collective goes is measured rather than guessed. The host reads the rows of
-// the last traced kernel with CudaEngine::trace (ProcessGroupPycoll.cuda_trace() in Python).
+// PYCOLL_CUDA_TRACE=1: a kernel stamps %globaltimer at the points of its timeline into its slot of
+// the host-mapped trace ring (DeviceHandle::trace; transport/cuda_ipc/layout.h: trace_index), one
+// row per CTA, so that where the time of a collective goes is measured rather than guessed. The
+// host reads the last traced kernels without synchronizing (CudaEngine::traced_kernels: the
+// flight recorder's dumps), or the newest after a synchronize (ProcessGroupPycoll.cuda_trace()).
 // Off, a mark is one predictable branch.
 //
-// Every channel-protocol all_reduce stamps 0 (start, after the wait for the previous kernel) and
-// 1 (end); two-shot (cuda/kernels/two_shot.cuh) stamps 2, 3, ... after each acquire and each step, and
+// Every all_reduce (channel protocol, LL, LL128) and every send and receive stamps 0 (start, after
+// the wait for the previous kernel) and 1 (end); two-shot (cuda/kernels/two_shot.cuh) stamps 2, 3, ... after each acquire and each step, and
 // with waves kTraceEvents-2 when a leader posted its wave / a follower saw its leader's post.
 // Events of the split one-shot all_reduce (cuda/kernels/one_shot.cuh, one_shot_claimed.cuh), per CTA:
 //   0 kernel start; 1 kernel end; 2+2k / 3+2k: pusher: chunk k stored by the data warps / chunk k
@@ -21,8 +22,8 @@ namespace pycoll {
 namespace kernels {
 
 __device__ __forceinline__ void trace_mark(const DeviceHandle* h, bool on, int cta, int e, uint64_t value) {
-  if (on && e >= 0 && e < cuda_ipc::kTraceEvents && cta < cuda_ipc::kTraceCtas)
-    *reinterpret_cast<volatile uint64_t*>(h->base[h->rank] + h->layout.trace.event_offset(cta, e)) = value;
+  if (on && h->trace != nullptr && e >= 0 && e < cuda_ipc::kTraceEvents && cta < cuda_ipc::kTraceCtas)
+    *reinterpret_cast<volatile uint64_t*>(h->trace + cuda_ipc::trace_index(cta, e)) = value;
 }
 __device__ __forceinline__ void trace_now(const DeviceHandle* h, bool on, int cta, int e) {
   if (on) trace_mark(h, on, cta, e, globaltimer_ns());

@@ -51,6 +51,9 @@ struct DeviceHandle {
   Layout layout;
   uint64_t timeout_ns = 0;         // bound of every spin-wait
   HostErrorRecord* err = nullptr;  // device alias of the host-mapped record
+  // PYCOLL_CUDA_TRACE: this launch's slot of the host-mapped trace ring (kTraceCtas x kTraceEvents
+  // stamps, layout.h: trace_index), set per traced launch; null when the launch is not traced.
+  uint64_t* trace = nullptr;
 };
 
 }  // namespace cuda_ipc

@@ -169,15 +169,11 @@ struct SplitLayout {
 };
 
 // Timeline of a traced kernel (PYCOLL_CUDA_TRACE=1, cuda/kernels/trace.cuh): per CTA of a grid of up
-// to kTraceCtas, kTraceEvents %globaltimer stamps (event kTraceEvents-1 holds a count, not a time).
-// Local; overwritten by every traced kernel, read by the host (CudaEngine::trace).
+// to kTraceCtas, kTraceEvents %globaltimer stamps (event kTraceEvents-1 holds a count, not a time),
+// in a slot of the host-mapped ring of the last traced kernels (DeviceHandle::trace; CudaEngine).
 constexpr int kTraceCtas = 2 * kMaxCollBlocks;
 constexpr int kTraceEvents = 64;
-struct TraceLayout {
-  int64_t off = 0;
-
-  PYCOLL_HD int64_t event_offset(int cta, int e) const { return off + (int64_t(cta) * kTraceEvents + e) * 8; }
-};
+PYCOLL_HD int64_t trace_index(int cta, int e) { return int64_t(cta) * kTraceEvents + e; }
 
 struct Layout {
   int32_t nranks = 0;
@@ -188,7 +184,6 @@ struct Layout {
   ChannelSetLayout p2p;
   LLLayout ll;
   SplitLayout split;
-  TraceLayout trace;
   int32_t nregions = 0;
   int32_t pad2 = 0;
   ProtocolRegion regions[kMaxProtocolRegions];  // in the registry's order
@@ -255,7 +250,6 @@ inline Layout make_layout(int nranks, int64_t coll_slot_bytes = 0, int coll_bloc
   L.split.nslots = kCollSlots;
   L.split.off_tag = take(int64_t(kMaxRanks) * kMaxCollBlocks * kCollSlots * 8, kFlagStride);
   L.split.off_ready = take(kMaxClaimedChunks * 4, kFlagStride);
-  L.trace.off = take(int64_t(kTraceCtas) * kTraceEvents * 8, kFlagStride);
   L.ll.off_data = take(2 * npeers * kLLBlocks * L.ll.block_lines * kLLLineBytes, 4096);
   L.nregions = nregions;
   for (int i = 0; i < nregions && i < kMaxProtocolRegions; ++i) {
