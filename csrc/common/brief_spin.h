@@ -15,6 +15,15 @@
 
 namespace pycoll {
 
+// One pause of a spin loop: the core's hint that this thread waits (and its sibling may run).
+inline void cpu_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // True once `ready()` holds, false if `budget` passed first (the caller then sleeps as before).
 template <typename Ready>
 bool spin_briefly(Ready&& ready, std::chrono::microseconds budget) {
@@ -23,11 +32,7 @@ bool spin_briefly(Ready&& ready, std::chrono::microseconds budget) {
   do {
     for (int i = 0; i < 64; ++i) {
       if (ready()) return true;
-#if defined(__x86_64__) || defined(__i386__)
-      _mm_pause();
-#elif defined(__aarch64__)
-      asm volatile("yield");
-#endif
+      cpu_pause();
     }
   } while (std::chrono::steady_clock::now() < until);
   return ready();

@@ -23,6 +23,7 @@
 #include "common/cuda_check.h"
 #include "cuda/kernels/primitives.cuh"
 #include "cuda/kernels/vec.cuh"
+#include "common/brief_spin.h"
 #include "cuda/kernel_type.h"
 #include "cuda/reduce_kernel_table.h"
 #include "transport/cuda_ipc/layout.h"
@@ -121,15 +122,24 @@ ReduceFamily::Fn reduce_fn(const KernelType& kt, DType t, ReduceKind r, const ch
   return fn;
 }
 
-// ---- host helpers ------------------------------------------------------------------------------
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
+// One reduce kernel: dst[i] = srcs[0][i] op srcs[1][i] op ... (rank order), n elements of es bytes.
+void launch_reduce(ReduceFamily::Fn fn, const KernelType& kt, const void* const* srcs, int ns, void* dst, int64_t n,
+                   int64_t es, int max_blocks, cudaStream_t s, const char* op) {
+  ReduceArgs a{};
+  for (int q = 0; q < ns; ++q) a.src[q] = srcs[q];
+  a.dst = dst;
+  a.ns = ns;
+  a.div = kt.div;
+  a.count = n;
+  int blocks = 0;
+  int64_t share = 0;
+  split(n * es, max_blocks, 16, &blocks, &share);
+  a.chunk = share / es;
+  fn<<<blocks, kThreads, 0, s>>>(a);
+  PYCOLL_SD_CHECK(cudaGetLastError(), op, "reduce kernel launch");
 }
+
+// ---- host helpers ------------------------------------------------------------------------------
 
 std::string hex(const void* p, size_t n) {
   static const char* d = "0123456789abcdef";
@@ -436,7 +446,7 @@ void SameDevicePath::wait_peers(bool done_counter, int64_t target, const char* o
   auto last_alive_check = start;
   for (uint64_t i = 0;; ++i) {
     if (i < 4096) {
-      cpu_relax();
+      cpu_pause();
       if ((i & 63) != 63) {
         if (!missing(nullptr)) return;
         continue;
@@ -580,18 +590,7 @@ Algo SameDevicePath::all_reduce(const void* in, void* out, int64_t count, DType 
           name, "copy into the staging buffer");
     };
     rd.consume = [&] {
-      ReduceArgs a{};
-      for (int q = 0; q < size_; ++q) a.src[q] = staging_of_[q];
-      a.dst = static_cast<char*>(out) + off * es;
-      a.ns = size_;
-      a.div = kt.div;
-      a.count = n;
-      int blocks = 0;
-      int64_t share = 0;
-      split(n * es, max_blocks_, 16, &blocks, &share);
-      a.chunk = share / es;
-      fn<<<blocks, kThreads, 0, s>>>(a);
-      PYCOLL_SD_CHECK(cudaGetLastError(), name, "reduce kernel launch");
+      launch_reduce(fn, kt, staging_of_.data(), size_, static_cast<char*>(out) + off * es, n, es, max_blocks_, s, name);
     };
     run_round(rd, s);
   }
@@ -627,18 +626,9 @@ void SameDevicePath::reduce_scatter(const void* in, void* out, int64_t m, DType 
       PYCOLL_SD_CHECK(cudaGetLastError(), name, "staging copy launch");
     };
     rd.consume = [&] {
-      ReduceArgs a{};
-      for (int q = 0; q < size_; ++q) a.src[q] = static_cast<const char*>(staging_of_[q]) + rank_ * per * es;
-      a.dst = static_cast<char*>(out) + off * es;
-      a.ns = size_;
-      a.div = kt.div;
-      a.count = n;
-      int blocks = 0;
-      int64_t share = 0;
-      split(n * es, max_blocks_, 16, &blocks, &share);
-      a.chunk = share / es;
-      fn<<<blocks, kThreads, 0, s>>>(a);
-      PYCOLL_SD_CHECK(cudaGetLastError(), name, "reduce kernel launch");
+      const void* blocks[kMaxRanks];
+      for (int q = 0; q < size_; ++q) blocks[q] = static_cast<const char*>(staging_of_[q]) + rank_ * per * es;
+      launch_reduce(fn, kt, blocks, size_, static_cast<char*>(out) + off * es, n, es, max_blocks_, s, name);
     };
     run_round(rd, s);
   }
