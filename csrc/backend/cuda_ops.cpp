@@ -54,8 +54,10 @@ void CudaOps::add_phases(FlightRecorder::Phases& out) const {
       for (int ev = 2; ev < E - 1; ++ev)
         if (row[ev] != 0) stamps.push_back({row[ev], ev});
       std::sort(stamps.begin(), stamps.end());
-      const uint64_t end = row[1] != 0 ? row[1] : (stamps.empty() ? row[0] : stamps.back().first);
-      phases.push_back({c, -1, int64_t(row[0]) + offset, int64_t(end) + offset});
+      // A CTA without its end stamp has not ended (still running, or stuck): said, up to its last stamp.
+      const bool ended = row[1] != 0;
+      const uint64_t end = ended ? row[1] : (stamps.empty() ? row[0] : stamps.back().first);
+      phases.push_back({c, ended ? -1 : -2, int64_t(row[0]) + offset, int64_t(end) + offset});
       uint64_t from = row[0];
       for (const auto& [t, ev] : stamps) {
         phases.push_back({c, ev, int64_t(from) + offset, int64_t(t) + offset});

@@ -516,7 +516,9 @@ std::string FlightRecorder::dump_json(const std::string& reason) const {
       for (size_t i = 0; i < ph->second.size(); ++i) {
         const CtaPhase& p = ph->second[i];
         out += std::string(i ? ", " : "") + "{\"cta\": " + std::to_string(p.cta) + ", \"name\": \"" +
-               (p.event < 0 ? std::string("kernel") : "to event " + std::to_string(p.event)) +
+               (p.event == -1   ? std::string("kernel")
+                : p.event == -2 ? std::string("kernel (not ended)")
+                                : "to event " + std::to_string(p.event)) +
                "\", \"start_ns\": " + std::to_string(p.start_ns) + ", \"end_ns\": " + std::to_string(p.end_ns) + "}";
       }
       out += "]";

@@ -103,7 +103,8 @@ class FlightRecorder {
 
   // A phase of one CTA of an op's kernel (PYCOLL_CUDA_TRACE), in wall-clock ns: a dump's
   // "cta_phases" of the op, which `pycoll-trace timeline` shows as child slices. `event` names the
-  // kernel's stamp that ends it (cuda/kernels/trace.cuh); -1: the CTA's whole run.
+  // kernel's stamp that ends it (cuda/kernels/trace.cuh); -1: the CTA's whole run; -2: the CTA's run
+  // so far, when it has no end stamp (still running, or stuck).
   struct CtaPhase {
     int32_t cta = 0;
     int32_t event = -1;

@@ -121,6 +121,7 @@ CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chron
 namespace {
 
 constexpr size_t kTraceRowsPerKernel = size_t(cuda_ipc::kTraceCtas) * cuda_ipc::kTraceEvents;
+constexpr size_t kTraceSlotWords = size_t(cuda_ipc::kTraceSlotWords);
 
 int64_t wall_now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -131,7 +132,7 @@ int64_t wall_now_ns() {
 
 void CudaEngine::start_tracing() {
   void* ring = nullptr;
-  const size_t bytes = size_t(kTraceSlots) * kTraceRowsPerKernel * sizeof(uint64_t);
+  const size_t bytes = size_t(kTraceSlots) * kTraceSlotWords * sizeof(uint64_t);
   PYCOLL_CUDA_OK(cudaHostAlloc(&ring, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "engine", "trace ring");
   std::memset(ring, 0, bytes);
   trace_ring_ = static_cast<uint64_t*>(ring);
@@ -162,15 +163,26 @@ void CudaEngine::start_tracing() {
   (void)cudaFreeHost(clock);
 }
 
-uint64_t* CudaEngine::begin_trace() {
-  if (trace_ring_ == nullptr) return nullptr;
+void CudaEngine::begin_trace(cuda_ipc::DeviceHandle& h, int ctas, cudaStream_t stream) {
+  h.trace = nullptr;
+  if (trace_ring_ == nullptr) return;
+  // A captured launch would stamp, at every replay, a slot that other ops have since taken.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return;
+  }
   std::lock_guard<std::mutex> g(trace_mu_);
   const size_t slot = size_t(traced_ % kTraceSlots);
   ++traced_;
   trace_ops_[slot] = issuing_op();
   trace_launches_[slot] = traced_;
-  std::memset(trace_ring_ + slot * kTraceRowsPerKernel, 0, kTraceRowsPerKernel * sizeof(uint64_t));
-  return trace_ring_dev_ + slot * kTraceRowsPerKernel;
+  uint64_t* words = trace_ring_ + slot * kTraceSlotWords;
+  const size_t rows = size_t(std::clamp(ctas, 0, cuda_ipc::kTraceCtas));
+  std::memset(words, 0, rows * cuda_ipc::kTraceEvents * sizeof(uint64_t));  // rows beyond: other launches'
+  for (size_t c = 0; c < rows; ++c) words[cuda_ipc::trace_launch_index(int(c))] = 0;
+  h.trace = trace_ring_dev_ + slot * kTraceSlotWords;
+  h.trace_launch = traced_;
 }
 
 std::vector<CudaEngine::TracedKernel> CudaEngine::traced_kernels() const {
@@ -183,9 +195,13 @@ std::vector<CudaEngine::TracedKernel> CudaEngine::traced_kernels() const {
     TracedKernel t;
     t.op = trace_ops_[slot];
     t.launch = trace_launches_[slot];
-    const volatile uint64_t* rows = trace_ring_ + slot * kTraceRowsPerKernel;
-    t.rows.resize(kTraceRowsPerKernel);
-    for (size_t i = 0; i < kTraceRowsPerKernel; ++i) t.rows[i] = rows[i];
+    const volatile uint64_t* words = trace_ring_ + slot * kTraceSlotWords;
+    t.rows.assign(kTraceRowsPerKernel, 0);
+    for (int c = 0; c < cuda_ipc::kTraceCtas; ++c) {
+      if (words[cuda_ipc::trace_launch_index(c)] != t.launch) continue;  // not started, or an older launch's
+      for (int e = 0; e < cuda_ipc::kTraceEvents; ++e)
+        t.rows[cuda_ipc::trace_index(c, e)] = words[cuda_ipc::trace_index(c, e)];
+    }
     out.push_back(std::move(t));
   }
   return out;
@@ -218,6 +234,8 @@ void CudaEngine::check_usable(const char* op) const {
   TORCH_CHECK(ws_->reachable(), "pycoll::", op, ": the CUDA engine cannot reach every peer (",
               ws_->unreachable_reason(), "); stage through host memory instead");
   TORCH_CHECK(ws_->error_code() == 0, "pycoll::", op, ": ", ws_->error_message());
+  // The events path's failure ends the group for the kernels' ops too (a peer is gone or out of step).
+  TORCH_CHECK(!same_device_ || same_device_->broken().empty(), "pycoll::", op, ": ", same_device_->broken());
 }
 
 namespace {
@@ -326,13 +344,13 @@ Algo CudaEngine::all_reduce(const void* in, void* out, int64_t count, DType t, R
   a.chunk = p.chunk;
   a.nchunks = p.nchunks;
   a.region = p.protocol;
-  a.h.trace = trace_ ? begin_trace() : nullptr;
   if (proto.prepare) proto.prepare(a, p);
   // Each protocol's own CTA limit: the SMs for the channel protocol (every CTA resident), the LL
   // region's 64 blocks for LL, LL128's setting.
   const int max_grid = limits_.protocols.at(size_t(p.protocol)).max_blocks;
   TORCH_CHECK(p.grid >= 1 && p.grid <= max_grid && proto.fits(p, count, es, size_, p.protocol, ws_->layout()),
               "pycoll::allreduce: the plan (", p.describe(), ") does not fit this engine's workspace or GPU");
+  if (trace_) begin_trace(a.h, p.grid, stream);
   PYCOLL_CUDA_OK(static_cast<cudaError_t>(launcher->launch(p.grid, stream, a, early_launch_ && p.early_ok)), kOp,
                  "kernel launch");
   return p.algo;
@@ -510,9 +528,9 @@ void gate_receive(const kernels::P2PArgs& a, cudaStream_t stream, const char* op
 
 }  // namespace
 
-void CudaEngine::trace_p2p(kernels::P2PArgs& a) {
+void CudaEngine::trace_p2p(kernels::P2PArgs& a, cudaStream_t stream) {
   if (!trace_) return;
-  a.h.trace = begin_trace();
+  begin_trace(a.h, a.blocks, stream);
   if (a.h.trace != nullptr) a.flags |= kernels::kP2PTrace;
 }
 
@@ -532,7 +550,7 @@ void CudaEngine::send(const void* buf, int64_t bytes, int peer, cudaStream_t str
   check_usable(kOp);
   // The send kernel only reads buf (P2PArgs has one pointer for both directions).
   kernels::P2PArgs a = make_p2p_args(ws_->handle(), const_cast<void*>(buf), bytes, peer, true, plan_p2p(bytes));
-  trace_p2p(a);
+  trace_p2p(a, stream);
   PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 
@@ -545,7 +563,7 @@ void CudaEngine::recv(void* buf, int64_t bytes, int peer, cudaStream_t stream) {
   check_usable(kOp);
   kernels::P2PArgs a = make_p2p_args(ws_->handle(), buf, bytes, peer, false, plan_p2p(bytes));
   gate_receive(a, stream, kOp);  // before trace_p2p: the gate is not traced
-  trace_p2p(a);
+  trace_p2p(a, stream);
   PYCOLL_CUDA_OK(gpu::launch_p2p(a.blocks, stream, a, /*early=*/false), kOp, "kernel launch");
 }
 

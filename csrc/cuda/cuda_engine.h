@@ -38,7 +38,8 @@ namespace pycoll {
 
 namespace cuda_ipc {
 class IpcWorkspace;
-}
+struct DeviceHandle;
+}  // namespace cuda_ipc
 namespace kernels {
 struct P2PArgs;
 }
@@ -125,7 +126,7 @@ class CudaEngine {
   std::vector<TracedKernel> traced_kernels() const;
   // wall-clock ns (system_clock) minus %globaltimer ns, measured when the engine started tracing.
   int64_t gpu_clock_offset_ns() const { return gpu_clock_offset_ns_; }
-  // The rows of the newest traced kernel, after synchronizing the device (empty without tracing).
+  // The rows of the newest traced kernel, after synchronizing the device (zeros without tracing).
   std::vector<int64_t> trace() const;
 
  private:
@@ -141,12 +142,12 @@ class CudaEngine {
   int64_t chunk_bytes_ = 0;
   int sms_ = 0;         // the GPU's SM count: every CTA of a collective must be resident
   bool trace_ = false;  // PYCOLL_CUDA_TRACE: kernels record their timeline
-  // The traced launch's rows (device alias in the ring), its slot claimed for this thread's
-  // issuing op; null without tracing.
-  uint64_t* begin_trace();
-  void trace_p2p(kernels::P2PArgs& a);  // a send or receive's timeline, when tracing
-  void start_tracing();                 // allocates the ring and measures gpu_clock_offset_ns_
-  uint64_t* trace_ring_ = nullptr;      // kTraceSlots x kTraceCtas x kTraceEvents, host-mapped
+  // Claims the next slot of the ring for a launch of `ctas` CTAs on `stream`, for this thread's
+  // issuing op, and points h.trace at it; h.trace stays null without tracing or under capture.
+  void begin_trace(cuda_ipc::DeviceHandle& h, int ctas, cudaStream_t stream);
+  void trace_p2p(kernels::P2PArgs& a, cudaStream_t stream);  // a send or receive's timeline, when tracing
+  void start_tracing();                                      // allocates the ring and measures gpu_clock_offset_ns_
+  uint64_t* trace_ring_ = nullptr;                           // kTraceSlots x kTraceCtas x kTraceEvents, host-mapped
   uint64_t* trace_ring_dev_ = nullptr;
   std::vector<uint64_t> trace_ops_, trace_launches_;  // per slot
   uint64_t traced_ = 0;                               // traced launches so far

@@ -365,6 +365,11 @@ SameDevicePath::~SameDevicePath() {
         }
       }
     }
+    // A peer that still issues rounds learns at once that this rank is gone, not at its timeout.
+    if (sh_ != nullptr) {
+      int32_t none = 0;
+      sh_->stopped_by.compare_exchange_strong(none, rank_ + 1);
+    }
   } catch (...) {}
   release();
   if (switched) (void)cudaSetDevice(prev);
@@ -462,7 +467,8 @@ void SameDevicePath::wait_peers(bool done_counter, int64_t target, const char* o
       fail(str(head(), "the group was aborted while this rank waited for its peers (", stage, ")"));
     }
     if (stopped != 0) {
-      fail(str(head(), "rank ", stopped - 1, " failed or was aborted, so the group cannot continue (this rank waited ",
+      fail(str(head(), "rank ", stopped - 1,
+               " failed, was aborted or left the group, so the group cannot continue (this rank waited ",
                "for its peers: ", stage, ")"));
     }
     const auto now = Clock::now();
@@ -522,9 +528,13 @@ void SameDevicePath::run_round(const Round& rd, cudaStream_t s) {
   const char* op = rd.op;
   try {
     wait_peers(true, k - 1, op, "the peers finishing the previous round");  // (a)
+    // This rank's own D in every round: the previous round may have run on another stream, and this
+    // round's D must cover its reads too (a round that writes nothing would otherwise record D
+    // with none of the previous reads before it).
+    PYCOLL_SD_CHECK(cudaStreamWaitEvent(s, done_ev_[rank_], 0), op, "cudaStreamWaitEvent on this rank's D");
     if (rd.writes) {
-      // (b) Including this rank's own D: the previous round may have run on another stream.
-      for (int q = 0; q < size_; ++q) {
+      for (int q = 0; q < size_; ++q) {  // (b)
+        if (q == rank_) continue;
         PYCOLL_SD_CHECK(cudaStreamWaitEvent(s, done_ev_[q], 0), op, str("cudaStreamWaitEvent on rank ", q, "'s D"));
       }
       if (rd.stage) rd.stage();  // (c)

@@ -60,6 +60,8 @@ class SameDevicePath {
   void abort() noexcept;
 
   int64_t staging_bytes() const { return staging_; }
+  // Why the group cannot go on (the first failure of this rank's rounds), or empty.
+  const std::string& broken() const { return broken_; }
 
  private:
   struct Shared;  // the shared-memory counters

@@ -22,8 +22,11 @@ namespace pycoll {
 namespace kernels {
 
 __device__ __forceinline__ void trace_mark(const DeviceHandle* h, bool on, int cta, int e, uint64_t value) {
-  if (on && h->trace != nullptr && e >= 0 && e < cuda_ipc::kTraceEvents && cta < cuda_ipc::kTraceCtas)
+  if (on && h->trace != nullptr && e >= 0 && e < cuda_ipc::kTraceEvents && cta < cuda_ipc::kTraceCtas) {
     *reinterpret_cast<volatile uint64_t*>(h->trace + cuda_ipc::trace_index(cta, e)) = value;
+    // The start names the row's launch: the host keeps only rows of the launch a slot now holds.
+    if (e == 0) *reinterpret_cast<volatile uint64_t*>(h->trace + cuda_ipc::trace_launch_index(cta)) = h->trace_launch;
+  }
 }
 __device__ __forceinline__ void trace_now(const DeviceHandle* h, bool on, int cta, int e) {
   if (on) trace_mark(h, on, cta, e, globaltimer_ns());

@@ -54,6 +54,7 @@ struct DeviceHandle {
   // PYCOLL_CUDA_TRACE: this launch's slot of the host-mapped trace ring (kTraceCtas x kTraceEvents
   // stamps, layout.h: trace_index), set per traced launch; null when the launch is not traced.
   uint64_t* trace = nullptr;
+  uint64_t trace_launch = 0;  // the launch `trace` was claimed for: each CTA's start writes it
 };
 
 }  // namespace cuda_ipc

@@ -171,9 +171,13 @@ struct SplitLayout {
 // Timeline of a traced kernel (PYCOLL_CUDA_TRACE=1, cuda/kernels/trace.cuh): per CTA of a grid of up
 // to kTraceCtas, kTraceEvents %globaltimer stamps (event kTraceEvents-1 holds a count, not a time),
 // in a slot of the host-mapped ring of the last traced kernels (DeviceHandle::trace; CudaEngine).
+// A slot: the rows, then one word per CTA that names the launch whose stamps its row holds (a
+// slot is reused: a kernel of an older launch may still write into it).
 constexpr int kTraceCtas = 2 * kMaxCollBlocks;
 constexpr int kTraceEvents = 64;
+constexpr int64_t kTraceSlotWords = int64_t(kTraceCtas) * (kTraceEvents + 1);
 PYCOLL_HD int64_t trace_index(int cta, int e) { return int64_t(cta) * kTraceEvents + e; }
+PYCOLL_HD int64_t trace_launch_index(int cta) { return int64_t(kTraceCtas) * kTraceEvents + cta; }
 
 struct Layout {
   int32_t nranks = 0;
