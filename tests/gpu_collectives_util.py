@@ -174,6 +174,34 @@ def check_close(got, want, dtype, what):
             raise AssertionError(f"{what}: mismatch at indices {bad}")
 
 
+def check_all_gather_odd_offsets(seed, key, rank, world, dev, sizes):
+    """all_gather_into_tensor from and into views at odd offsets (float16), against the inputs; the
+    words before the output view stay untouched."""
+    for m in sizes:
+        k = (key, m)
+        xs = [make_input(seed, k, q, m, torch.float16, dev) for q in range(world)]
+        src = torch.empty(m + 1, dtype=torch.float16, device=dev)[1:]
+        src.copy_(xs[rank])
+        dst = torch.zeros(world * m + 3, dtype=torch.float16, device=dev)
+        dist.all_gather_into_tensor(dst[3:], src)
+        check_close(dst[3:], torch.cat(xs), torch.float16, str(k))
+        assert torch.equal(dst[:3], torch.zeros(3, dtype=torch.float16, device=dev)), k
+
+
+def check_sync_op_on_side_stream(rank, world, dev, what):
+    """A synchronous all_reduce issued with a side stream as the current stream runs there: after the
+    work queued on it before, before the work queued after."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        v = torch.empty(1 << 20, device=dev)
+        torch.cuda._sleep(20_000_000)
+        v.fill_(float(rank + 1))
+        dist.all_reduce(v)
+        u = v * 2
+    side.synchronize()
+    assert torch.all(u == world * (world + 1)), f"{what}: sync collective not ordered on the current stream"
+
+
 def digest(t):
     t = t.contiguous()
     if t.numel() == 0:

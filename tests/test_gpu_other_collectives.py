@@ -5,8 +5,8 @@ import torch
 import torch.distributed as dist
 
 from gpu_collectives_util import (ALGOS, DTYPES, GPU_MARKS, PG_TIMEOUT, SIZES, WORLD, R, assert_same_digests,
-                                  check_close, digest, make_input, op_name, ops_for, reference, run_as_script,
-                                  setup_device)
+                                  check_all_gather_odd_offsets, check_close, digest, make_input, op_name, ops_for,
+                                  reference, run_as_script, setup_device)
 from ranks import run_ranks, set_algo
 
 pytestmark = GPU_MARKS
@@ -58,19 +58,16 @@ def _all_gather(rank, world, seed):
                 dist.all_gather_into_tensor(o, xs[rank])
                 check_close(o, torch.cat(xs), dtype, str(key))
                 out.append((str(key), digest(o)))
-        # Odd offsets for input and output, and the list form.
+        # Odd offsets for input and output, and the list form (from a view at an odd offset too).
+        check_all_gather_odd_offsets(seed, ("ag-offset", algo), rank, world, dev, (7, 1031, 65537))
         for m in (7, 1031, 65537):
-            key = ("ag-offset", algo, m)
+            key = ("ag-list", algo, m)
             xs = [make_input(seed, key, q, m, torch.float16, dev) for q in range(world)]
             src = torch.empty(m + 1, dtype=torch.float16, device=dev)[1:]
             src.copy_(xs[rank])
-            dst = torch.zeros(world * m + 3, dtype=torch.float16, device=dev)
-            dist.all_gather_into_tensor(dst[3:], src)
-            check_close(dst[3:], torch.cat(xs), torch.float16, str(key))
-            assert torch.equal(dst[:3], torch.zeros(3, dtype=torch.float16, device=dev))
             lst = [torch.empty(m, dtype=torch.float16, device=dev) for _ in range(world)]
             dist.all_gather(lst, src)
-            check_close(torch.cat(lst), torch.cat(xs), torch.float16, str(key) + "-list")
+            check_close(torch.cat(lst), torch.cat(xs), torch.float16, str(key))
     set_algo("auto")
     torch.cuda.synchronize()
     return out

@@ -16,8 +16,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from gpu_collectives_util import (DTYPES, GPU_MARKS, PG_TIMEOUT, SIZES, WORLD, R, assert_same_digests, check_close,
-                                  digest, make_input, op_name, ops_for, reference, run_as_script)
+from gpu_collectives_util import (DTYPES, GPU_MARKS, PG_TIMEOUT, SIZES, WORLD, R, assert_same_digests,
+                                  check_all_gather_odd_offsets, check_close, check_sync_op_on_side_stream, digest,
+                                  make_input, op_name, ops_for, reference, run_as_script)
 from ranks import run_ranks, shm_mapped
 
 pytestmark = GPU_MARKS
@@ -131,15 +132,7 @@ def _all_gather(rank, world, dev, seed):
             check_close(o, torch.cat(xs), dtype, str(key))
             out.append((str(key), digest(o)))
     # Odd offsets for input and output.
-    for m in (7, 65537):
-        key = ("sd-ag-offset", m)
-        xs = [make_input(seed, key, q, m, torch.float16, dev) for q in range(world)]
-        src = torch.empty(m + 1, dtype=torch.float16, device=dev)[1:]
-        src.copy_(xs[rank])
-        dst = torch.zeros(world * m + 3, dtype=torch.float16, device=dev)
-        dist.all_gather_into_tensor(dst[3:], src)
-        check_close(dst[3:], torch.cat(xs), torch.float16, str(key))
-        assert not dst[:3].any(), key
+    check_all_gather_odd_offsets(seed, "sd-ag-offset", rank, world, dev, (7, 65537))
     torch.cuda.synchronize()
     return out
 
@@ -198,15 +191,7 @@ def _async_with_compute(rank, world, dev, seed):
         want_g = (torch.arange(world, device=dev, dtype=torch.float32) + it).repeat_interleave(4099)
         assert torch.equal(gathered, want_g), f"iteration {it}: all_gather wrong"
     # A side stream as the current stream: a synchronous op is ordered on it.
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        v = torch.empty(1 << 20, device=dev)
-        torch.cuda._sleep(20_000_000)
-        v.fill_(float(rank + 1))
-        dist.all_reduce(v)
-        u = v * 2
-    side.synchronize()
-    assert torch.all(u == world * (world + 1)), "sync collective not ordered on the side stream"
+    check_sync_op_on_side_stream(rank, world, dev, "events path")
 
 
 def test_async_with_compute(seed):

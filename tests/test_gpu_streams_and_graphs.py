@@ -4,7 +4,8 @@ tensor lifetime, two issuing streams) and CUDA graph capture and replay.
 import torch
 import torch.distributed as dist
 
-from gpu_collectives_util import GPU_MARKS, PG_TIMEOUT, WORLD, run_as_script, setup_device
+from gpu_collectives_util import (GPU_MARKS, PG_TIMEOUT, WORLD, check_sync_op_on_side_stream, run_as_script,
+                                  setup_device)
 from ranks import run_ranks, set_algo
 
 pytestmark = GPU_MARKS
@@ -38,17 +39,8 @@ def _streams(rank, world, seed):
         torch.cuda.synchronize()
         assert torch.all(w == 7.0), f"{algo}: freed tensor reused while the collective used it"
 
-        # A synchronous collective runs on the caller's current stream (here a side stream):
-        # ordered after work queued there, and before work queued there after it.
-        side = torch.cuda.Stream()
-        with torch.cuda.stream(side):
-            v = torch.empty(1 << 20, device=dev)
-            torch.cuda._sleep(20_000_000)
-            v.fill_(float(rank + 1))
-            dist.all_reduce(v)
-            u = v * 2
-        side.synchronize()
-        assert torch.all(u == world * (world + 1)), f"{algo}: sync collective not ordered on the current stream"
+        # A synchronous collective runs on the caller's current stream (here a side stream).
+        check_sync_op_on_side_stream(rank, world, dev, algo)
 
         # The Work of a synchronous op still completes its Future (made on demand) and reports
         # completion.
