@@ -220,31 +220,3 @@ def test_send_as_first_op_of_a_larger_group():
 if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins
     run_as_script(globals())
 
-
-# ---------------------------------------------------------------------------------------------
-# schedule programs (CPU engine only for now)
-
-
-def _schedule_program_on_cuda(rank, world, seed):
-    import pycollectives
-
-    dev = setup_device(rank)
-    pycollectives.set_algo("ring_all_reduce")
-    t = torch.ones(64, device=dev)
-    try:
-        dist.all_reduce(t)
-        torch.cuda.synchronize()
-        msg = "no error"
-    except Exception as e:  # noqa: BLE001 - the message is the result
-        msg = str(e)
-    pycollectives.set_algo("auto")
-    t = torch.ones(64, device=dev)
-    dist.all_reduce(t)  # the group is still in step
-    torch.cuda.synchronize()
-    return msg, t[0].item()
-
-
-def test_a_schedule_program_forced_on_cuda_tensors_raises_on_every_rank(seed):
-    for msg, after in run_ranks(WORLD, _schedule_program_on_cuda, seed, timeout=300, pg_timeout=PG_TIMEOUT):
-        assert "runs on CPU tensors only" in msg, msg
-        assert after == float(WORLD)

@@ -17,8 +17,8 @@ const TextSetting kAlgo("PYCOLL_ALGO", "auto",
                         "The algorithm of every collective that has a choice; auto asks the cost model. "
                         "hierarchical and flat choose the form of a group across hosts. Any other name is a "
                         "schedule program (pycollectives.register_algorithm, a shipped example such as "
-                        "ring_all_reduce, or package.module:function, imported on first use) that CPU ops of "
-                        "its collective run; ops of other collectives run auto. "
+                        "ring_all_reduce, or package.module:function, imported on first use) that ops of its "
+                        "collective run, on CPU and CUDA tensors; ops of other collectives run auto. "
                         "pycollectives.set_algo() changes it at run time. Checked across ranks per op.");
 // Read by pycollectives/hosts.py when a group across hosts is made.
 const TextSetting kInterHostBackend("PYCOLL_INTER_HOST_BACKEND", "auto", "auto, nccl, gloo", "backend", true,

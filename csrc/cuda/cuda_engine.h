@@ -44,6 +44,10 @@ namespace kernels {
 struct P2PArgs;
 }
 class SameDevicePath;
+class ScheduleKernels;
+struct ScheduleCall;
+struct ScheduleGeometry;
+struct ScheduleProgram;
 
 class CudaEngine {
  public:
@@ -99,6 +103,12 @@ class CudaEngine {
   gpu::P2PBatchPlan plan_p2p_batch(const std::vector<gpu::P2PBatchItem>& items) const;
   void p2p_batch(const std::vector<P2POp>& ops, const gpu::P2PBatchPlan& plan, cudaStream_t stream);
   void barrier(cudaStream_t stream);
+  // A schedule program (cpu/schedule_program.h) in one kernel that runs its lanes
+  // (cuda/schedule_kernel.h), and the geometry of a call of `block` elements of `elem` bytes.
+  // Both throw std::invalid_argument, naming the program and the limit, for a program this engine
+  // cannot run (too many lanes, a channel_depth beyond the channels' slots).
+  ScheduleGeometry plan_schedule(const ScheduleProgram& p, int64_t block, int64_t elem) const;
+  void run_schedule(const ScheduleCall& call, cudaStream_t stream);
   // Non-zero if a kernel's bounded spin-wait expired (peer never arrived); kernels write it into host-mapped memory.
   int device_error() const;
   std::string device_error_message() const;
@@ -161,6 +171,9 @@ class CudaEngine {
   // PYCOLL_CUDA_SAME_DEVICE=events with every rank on this GPU: all_reduce, reduce_scatter,
   // all_gather and broadcast go there (cuda/same_device_path.h); null otherwise.
   std::unique_ptr<SameDevicePath> same_device_;
+  // The programs' step tables on the device and the lanes' progress words (cuda/schedule_kernel.cu);
+  // made at the first schedule call.
+  std::shared_ptr<ScheduleKernels> schedule_;
 };
 
 }  // namespace pycoll

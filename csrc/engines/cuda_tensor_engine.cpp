@@ -1,12 +1,17 @@
 #include "engines/cuda_tensor_engine.h"
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
+#include "common/cuda_check.h"
 #include "cpu/schedule_program.h"
 #include "cuda/cuda_engine.h"
+#include "cuda/kernel_type.h"
+#include "cuda/schedule_kernel.h"
 #include "engines/dtypes.h"
 
 namespace pycoll {
@@ -59,10 +64,9 @@ Algo CudaTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   const cudaStream_t s = c10::cuda::CUDAStream(stream).stream();
   const int dev = cuda_.device();
   const int n = cuda_.size();
-  if (c.algo == Algo::Schedule && schedule_collective_name(c.op) && schedule_program(c.schedule, c.op, n)) {
-    throw std::invalid_argument("pycoll: schedule program '" + c.schedule +
-                                "' runs on CPU tensors only: the CUDA engine does not run schedule programs yet; "
-                                "use CPU tensors, or pycollectives.set_algo('auto') for CUDA tensors");
+  if (c.algo == Algo::Schedule && n > 1 && schedule_collective_name(c.op)) {
+    // nullptr: a program of another collective (this op runs auto), as on the CPU engine.
+    if (auto program = schedule_program(c.schedule, c.op, n)) return run_schedule(c, program, stream);
   }
   const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   const at::Tensor& in = c.input;
@@ -100,6 +104,165 @@ Algo CudaTensorEngine::run(const Collective& c, const c10::Stream& stream) {
     default: break;
   }
   TORCH_INTERNAL_ASSERT(false, "pycoll: the CUDA engine got an op it does not serve: ", op_name(c.op));
+}
+
+namespace {
+
+bool overlap(const char* a, size_t a_bytes, const char* b, size_t b_bytes) {
+  return a_bytes > 0 && b_bytes > 0 && a < b + b_bytes && b < a + a_bytes;
+}
+
+}  // namespace
+
+Algo CudaTensorEngine::run_schedule(const Collective& c, const std::shared_ptr<const ScheduleProgram>& program,
+                                    const c10::Stream& stream) {
+  const cudaStream_t s = c10::cuda::CUDAStream(stream).stream();
+  const int dev = cuda_.device();
+  const int n = cuda_.size();
+  const int rank = cuda_.rank();
+  const OpCode op = c.op;
+  const char* what = schedule_collective_name(op);
+  const ScheduleProgram& p = *program;
+  const at::Tensor& in = c.input;
+  const at::Tensor& out = c.output;
+  const bool rooted = op == OpCode::Broadcast || op == OpCode::Reduce;
+  const bool is_root = rooted && rank == c.root;
+  int64_t block = 0;  // elements of one block; bytes for ops that only move data
+  switch (op) {
+    case OpCode::AllReduce:
+      check_pair(in, out, 1, what, dev);
+      block = out.numel();
+      break;
+    case OpCode::ReduceScatter:
+      check_pair(in, out, -n, what, dev);
+      block = out.numel();
+      break;
+    case OpCode::AllGather:
+      check_pair(in, out, n, what, dev);
+      block = int64_t(in.nbytes());
+      break;
+    case OpCode::Broadcast:
+      check_tensor(out, what, "tensor", dev);
+      block = int64_t(out.nbytes());
+      break;
+    case OpCode::Reduce:
+      check_tensor(in, what, "input", dev);
+      if (is_root) check_pair(in, out, 1, what, dev);
+      block = in.numel();
+      break;
+    case OpCode::AllToAll: {
+      check_tensor(in, what, "input", dev);
+      check_tensor(out, what, "output", dev);
+      // The language's all_to_all moves blocks of one size, one after the other.
+      block = int64_t(in.nbytes()) / n;
+      const ByteSplits& sp = c.splits;
+      bool uneven = int64_t(out.nbytes()) != block * n || int64_t(in.nbytes()) != block * n ||
+                    int(sp.send_bytes.size()) != n || int(sp.recv_bytes.size()) != n;
+      for (int j = 0; !uneven && j < n; ++j) {
+        uneven = sp.send_bytes[j] != block || sp.recv_bytes[j] != block || sp.send_offsets[j] != j * block ||
+                 sp.recv_offsets[j] != j * block;
+      }
+      if (uneven) {
+        throw std::invalid_argument("pycoll::alltoall: schedule program '" + p.name +
+                                    "' moves blocks of one size, but this rank's splits differ; use equal splits or "
+                                    "another algorithm");
+      }
+      break;
+    }
+    default: TORCH_INTERNAL_ASSERT(false, "pycoll: no schedule program runs ", op_name(op));
+  }
+  const bool reduces = !moves_as_bytes(op);
+  gpu::KernelType kt{DType::UInt8, kernels::ReduceOp::Sum, 1};
+  if (reduces) kt = gpu::kernel_type(kernel_dtype(in, what), c.reduce, n, what);
+  const int64_t E = int64_t(dtype_size(kt.dtype));
+  if (c.plan_text) *c.plan_text = "schedule " + c.schedule + " lanes=" + std::to_string(std::max(1, p.lanes));
+  // Fails here, on every rank alike, where the program cannot run on this engine.
+  const ScheduleGeometry geometry = cuda_.plan_schedule(p, block, E);
+  if (block == 0) return Algo::Schedule;
+
+  // Temporaries come from the caching allocator on the collectives' stream: freed when this call
+  // returns, reused only by work ordered after it there.
+  c10::cuda::CUDAStreamGuard on_stream(stream);
+  const auto bytes_tensor = [&](size_t bytes) {
+    return at::empty({int64_t(bytes)},
+                     at::TensorOptions().dtype(at::kByte).device(at::kCUDA, static_cast<c10::DeviceIndex>(dev)));
+  };
+  const auto copy = [&](void* dst, const void* src, size_t bytes) {
+    if (bytes == 0 || dst == src) return;
+    PYCOLL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "pycoll::", what,
+                      ": schedule program's buffers: ", "cudaMemcpyAsync");
+  };
+  at::Tensor tmp_in, tmp_out;
+  const auto copy_of = [&](const char* from, size_t bytes) {
+    tmp_in = bytes_tensor(bytes);
+    copy(tmp_in.data_ptr(), from, bytes);
+    return static_cast<char*>(tmp_in.data_ptr());
+  };
+
+  // The buffers as the program expects them: aliased where it is in place, apart where it is not
+  // (as the CPU engine's run_schedule).
+  const bool many_in = op == OpCode::ReduceScatter || op == OpCode::AllToAll;
+  const bool many_out = op == OpCode::AllGather || op == OpCode::AllToAll;
+  const size_t in_bytes = size_t(block * E) * (many_in ? n : 1);
+  const size_t out_bytes = size_t(block * E) * (many_out ? n : 1);
+  const bool has_out = op != OpCode::Reduce || is_root;
+  char* pin = static_cast<char*>(op == OpCode::Broadcast ? out.data_ptr() : in.data_ptr());
+  char* pout = has_out ? static_cast<char*>(out.data_ptr()) : nullptr;
+  char* copy_back = nullptr;  // an in-place reduce_scatter run on a copy of the input: the output
+  if (p.inplace) {
+    if (op == OpCode::AllGather) {
+      char* mine = pout + size_t(rank) * block * E;
+      if (pin != mine) {
+        if (overlap(pin, in_bytes, pout, out_bytes)) pin = copy_of(pin, in_bytes);
+        copy(mine, pin, size_t(block * E));
+      }
+      pin = mine;
+    } else if (op == OpCode::ReduceScatter) {
+      if (pout != pin + size_t(rank) * block * E) {
+        pin = copy_of(pin, in_bytes);
+        copy_back = pout;
+        pout = pin + size_t(rank) * block * E;
+      }
+    } else if (pout == nullptr) {  // reduce off the root: its input stays as it was
+      pin = pout = copy_of(pin, in_bytes);
+    } else if (pin != pout) {
+      if (overlap(pin, in_bytes, pout, out_bytes)) pin = copy_of(pin, in_bytes);
+      copy(pout, pin, in_bytes);
+      pin = pout;
+    }
+  } else {
+    if (pout == nullptr) {
+      tmp_out = bytes_tensor(out_bytes);
+      pout = static_cast<char*>(tmp_out.data_ptr());
+    }
+    if (overlap(pin, in_bytes, pout, out_bytes)) pin = copy_of(pin, in_bytes);
+  }
+  if (geometry.scratch_bytes > 0 &&
+      (!schedule_scratch_.defined() || schedule_scratch_.numel() < geometry.scratch_bytes)) {
+    schedule_scratch_ = at::Tensor();  // back to the allocator first: the new one may reuse it
+    schedule_scratch_ = bytes_tensor(size_t(geometry.scratch_bytes));
+  }
+
+  ScheduleCall call;
+  call.program = program;
+  call.op = op;
+  call.root = rooted ? c.root : 0;
+  // A rooted op whose root is not the program's runs it with the ranks rotated.
+  call.rank_shift = rooted && p.root >= 0 ? ((c.root - p.root) % n + n) % n : 0;
+  call.me = ((rank - call.rank_shift) % n + n) % n;
+  call.block = block;
+  call.check_count = block;
+  call.dtype = kt.dtype;
+  call.rop = kt.op;
+  call.div = kt.div;
+  call.holds_result = op == OpCode::AllReduce || op == OpCode::ReduceScatter || (op == OpCode::Reduce && is_root);
+  call.reduces = reduces;
+  call.in = pin;
+  call.out = pout;
+  call.scratch = geometry.scratch_bytes > 0 ? static_cast<char*>(schedule_scratch_.data_ptr()) : nullptr;
+  cuda_.run_schedule(call, s);
+  if (copy_back) copy(copy_back, pout, size_t(block * E));
+  return Algo::Schedule;
 }
 
 }  // namespace pycoll

@@ -2,11 +2,14 @@
 // peer memory (cuda/cuda_engine.h does the work). run() enqueues on the stream it is given.
 #pragma once
 
+#include <memory>
+
 #include "engines/engine.h"
 
 namespace pycoll {
 
 class CudaEngine;
+struct ScheduleProgram;
 
 class CudaTensorEngine : public Engine {
  public:
@@ -19,7 +22,13 @@ class CudaTensorEngine : public Engine {
   Algo run(const Collective& c, const c10::Stream& stream) override;
 
  private:
+  // A schedule program's op (cuda/schedule_kernel.h): the buffers as the program expects them,
+  // then the engine's kernel.
+  Algo run_schedule(const Collective& c, const std::shared_ptr<const ScheduleProgram>& program,
+                    const c10::Stream& stream);
+
   CudaEngine& cuda_;
+  at::Tensor schedule_scratch_;  // grown as programs need, on the collectives' stream
 };
 
 }  // namespace pycoll

@@ -1,0 +1,252 @@
+"""Schedule programs on the CUDA engine (csrc/cuda/schedule_kernel.cu), forced by name with
+set_algo, against torch references computed from every rank's input: every shipped program for its
+collective, float32, bfloat16, float16, float64 and int32 with every reduce op the program's
+collective has, sizes 0, 1, odd and not divisible into chunks, in place and not, rooted ops at
+every root, and blocks larger than a slot (the program runs in segments); a program with two
+lanes, cross-lane deps and scratch. Ranks that force different programs, or pass different sizes,
+raise on every rank instead of returning garbage or timing out.
+"""
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+from gpu_collectives_util import (GPU_MARKS, PG_TIMEOUT, WORLD, R, check_close, make_input, op_name, reference,
+                                  run_as_script, setup_device)
+from ranks import run_ranks, set_algo
+
+pytestmark = GPU_MARKS
+
+# Every shipped program by the collective it is, with the name that forces it.
+PROGRAMS = {
+    "ring_all_reduce": "all_reduce", "rabenseifner": "all_reduce", "double_tree": "all_reduce",
+    "hierarchical_all_reduce": "all_reduce", "ring_reduce_scatter": "reduce_scatter",
+    "ring_all_gather": "all_gather", "bruck": "all_gather", "double_tree_broadcast": "broadcast",
+    "binomial_reduce": "reduce", "direct_all_to_all": "all_to_all",
+}
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32)
+FLOAT_OPS = (R.SUM, R.MAX, R.MIN, R.PRODUCT, R.AVG)
+INT_OPS = (R.SUM, R.MAX, R.MIN, R.PRODUCT)
+# 1003 divides into no program's chunks (2 to 16 per block).
+SIZES = (0, 1, 7, 1003)
+# 1.2 MB of float32 per block: messages of it exceed the CUDA engine's slots (256 KiB at 2-4 ranks,
+# less with more), so the program runs in several segments.
+LARGE = 300_007
+
+
+def scratch_all_reduce(n):
+    """Every rank's input travels to rank 0's scratch (odd ranks on lane 1), rank 0 reduces it there
+    (lane 0, after lane 1's receives) and sends the sum back on the lane it came from."""
+    from pycollectives.schedule import Program
+
+    p = Program("scratch_all_reduce", "all_reduce", ranks=n, chunks=2, inplace=True, scratch=2 * (n - 1))
+    for q in range(1, n):
+        p.copy(p.input(q, 0, 2), p.scratch(0, 2 * (q - 1), 2), lane=q % 2)
+    for q in range(1, n):
+        p.reduce(p.scratch(0, 2 * (q - 1), 2), p.input(0, 0, 2))
+    for q in range(1, n):
+        p.copy(p.input(0, 0, 2), p.input(q, 0, 2), lane=q % 2)
+    return p
+
+
+def ring_in_pieces(n):
+    """The ring all_reduce with every chunk cut in two pieces: the same peers, another program."""
+    from pycollectives.schedule.examples.ring import ring_all_reduce
+
+    return ring_all_reduce(n, pieces=2)
+
+
+def _register(world):
+    from pycollectives.schedule import register_algorithm, registered
+
+    if "scratch_all_reduce" not in registered():
+        register_algorithm("scratch_all_reduce", scratch_all_reduce, ranks=(world,))
+        register_algorithm("ring_in_pieces", ring_in_pieces, ranks=(world,))
+
+
+def _ran_schedule():
+    """Whether this rank's last op ran a schedule program (its flight recorder entry)."""
+    from pycollectives import _C
+
+    entries = json.loads(_C.flight_recorder_json())["entries"]
+    return entries[-1]["algorithm"] == "schedule" and entries[-1]["plan"].startswith("schedule ")
+
+
+def _run_case(rank, world, dev, seed, coll, dtype, op, numel, variant="", root=0):
+    """One op on this rank, checked against the reference (raises AssertionError)."""
+    key = (coll, str(dtype), op_name(op) if op is not None else "data", numel, variant, root)
+    blocks = world if coll in ("reduce_scatter", "all_to_all") else 1
+    xs = [make_input(seed, key, q, blocks * numel, dtype, dev, op) for q in range(world)]
+    mine = xs[rank].clone()
+    exact = op is None  # data movement: bit for bit
+    if coll == "all_reduce":
+        dist.all_reduce(mine, op=op)
+        got, want = mine, reference(xs, op, dtype)
+    elif coll == "reduce":
+        dist.reduce(mine, dst=root, op=op)
+        if rank != root:
+            return
+        got, want = mine, reference(xs, op, dtype)
+    elif coll == "reduce_scatter":
+        got = mine[rank * numel:(rank + 1) * numel] if variant == "inplace" else torch.full(
+            (numel,), 7, dtype=dtype, device=dev)
+        dist.reduce_scatter_tensor(got, mine, op=op)
+        want = reference([x[rank * numel:(rank + 1) * numel] for x in xs], op, dtype)
+    elif coll == "all_gather":
+        got = torch.full((world * numel,), 7, dtype=dtype, device=dev)
+        if variant == "inplace":
+            got[rank * numel:(rank + 1) * numel] = mine
+            mine = got[rank * numel:(rank + 1) * numel]
+        dist.all_gather_into_tensor(got, mine)
+        want = torch.cat(xs)
+    elif coll == "broadcast":
+        dist.broadcast(mine, src=root)
+        got, want = mine, xs[root]
+    elif coll == "all_to_all":
+        got = torch.full((world * numel,), 7, dtype=dtype, device=dev)
+        dist.all_to_all_single(got, mine)
+        want = torch.cat([x[rank * numel:(rank + 1) * numel] for x in xs])
+    else:
+        raise AssertionError(f"unknown collective {coll}")
+    if exact:
+        assert torch.equal(got, want), f"{key}: differs from the reference"
+    else:
+        check_close(got, want, dtype, str(key))
+
+
+def _cases(coll, world):
+    """(dtype, op, numel, variant, root) of one collective: sizes, layouts and roots in float32,
+    every dtype and reduce op at an odd size, and a block larger than a slot."""
+    reduces = coll in REDUCING
+    plain = R.SUM if reduces else None
+    f32 = torch.float32
+    cases = [(f32, plain, n, "", 0) for n in SIZES]
+    if coll in ("broadcast", "reduce"):
+        cases += [(f32, plain, 1003, "", r) for r in range(1, world)]
+    if coll in ("all_gather", "reduce_scatter"):
+        cases.append((f32, plain, 1003, "inplace", 0))
+    for dt in DTYPES:
+        if not reduces:
+            cases.append((dt, None, 37, "", world - 1))
+            continue
+        for op in FLOAT_OPS if dt.is_floating_point else INT_OPS:
+            cases.append((dt, op, 37, "", world - 1))
+    cases.append((f32, plain, LARGE, "", world - 1))
+    if reduces:
+        cases.append((torch.bfloat16, R.AVG, LARGE, "", 0))
+    return cases
+
+
+def _every_program(rank, world, seed):
+    dev = setup_device(rank)
+    _register(world)
+    errors = []
+    programs = dict(PROGRAMS, scratch_all_reduce="all_reduce", ring_in_pieces="all_reduce")
+    for program, coll in programs.items():
+        set_algo(program)
+        for dtype, op, numel, variant, root in _cases(coll, world):
+            try:
+                _run_case(rank, world, dev, seed, coll, dtype, op, numel, variant, root)
+            except AssertionError as e:
+                errors.append(f"{program}: {e}")
+                continue
+            if not _ran_schedule():
+                errors.append(f"{program}: {coll} {dtype} numel={numel} did not run the schedule program")
+    set_algo("auto")
+    torch.cuda.synchronize()
+    return errors
+
+
+def test_every_program_dtype_op_size_and_root(seed):
+    for errors in run_ranks(WORLD, _every_program, seed, timeout=300, pg_timeout=PG_TIMEOUT):
+        assert errors == []
+
+
+def _mismatch(rank, world, seed):
+    """Ranks that force different programs, pass different sizes, or run a program against the
+    built-in ring get an error naming both calls. Each case breaks its group for good, so each gets
+    a fresh one."""
+    dev = setup_device(rank)
+    _register(world)
+    last = world - 1
+    cases = {
+        "program": ("ring_all_reduce" if rank < last else "ring_in_pieces", 4096),
+        "size": ("ring_all_reduce", 4096 if rank < last else 4160),
+        "built-in": ("ring_all_reduce" if rank < last else "ring", 4096),
+    }
+    messages = {}
+    for name, (algo, numel) in cases.items():
+        g = dist.new_group(list(range(world)), timeout=PG_TIMEOUT)
+        dist.all_reduce(torch.ones(4, device=dev), group=g)  # the group works
+        t0 = time.monotonic()
+        set_algo(algo)
+        try:
+            dist.all_reduce(torch.ones(numel, device=dev), group=g)
+            torch.cuda.synchronize()
+        finally:
+            set_algo("auto")
+        # The kernel reports on the device; the host raises at the group's next call.
+        for _ in range(3):
+            try:
+                dist.all_reduce(torch.ones(4, device=dev), group=g)
+                torch.cuda.synchronize()
+            except RuntimeError as e:  # DistBackendError
+                messages[name] = str(e)
+                break
+        else:
+            raise AssertionError(f"{name}: mismatched call went unnoticed")
+        took = time.monotonic() - t0
+        assert took < PG_TIMEOUT.total_seconds() / 2, f"{name}: detected only after {took:.1f} s (a timeout?)"
+    return messages
+
+
+def test_mismatched_programs_and_sizes_raise_on_every_rank(seed):
+    results = run_ranks(WORLD, _mismatch, seed, timeout=240, pg_timeout=PG_TIMEOUT)
+    for name in ("program", "size", "built-in"):
+        texts = [r[name] for r in results]
+        assert any("called different collectives" in t for t in texts), f"{name}: {texts}"
+        assert all("unusable" in t for t in texts), f"{name}: {texts}"
+    texts = [r["program"] for r in results]
+    assert any("another schedule program" in t for t in texts), texts
+    texts = [r["size"] for r in results]
+    assert any("4096 elements" in t and "4160 elements" in t for t in texts), texts
+
+
+def _deep_channels(rank, world, seed):
+    """A program that keeps more messages in flight per channel than the CUDA engine's channels
+    hold is refused before anything is launched, on every rank alike; the group stays usable."""
+    from pycollectives.schedule import Program, register_algorithm
+
+    def deep_ring(n):
+        p = Program("deep_ring", "all_gather", ranks=n, chunks=1, inplace=True, channel_depth=64)
+        for q in range(n):
+            for d in range(1, n):
+                p.copy(p.output(q, q), p.output((q + d) % n, q))
+        return p
+
+    dev = setup_device(rank)
+    register_algorithm("deep_ring", deep_ring, ranks=(world,))
+    set_algo("deep_ring")
+    try:
+        dist.all_gather_into_tensor(torch.empty(world * 16, device=dev), torch.ones(16, device=dev))
+        text = "no error"
+    except (ValueError, RuntimeError) as e:
+        text = str(e)
+    finally:
+        set_algo("auto")
+    x = torch.full((33,), float(rank + 1), device=dev)
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    assert torch.all(x == world * (world + 1) / 2)
+    return text
+
+
+def test_a_program_deeper_than_the_channels_is_refused(seed):
+    for text in run_ranks(WORLD, _deep_channels, seed, timeout=120, pg_timeout=PG_TIMEOUT):
+        assert "deep_ring" in text and "in flight per channel" in text, text
+
+
+if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins
+    run_as_script(globals())
