@@ -219,4 +219,3 @@ def test_send_as_first_op_of_a_larger_group():
 
 if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins
     run_as_script(globals())
-
