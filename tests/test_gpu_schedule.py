@@ -4,7 +4,8 @@ collective, float32, bfloat16, float16, float64 and int32 with every reduce op t
 collective has, sizes 0, 1, odd and not divisible into chunks, in place and not, rooted ops at
 every root, and blocks larger than a slot (the program runs in segments); a program with two
 lanes, cross-lane deps and scratch. Ranks that force different programs, or pass different sizes,
-raise on every rank instead of returning garbage or timing out.
+raise on every rank instead of returning garbage or timing out; so does a rank whose all_to_all
+splits the program cannot move.
 """
 import json
 import time
@@ -212,6 +213,56 @@ def test_mismatched_programs_and_sizes_raise_on_every_rank(seed):
     assert any("another schedule program" in t for t in texts), texts
     texts = [r["size"] for r in results]
     assert any("4096 elements" in t and "4160 elements" in t for t in texts), texts
+
+
+def _uneven_all_to_all(rank, world, seed):
+    """A rank whose all_to_all splits a program cannot move raises at once and runs the program
+    poisoned, so that its peers fail at their first message from it instead of at the timeout; the
+    group is then unusable on every rank. Ranks that all pass the same uneven splits all raise and
+    the group stays usable."""
+    dev = setup_device(rank)
+    even = [16] * world
+    odd = [17, 15] + [16] * (world - 2)
+    results = {}
+    for name, splits in (("one", odd if rank == world - 1 else even), ("all", odd)):
+        g = dist.new_group(list(range(world)), timeout=PG_TIMEOUT)
+        dist.all_reduce(torch.ones(4, device=dev), group=g)  # the group works
+        t0 = time.monotonic()
+        first = "no error"
+        set_algo("direct_all_to_all")
+        try:
+            out = torch.full((16 * world,), 7.0, device=dev)
+            dist.all_to_all_single(out, torch.ones(16 * world, device=dev), even, splits, group=g)
+            torch.cuda.synchronize()
+        except (ValueError, RuntimeError) as e:
+            first = str(e)
+        finally:
+            set_algo("auto")
+        after = "usable"
+        for _ in range(3):
+            try:
+                x = torch.ones(4, device=dev)
+                dist.all_reduce(x, group=g)
+                torch.cuda.synchronize()
+                assert torch.all(x == world)
+            except RuntimeError as e:  # DistBackendError
+                after = str(e)
+                break
+        results[name] = (first, after, time.monotonic() - t0)
+    return results
+
+
+def test_uneven_all_to_all_fails_fast_on_every_rank(seed):
+    results = run_ranks(WORLD, _uneven_all_to_all, seed, timeout=240, pg_timeout=PG_TIMEOUT)
+    for rank, r in enumerate(results):
+        first, after, took = r["one"]
+        if rank == WORLD - 1:
+            assert "splits differ" in first, first
+        assert "unusable" in after, (rank, first, after)
+        assert took < PG_TIMEOUT.total_seconds() / 2, f"rank {rank}: failed only after {took:.1f} s (a timeout?)"
+        first, after, took = r["all"]
+        assert "splits differ" in first and after == "usable", (rank, first, after)
+    assert any("another schedule program" in r["one"][1] for r in results), results
 
 
 def _deep_channels(rank, world, seed):

@@ -538,7 +538,7 @@ void CudaEngine::run_schedule(const ScheduleCall& c, cudaStream_t stream) {
   a.segments = g.segments;
   a.check = cuda_ipc::collective_check_word(int(c.op), c.reduces ? int(c.dtype) : 0, c.reduces ? int(c.rop) : 0, c.root,
                                             c.check_count, static_cast<cuda_ipc::CheckPlan>(kScheduleCheckPlan));
-  a.digest = p.digest;
+  a.digest = c.poisoned ? ~p.digest : p.digest;
   std::copy(t.lane_first.begin(), t.lane_first.end(), a.lane_first);
   a.chunks = std::max(1, p.chunks);
   a.rank_shift = c.rank_shift;

@@ -67,6 +67,11 @@ struct ScheduleCall {
   char* in = nullptr;
   char* out = nullptr;
   char* scratch = nullptr;  // schedule_geometry's scratch_bytes
+  // This rank refuses the call (uneven all_to_all splits) but runs the program anyway, on buffers
+  // of the program's sizes, with its digest inverted: peers stop at the first message between them
+  // (a digest mismatch, which aborts the group) instead of waiting until the timeout; where every
+  // rank refuses alike, the kernels match and the group stays usable. The caller then throws.
+  bool poisoned = false;
 };
 
 }  // namespace pycoll

@@ -127,7 +127,8 @@ Algo CudaTensorEngine::run_schedule(const Collective& c, const std::shared_ptr<c
   const at::Tensor& out = c.output;
   const bool rooted = op == OpCode::Broadcast || op == OpCode::Reduce;
   const bool is_root = rooted && rank == c.root;
-  int64_t block = 0;  // elements of one block; bytes for ops that only move data
+  int64_t block = 0;    // elements of one block; bytes for ops that only move data
+  bool uneven = false;  // all_to_all with splits the program cannot move: refused after a poisoned run
   switch (op) {
     case OpCode::AllReduce:
       check_pair(in, out, 1, what, dev);
@@ -156,16 +157,11 @@ Algo CudaTensorEngine::run_schedule(const Collective& c, const std::shared_ptr<c
       // The language's all_to_all moves blocks of one size, one after the other.
       block = int64_t(in.nbytes()) / n;
       const ByteSplits& sp = c.splits;
-      bool uneven = int64_t(out.nbytes()) != block * n || int64_t(in.nbytes()) != block * n ||
-                    int(sp.send_bytes.size()) != n || int(sp.recv_bytes.size()) != n;
+      uneven = int64_t(out.nbytes()) != block * n || int64_t(in.nbytes()) != block * n ||
+               int(sp.send_bytes.size()) != n || int(sp.recv_bytes.size()) != n;
       for (int j = 0; !uneven && j < n; ++j) {
         uneven = sp.send_bytes[j] != block || sp.recv_bytes[j] != block || sp.send_offsets[j] != j * block ||
                  sp.recv_offsets[j] != j * block;
-      }
-      if (uneven) {
-        throw std::invalid_argument("pycoll::alltoall: schedule program '" + p.name +
-                                    "' moves blocks of one size, but this rank's splits differ; use equal splits or "
-                                    "another algorithm");
       }
       break;
     }
@@ -178,7 +174,15 @@ Algo CudaTensorEngine::run_schedule(const Collective& c, const std::shared_ptr<c
   if (c.plan_text) *c.plan_text = "schedule " + c.schedule + " lanes=" + std::to_string(std::max(1, p.lanes));
   // Fails here, on every rank alike, where the program cannot run on this engine.
   const ScheduleGeometry geometry = cuda_.plan_schedule(p, block, E);
-  if (block == 0) return Algo::Schedule;
+  const auto refuse_uneven = [&] {
+    throw std::invalid_argument("pycoll::alltoall: schedule program '" + p.name +
+                                "' moves blocks of one size, but this rank's splits differ; use equal splits or "
+                                "another algorithm");
+  };
+  if (block == 0) {
+    if (uneven) refuse_uneven();
+    return Algo::Schedule;
+  }
 
   // Temporaries come from the caching allocator on the collectives' stream: freed when this call
   // returns, reused only by work ordered after it there.
@@ -231,17 +235,17 @@ Algo CudaTensorEngine::run_schedule(const Collective& c, const std::shared_ptr<c
       pin = pout;
     }
   } else {
-    if (pout == nullptr) {
+    if (pout == nullptr || uneven) {  // uneven: the poisoned run reads `in` (block * n bytes at least)
       tmp_out = bytes_tensor(out_bytes);
       pout = static_cast<char*>(tmp_out.data_ptr());
     }
     if (overlap(pin, in_bytes, pout, out_bytes)) pin = copy_of(pin, in_bytes);
   }
-  if (geometry.scratch_bytes > 0 &&
-      (!schedule_scratch_.defined() || schedule_scratch_.numel() < geometry.scratch_bytes)) {
-    schedule_scratch_ = at::Tensor();  // back to the allocator first: the new one may reuse it
-    schedule_scratch_ = bytes_tensor(size_t(geometry.scratch_bytes));
-  }
+  // Per call, like the temporaries: collectives run on the caller's stream or the engine's, and
+  // one kept across calls would be freed (when grown) on the stream it was made on while a kernel
+  // on another may still use it, or while a captured CUDA graph still names it.
+  at::Tensor scratch;
+  if (geometry.scratch_bytes > 0) scratch = bytes_tensor(size_t(geometry.scratch_bytes));
 
   ScheduleCall call;
   call.program = program;
@@ -259,8 +263,10 @@ Algo CudaTensorEngine::run_schedule(const Collective& c, const std::shared_ptr<c
   call.reduces = reduces;
   call.in = pin;
   call.out = pout;
-  call.scratch = geometry.scratch_bytes > 0 ? static_cast<char*>(schedule_scratch_.data_ptr()) : nullptr;
+  call.scratch = scratch.defined() ? static_cast<char*>(scratch.data_ptr()) : nullptr;
+  call.poisoned = uneven;
   cuda_.run_schedule(call, s);
+  if (uneven) refuse_uneven();
   if (copy_back) copy(copy_back, pout, size_t(block * E));
   return Algo::Schedule;
 }

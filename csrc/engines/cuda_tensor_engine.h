@@ -28,7 +28,6 @@ class CudaTensorEngine : public Engine {
                     const c10::Stream& stream);
 
   CudaEngine& cuda_;
-  at::Tensor schedule_scratch_;  // grown as programs need, on the collectives' stream
 };
 
 }  // namespace pycoll
