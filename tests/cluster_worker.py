@@ -6,6 +6,9 @@ collectives  every collective on pycoll against a torch reference computed here;
              all_reduce, pycoll's hierarchical form against Gloo's flat ring on the same link
 compression  compression_bench's CPU model (MLP 3 x 2048) under DDP on pycoll: no hook, PowerSGD r=4
 crash        rank 1 kills itself with SIGKILL after the group is made; the others wait in a collective
+cuda         every collective of `collectives` on CUDA tensors (rank on GPU LOCAL_RANK % count; ranks of
+             a host that share a GPU run the CUDA engine's kernels there), then all_reduce in the
+             hierarchical and the flat form
 Rank 0 writes what it measured to OUT.json.
 """
 import json
@@ -99,6 +102,37 @@ def hierarchy_vs_gloo(rank, world, nbytes=16 << 20, rounds=3):
             "speedup": med["gloo_flat"] / med["pycoll_hierarchical"]}
 
 
+def cuda_setup():
+    """Before the group is made: this rank's GPU, and the kernels where a host's ranks share one."""
+    local = int(os.environ["LOCAL_RANK"])
+    dev = torch.device("cuda", local % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    if int(os.environ["LOCAL_WORLD_SIZE"]) > torch.cuda.device_count():
+        os.environ.setdefault("PYCOLL_CUDA_SAME_DEVICE", "kernels")
+    return dev
+
+
+def cuda_collectives(rank, world, dev):
+    with torch.device(dev):
+        result = collectives(rank, world)
+        forms = {}
+        for form in ("hierarchical", "flat"):
+            pycollectives.set_algo(form)
+            for n in (1031, 1 << 18):
+                x = value(rank, n)
+                dist.all_reduce(x)
+                assert torch.equal(x, sum(value(r, n) for r in range(world))), (form, "all_reduce", n)
+                x = value(rank, n)
+                dist.all_reduce(x, op=dist.ReduceOp.MIN)
+                assert torch.equal(x, value(0, n)), (form, "all_reduce min", n)
+            forms[form] = "ok"
+        pycollectives.set_algo(None)
+        torch.cuda.synchronize()
+    result["forms"] = forms
+    result["device"] = str(dev)
+    return result
+
+
 def compression(rank, world, steps):
     import argparse
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
@@ -118,12 +152,16 @@ def compression(rank, world, steps):
 def main():
     mode, out = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dev = cuda_setup() if mode == "cuda" else None
     dist.init_process_group("pycoll", init_method="env://")
     result = {"hostname": socket.gethostname(), "link": os.environ.get("PYCOLL_LINK"),
               "link_measured_bps": float(os.environ.get("PYCOLL_LINK_MEASURED", 0))}
     if mode == "collectives":
         result["collectives"] = collectives(rank, world)
         result["hierarchy"] = hierarchy_vs_gloo(rank, world)
+    elif mode == "cuda":
+        result["cuda"] = cuda_collectives(rank, world, dev)
+        result["nccl_hostid"] = os.environ.get("NCCL_HOSTID")
     elif mode == "compression":
         torch.set_num_threads(1)
         result["compression"] = compression(rank, world, int(os.environ.get("CLUSTER_TEST_STEPS", "6")))

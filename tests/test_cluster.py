@@ -102,6 +102,22 @@ def test_this_kernel_netem_probe_answers_and_leaves_nothing():
     assert not links.ours(links.list_namespaces(), rid)
 
 
+def test_ranks_of_a_host_that_share_a_gpu_are_nccl_hosts_of_their_own(monkeypatch):
+    spec = runner.ClusterSpec(hosts=2, nproc_per_host=2)
+    env = lambda h, l, gpus: runner.rank_env(spec, "r1", h, l, None, None, gpus)  # noqa: E731
+    # As many GPUs as ranks per host (or none): the host's identity, as for PYCOLL_HOSTID.
+    for gpus in (0, 2, 4):
+        assert env(1, 1, gpus)["NCCL_HOSTID"] == env(1, 1, gpus)["PYCOLL_HOSTID"] == "pycoll-cluster-r1-host1"
+    # Fewer: NCCL would refuse two ranks of one host on one GPU, so each rank is a host of its own.
+    assert env(1, 1, 1)["NCCL_HOSTID"] == "pycoll-cluster-r1-host1-rank1"
+    assert env(1, 1, 1)["PYCOLL_HOSTID"] == "pycoll-cluster-r1-host1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert runner.gpus_per_host_seen(spec) == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert runner.gpus_per_host_seen(spec) == 0
+    assert runner.gpus_per_host_seen(runner.ClusterSpec(hosts=2, nproc_per_host=2, gpus_per_host=2)) == 2
+
+
 # -- real clusters -------------------------------------------------------------------------------
 @needs_cluster
 def test_2x2_over_1gbit_rate_collectives_hierarchy_and_cleanup(tmp_path):

@@ -91,10 +91,27 @@ def gpu_sets(hosts: int, per_host: int) -> List[Optional[str]]:
     return [",".join(ids[h * per_host + k] for k in range(per_host)) for h in range(hosts)]
 
 
+def gpus_per_host_seen(spec: ClusterSpec) -> int:
+    """How many GPUs each simulated host sees: --gpus-per-host, else every GPU visible here (0 without CUDA)."""
+    if spec.gpus_per_host > 0:
+        return spec.gpus_per_host
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([v for v in visible.split(",") if v.strip()])
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001  (no usable CUDA: no GPUs to share)
+        return 0
+
+
 def rank_env(spec: ClusterSpec, rid: str, host: int, local: int, measured_bps: Optional[float],
-             gpus: Optional[str]) -> Dict[str, str]:
-    """What torchrun sets for a rank, plus the simulated host's identity and interface."""
+             gpus: Optional[str], host_gpus: int = 0) -> Dict[str, str]:
+    """What torchrun sets for a rank, plus the simulated host's identity and interface. Where the
+    host's ranks outnumber its GPUs (``host_gpus``), ranks share GPUs (local rank % count): NCCL
+    refuses two ranks of one host on one GPU, so each such rank is an NCCL host of its own."""
     hostid = f"pycoll-cluster-{rid}-host{host}"
+    nccl_hostid = f"{hostid}-rank{local}" if 0 < host_gpus < spec.nproc_per_host else hostid
     env = {
         "RANK": str(host * spec.nproc_per_host + local), "WORLD_SIZE": str(spec.world),
         "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(spec.nproc_per_host),
@@ -102,7 +119,7 @@ def rank_env(spec: ClusterSpec, rid: str, host: int, local: int, measured_bps: O
         "ROLE_RANK": str(host * spec.nproc_per_host + local), "ROLE_WORLD_SIZE": str(spec.world),
         "ROLE_NAME": "default", "TORCHELASTIC_RUN_ID": f"pycoll-cluster-{rid}",
         "MASTER_ADDR": links.address(0), "MASTER_PORT": str(spec.master_port),
-        "PYCOLL_HOSTID": hostid, "NCCL_HOSTID": hostid,
+        "PYCOLL_HOSTID": hostid, "NCCL_HOSTID": nccl_hostid,
         "GLOO_SOCKET_IFNAME": links.IFNAME, "NCCL_SOCKET_IFNAME": links.IFNAME,
     }
     env.setdefault("NCCL_IB_DISABLE", os.environ.get("NCCL_IB_DISABLE", "1"))  # only the shaped link
@@ -156,6 +173,7 @@ class Cluster:
     def start_agents(self, command: List[str]) -> None:
         spec = self.spec
         cpus, gpus = cpu_sets(spec.hosts, spec.cpus_per_host), gpu_sets(spec.hosts, spec.gpus_per_host)
+        host_gpus = gpus_per_host_seen(spec)
         hosts_file = os.path.join(self.rundir, "hosts")
         with open(hosts_file, "w") as fh:
             fh.write("127.0.0.1 localhost\n" + "".join(f"{links.address(h)} pcl-host{h}\n" for h in range(spec.hosts)))
@@ -164,7 +182,7 @@ class Cluster:
                   "status": os.path.join(self.rundir, f"host{h}.status"), "cpus": cpus[h], "grace_s": spec.grace_s,
                   "hosts_file": hosts_file,
                   "ranks": [{"rank": h * spec.nproc_per_host + l,
-                             "env": rank_env(spec, self.rid, h, l, self.measured_bps, gpus[h])}
+                             "env": rank_env(spec, self.rid, h, l, self.measured_bps, gpus[h], host_gpus)}
                             for l in range(spec.nproc_per_host)]}
             path = os.path.join(self.rundir, f"host{h}.json")
             with open(path, "w") as fh:
