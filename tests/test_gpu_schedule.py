@@ -299,5 +299,32 @@ def test_a_program_deeper_than_the_channels_is_refused(seed):
         assert "deep_ring" in text and "in flight per channel" in text, text
 
 
+def _graph_first_use(rank, world, seed):
+    """The first call of a program inside CUDA graph capture (its step table is uploaded then),
+    replayed with new inputs."""
+    dev = setup_device(rank)
+    x = torch.zeros(4099, device=dev)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dist.all_reduce(x)  # creates the engine outside the graph; the program is not used yet
+    torch.cuda.current_stream().wait_stream(s)
+    set_algo("ring_all_reduce")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dist.all_reduce(x)
+    for i in range(3):
+        x.fill_(float(rank + 1 + i))
+        g.replay()
+        torch.cuda.synchronize()
+        want = world * (world + 1) / 2 + world * i
+        assert torch.all(x == want), f"replay {i} gave {x[0].item()}, want {want}"
+    set_algo("auto")
+
+
+def test_first_use_of_a_program_inside_graph_capture(seed):
+    run_ranks(WORLD, _graph_first_use, seed, timeout=240, pg_timeout=PG_TIMEOUT)
+
+
 if __name__ == "__main__":  # pragma: no cover - lets the device machine run it without pytest plugins
     run_as_script(globals())

@@ -34,10 +34,11 @@ bool register_all_reduce_protocol(const AllReduceProtocol& p) {
     throw std::logic_error("all_reduce protocol '" + name + "' gives only part of its region (size, param, ranges)");
   if (int(list.size()) >= cuda_ipc::kMaxProtocolRegions)
     throw std::logic_error("more all_reduce protocols than cuda_ipc::kMaxProtocolRegions");
-  if (p.check_code != 0 && (p.check_code < cuda_ipc::kFirstRegisteredCheckPlan || p.check_code > 15 ||
-                            cuda_ipc::check_plan_taken(p.check_code)))
+  if (p.check_code != 0 &&
+      (p.check_code < cuda_ipc::kFirstRegisteredCheckPlan || p.check_code > cuda_ipc::kLastRegisteredCheckPlan ||
+       cuda_ipc::check_plan_taken(p.check_code)))
     throw std::logic_error("all_reduce protocol '" + name + "': check code " + std::to_string(p.check_code) +
-                           " is taken or outside 9..15");
+                           " is taken or outside 9..13");
   for (const auto& q : list)
     if (name == q.name) throw std::logic_error("all_reduce protocol '" + name + "' is registered twice");
   if (p.check_code != 0) cuda_ipc::register_check_plan_name(p.check_code, p.check_name);

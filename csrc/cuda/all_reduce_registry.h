@@ -54,7 +54,7 @@ struct RegionRange {
 struct AllReduceProtocol {
   const char* name = "";  // the plan's protocol word ("ll128"): the log, the plan's report
   uint32_t algos = 0;     // the schedules it runs (algo_bit): it takes calls planned as one of them
-  // Its cuda_ipc::CheckPlan code, an unused one of 9..15, and how a mismatch error names it
+  // Its cuda_ipc::CheckPlan code, an unused one of 9..13, and how a mismatch error names it
   // ("two-shot (LL128 protocol)"); 0 and "" where its plan sets one of the built-in codes.
   int check_code = 0;
   const char* check_name = "";
@@ -92,7 +92,7 @@ struct AllReduceProtocol {
 };
 
 // Adds a protocol (called from a static initializer of its registration). Raises std::logic_error
-// for a second protocol of the same name or check code, a check code outside 9..15 (other than
+// for a second protocol of the same name or check code, a check code outside 9..13 (other than
 // 0), a missing part, or more than cuda_ipc::kMaxProtocolRegions: a programming error, which ends
 // the process with std::terminate when the extension is imported (static initialization cannot
 // raise to Python).

@@ -422,6 +422,7 @@ class ScheduleKernels {
       (void)cudaFree(e.second.second.deps);
     }
     if (progress_ != nullptr) (void)cudaFree(progress_);
+    if (side_ != nullptr) (void)cudaStreamDestroy(side_);
   }
 
   const Tables& tables(const std::shared_ptr<const ScheduleProgram>& p, int me) {
@@ -429,6 +430,7 @@ class ScheduleKernels {
     const auto key = std::make_pair(p.get(), me);
     auto it = kept_.find(key);
     if (it != kept_.end()) return it->second.second;
+    const OffCapture off_capture;  // the first call of a program may come while a graph is captured
     const RankSchedule& mine = p->rank.at(size_t(me));
     Tables t;
     std::vector<ScheduleStepDev> steps;
@@ -465,34 +467,58 @@ class ScheduleKernels {
     for (int l = lanes; l <= kMaxScheduleLanes; ++l) t.lane_first[size_t(l)] = int32_t(steps.size());
     t.steps = upload(steps, p->name);
     t.deps = upload(mine.deps, p->name);
+    sync_side("its step table", p->name);
     return kept_.emplace(key, std::make_pair(p, t)).first->second.second;
   }
 
   uint64_t* progress() {
     std::lock_guard<std::mutex> lock(mu_);
     if (progress_ == nullptr) {
+      const OffCapture off_capture;
       const size_t bytes = size_t(kernels::kProgressWords) * sizeof(uint64_t);
       PYCOLL_CUDA_CHECK(cudaMalloc(&progress_, bytes), "pycoll: schedule program progress words: ", "cudaMalloc");
-      PYCOLL_CUDA_CHECK(cudaMemset(progress_, 0, bytes), "pycoll: schedule program progress words: ", "cudaMemset");
+      PYCOLL_CUDA_CHECK(cudaMemsetAsync(progress_, 0, bytes, side()),
+                        "pycoll: schedule program progress words: ", "cudaMemsetAsync");
+      sync_side("its progress words", "");
     }
     return progress_;
   }
 
  private:
+  // Allocations and copies outside any graph that this thread captures: the thread's capture mode
+  // relaxed (cudaMalloc is then allowed), the copies on a stream of their own that nothing
+  // captures, waited for on the host before the kernel that reads them is launched.
+  struct OffCapture {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    OffCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+    ~OffCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+  };
+  cudaStream_t side() {
+    if (side_ == nullptr) {
+      PYCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking),
+                        "pycoll: schedule programs' upload stream: ", "cudaStreamCreateWithFlags");
+    }
+    return side_;
+  }
+  void sync_side(const char* what, const std::string& name) {
+    PYCOLL_CUDA_CHECK(cudaStreamSynchronize(side()), "pycoll: schedule program '", name, "': ", what, ": ",
+                      "cudaStreamSynchronize");
+  }
   template <class T>
-  static T* upload(const std::vector<T>& v, const std::string& name) {
+  T* upload(const std::vector<T>& v, const std::string& name) {
     if (v.empty()) return nullptr;
     void* d = nullptr;
     PYCOLL_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)), "pycoll: schedule program '", name,
                       "': its step table: ", "cudaMalloc");
-    PYCOLL_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
-                      "pycoll: schedule program '", name, "': its step table: ", "cudaMemcpy");
+    PYCOLL_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, side()),
+                      "pycoll: schedule program '", name, "': its step table: ", "cudaMemcpyAsync");
     return static_cast<T*>(d);
   }
 
   std::mutex mu_;
   std::map<std::pair<const ScheduleProgram*, int>, std::pair<std::shared_ptr<const ScheduleProgram>, Tables>> kept_;
   uint64_t* progress_ = nullptr;
+  cudaStream_t side_ = nullptr;
 };
 
 ScheduleGeometry CudaEngine::plan_schedule(const ScheduleProgram& p, int64_t block, int64_t elem) const {

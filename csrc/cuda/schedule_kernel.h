@@ -28,6 +28,7 @@
 #include "common/types.h"
 #include "cpu/schedule_program.h"
 #include "cuda/kernels/args.h"
+#include "transport/cuda_ipc/check_word.h"
 
 namespace pycoll {
 
@@ -35,8 +36,8 @@ namespace pycoll {
 constexpr int kMaxScheduleLanes = 16;
 // The check word's plan codes (check_word.h): a schedule program, and how a receiver names the
 // sender's call when only the program's digest differs.
-constexpr int kScheduleCheckPlan = 15;
-constexpr int kOtherScheduleCheckPlan = 14;
+constexpr int kScheduleCheckPlan = int(cuda_ipc::CheckPlan::Schedule);
+constexpr int kOtherScheduleCheckPlan = int(cuda_ipc::CheckPlan::OtherSchedule);
 
 // How a call runs: the program `segments` times, over `scratch_bytes` of scratch.
 struct ScheduleGeometry {

@@ -35,10 +35,13 @@ enum class CheckPlan : int {
   SplitClaimed = 6,  // split one-shot, chunks claimed from one counter (cuda/kernels/one_shot_claimed.cuh)
   LL = 7,            // one-shot with flags inside the data (cuda/kernels/ll_all_reduce.cuh)
   Direct = 8,        // one hop: reduce-scatter, all-gather and reduce
-  // 9..15: the registered all_reduce protocols' codes (cuda/all_reduce_registry.h); the LL128
+  // 9..13: the registered all_reduce protocols' codes (cuda/all_reduce_registry.h); the LL128
   // two-shot has 9.
+  OtherSchedule = 14,  // a receiver's name for a sender that runs another schedule program (cuda/schedule_kernel.h)
+  Schedule = 15,       // a schedule program
 };
 constexpr int kFirstRegisteredCheckPlan = 9;
+constexpr int kLastRegisteredCheckPlan = 13;
 
 PYCOLL_HD uint64_t collective_check_word(int op, int dtype, int reduce_op, int root, int64_t count,
                                          CheckPlan plan = CheckPlan::Unspecified) {
