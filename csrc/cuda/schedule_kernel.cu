@@ -369,12 +369,6 @@ __global__ void __launch_bounds__(kThreads)
   reduce_dispatch(dtype, ReduceOp::Sum, &j);
 }
 
-[[maybe_unused]] const bool kCheckPlansNamed = [] {
-  cuda_ipc::register_check_plan_name(kScheduleCheckPlan, "schedule program");
-  cuda_ipc::register_check_plan_name(kOtherScheduleCheckPlan, "another schedule program (its digest differs)");
-  return true;
-}();
-
 }  // namespace
 }  // namespace kernels
 

@@ -36,6 +36,8 @@ const char* check_plan_name(int plan) {
     case CheckPlan::SplitClaimed: return "split one-shot (claimed chunks)";
     case CheckPlan::LL: return "one-shot (LL protocol)";
     case CheckPlan::Direct: return "direct";
+    case CheckPlan::OtherSchedule: return "another schedule program (its digest differs)";
+    case CheckPlan::Schedule: return "schedule program";
   }
   return "unknown plan";
 }
