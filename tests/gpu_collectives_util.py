@@ -17,6 +17,7 @@ import hashlib
 import os
 import sys
 import tempfile
+import time
 
 import pytest
 import torch
@@ -285,15 +286,18 @@ def check_broadcast_and_all_gather(rank, world, dev, i, bcast_numel, gather_nume
     assert torch.equal(g, torch.arange(world, device=dev).float().repeat_interleave(gather_numel)), i
 
 
-def check_graph_replays(rank, world, xs):
+def check_graph_replays(rank, world, xs, before_capture=None):
     """One all_reduce per tensor of `xs` captured in a CUDA graph (after a warm-up on a side
-    stream), replayed four times with fresh inputs: every element must be the sum over ranks."""
+    stream, then `before_capture()` where given), replayed four times with fresh inputs: every
+    element must be the sum over ranks."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for x in xs:
             dist.all_reduce(x)
     torch.cuda.current_stream().wait_stream(s)
+    if before_capture is not None:
+        before_capture()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for x in xs:
@@ -306,6 +310,24 @@ def check_graph_replays(rank, world, xs):
         want = sum(q * 10 + i for q in range(world))
         for x in xs:
             assert torch.all(x == want), f"replay {i}: {x.numel()} elements gave {x[0].item()}, want {want}"
+
+
+def mismatch_message(g, dev, name, t0):
+    """The error a mismatched call left on group `g`: the kernel reports on the device and the host
+    raises at one of the group's next calls (a rank that only sent learns of it one call later,
+    when its peer reads the stale message). It must come well before the group's timeout."""
+    for _ in range(3):
+        try:
+            dist.all_reduce(torch.ones(4, device=dev), group=g)
+            torch.cuda.synchronize()
+        except RuntimeError as e:  # DistBackendError
+            message = str(e)
+            break
+    else:
+        raise AssertionError(f"{name}: mismatched call went unnoticed")
+    took = time.monotonic() - t0
+    assert took < PG_TIMEOUT.total_seconds() / 2, f"{name}: detected only after {took:.1f} s (a timeout?)"
+    return message
 
 
 def run_as_script(module_globals):

@@ -13,9 +13,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from gpu_collectives_util import (GPU_MARKS, PG_TIMEOUT, WORLD, R, check_close, make_input, op_name, reference,
-                                  run_as_script, setup_device)
+from gpu_collectives_util import (GPU_MARKS, PG_TIMEOUT, WORLD, R, check_close, check_graph_replays, make_input,
+                                  mismatch_message, op_name, reference, run_as_script, setup_device)
 from ranks import run_ranks, set_algo
+from test_schedule_engine import scratch_all_reduce  # two lanes, cross-lane deps, scratch
 
 pytestmark = GPU_MARKS
 
@@ -35,21 +36,6 @@ SIZES = (0, 1, 7, 1003)
 # 1.2 MB of float32 per block: messages of it exceed the CUDA engine's slots (256 KiB at 2-4 ranks,
 # less with more), so the program runs in several segments.
 LARGE = 300_007
-
-
-def scratch_all_reduce(n):
-    """Every rank's input travels to rank 0's scratch (odd ranks on lane 1), rank 0 reduces it there
-    (lane 0, after lane 1's receives) and sends the sum back on the lane it came from."""
-    from pycollectives.schedule import Program
-
-    p = Program("scratch_all_reduce", "all_reduce", ranks=n, chunks=2, inplace=True, scratch=2 * (n - 1))
-    for q in range(1, n):
-        p.copy(p.input(q, 0, 2), p.scratch(0, 2 * (q - 1), 2), lane=q % 2)
-    for q in range(1, n):
-        p.reduce(p.scratch(0, 2 * (q - 1), 2), p.input(0, 0, 2))
-    for q in range(1, n):
-        p.copy(p.input(0, 0, 2), p.input(q, 0, 2), lane=q % 2)
-    return p
 
 
 def ring_in_pieces(n):
@@ -188,18 +174,7 @@ def _mismatch(rank, world, seed):
             torch.cuda.synchronize()
         finally:
             set_algo("auto")
-        # The kernel reports on the device; the host raises at the group's next call.
-        for _ in range(3):
-            try:
-                dist.all_reduce(torch.ones(4, device=dev), group=g)
-                torch.cuda.synchronize()
-            except RuntimeError as e:  # DistBackendError
-                messages[name] = str(e)
-                break
-        else:
-            raise AssertionError(f"{name}: mismatched call went unnoticed")
-        took = time.monotonic() - t0
-        assert took < PG_TIMEOUT.total_seconds() / 2, f"{name}: detected only after {took:.1f} s (a timeout?)"
+        messages[name] = mismatch_message(g, dev, name, t0)
     return messages
 
 
@@ -303,22 +278,9 @@ def _graph_first_use(rank, world, seed):
     """The first call of a program inside CUDA graph capture (its step table is uploaded then),
     replayed with new inputs."""
     dev = setup_device(rank)
-    x = torch.zeros(4099, device=dev)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        dist.all_reduce(x)  # creates the engine outside the graph; the program is not used yet
-    torch.cuda.current_stream().wait_stream(s)
-    set_algo("ring_all_reduce")
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        dist.all_reduce(x)
-    for i in range(3):
-        x.fill_(float(rank + 1 + i))
-        g.replay()
-        torch.cuda.synchronize()
-        want = world * (world + 1) / 2 + world * i
-        assert torch.all(x == want), f"replay {i} gave {x[0].item()}, want {want}"
+    # The warm-up runs auto (it makes the engine); the program is forced only for the capture.
+    check_graph_replays(rank, world, [torch.zeros(4099, device=dev)],
+                        before_capture=lambda: set_algo("ring_all_reduce"))
     set_algo("auto")
 
 

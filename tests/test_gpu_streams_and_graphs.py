@@ -4,8 +4,8 @@ tensor lifetime, two issuing streams) and CUDA graph capture and replay.
 import torch
 import torch.distributed as dist
 
-from gpu_collectives_util import (GPU_MARKS, PG_TIMEOUT, WORLD, check_sync_op_on_side_stream, run_as_script,
-                                  setup_device)
+from gpu_collectives_util import (GPU_MARKS, PG_TIMEOUT, WORLD, check_graph_replays, check_sync_op_on_side_stream,
+                                  run_as_script, setup_device)
 from ranks import run_ranks, set_algo
 
 pytestmark = GPU_MARKS
@@ -85,21 +85,7 @@ def _graphs(rank, world, seed):
     dev = setup_device(rank)
     for algo in ("oneshot", "twoshot"):
         set_algo(algo)
-        x = torch.zeros(4099, device=dev)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            dist.all_reduce(x)  # warm-up outside the graph (creates the engine)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            dist.all_reduce(x)
-        for i in range(3):
-            x.fill_(float(rank + 1 + i))
-            g.replay()
-            torch.cuda.synchronize()
-            want = world * (world + 1) / 2 + world * i  # sum over ranks of rank + 1 + i
-            assert torch.all(x == want), f"{algo}: replay {i} gave {x[0].item()}, want {want}"
+        check_graph_replays(rank, world, [torch.zeros(4099, device=dev)])  # warm-up outside the graph
     set_algo("auto")
 
 
