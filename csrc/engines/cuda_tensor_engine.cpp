@@ -214,7 +214,9 @@ Algo CudaTensorEngine::run_schedule(const Collective& c, const std::shared_ptr<c
   char* pout = has_out ? static_cast<char*>(out.data_ptr()) : nullptr;
   char* copy_back = nullptr;  // an in-place reduce_scatter run on a copy of the input: the output
   if (p.inplace) {
-    if (op == OpCode::AllGather) {
+    if (uneven) {  // the poisoned run moves block * n bytes, more than `out` may hold: on a copy
+      pin = pout = copy_of(pin, in_bytes);
+    } else if (op == OpCode::AllGather) {
       char* mine = pout + size_t(rank) * block * E;
       if (pin != mine) {
         if (overlap(pin, in_bytes, pout, out_bytes)) pin = copy_of(pin, in_bytes);
