@@ -28,6 +28,7 @@ void ProcessGroupPycoll::startCoalescing() {
   TORCH_CHECK(!coalescing_, "pycoll: startCoalescing: this group already has an open coalescing block");
   coalescing_.emplace();
   coalescing_->work = c10::make_intrusive<CoalescedWork>(rank_, issued_.load() + 1);
+  coalescing_open_.store(true, std::memory_order_release);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::endCoalescing() {
@@ -37,6 +38,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::endCoalescing() {
     TORCH_CHECK(coalescing_, "pycoll: endCoalescing without startCoalescing");
     block = std::move(*coalescing_);
     coalescing_.reset();
+    coalescing_open_.store(false, std::memory_order_release);
   }
   const auto& work = block.work;
   const bool handed_out = !block.device_p2p.empty();
@@ -56,6 +58,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::endCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::in_block(c10::intrusive_ptr<c10d::Work> w) {
+  if (!coalescing_open_.load(std::memory_order_acquire)) return w;  // every op asks: no lock outside a block
   std::lock_guard<std::mutex> g(coalescing_mu_);
   if (coalescing_) coalescing_->work->add(w);
   return w;

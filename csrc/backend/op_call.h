@@ -20,7 +20,7 @@ struct OpCall {
   c10d::OpType type = c10d::OpType::UNKNOWN;
   OpCode op = OpCode::AllReduce;  // the engine op every part runs
   const char* name = "";          // "pycoll::allreduce": the prefix of every message about this call
-  const char* stats_name = "";    // its key in pycollectives.stats() and the debug log
+  const char* stats_name = "";    // its key in pycollectives.stats() and the debug log (a string literal)
   bool async = false;
   // The user's forced algorithm (pycollectives.set_algo) or Auto, read when the op is issued, so
   // that a set_algo() between issue and run cannot make ranks run one op differently.

@@ -8,12 +8,15 @@
 #include <map>
 #include <string>
 
+#include "common/env.h"
 #include "common/types.h"
 
 namespace pycoll {
 
+// Times an op for its PYCOLL_DEBUG=INFO line; reads no clock when that line is off.
 struct OpTimer {
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point start =
+      debug_info_enabled() ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   double elapsed_us() const {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   }

@@ -206,6 +206,11 @@ void ProcessGroupPycoll::abort() {
 
 void ProcessGroupPycoll::check_usable(const char* op) {
   TORCH_CHECK(!closed_.load(), op, ": the process group was shut down or destroyed");
+  check_not_broken(op);
+}
+
+void ProcessGroupPycoll::check_not_broken(const char* op) {
+  if (!is_broken_.load(std::memory_order_acquire)) return;  // every op asks: no lock until it is
   std::lock_guard<std::mutex> g(broken_mu_);
   TORCH_CHECK(broken_.empty(), op, ": the group is unusable after an earlier error: ", broken_);
 }
@@ -352,15 +357,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpTy
   auto task = [this, work, op, body = std::move(body)]() {
     std::exception_ptr err;
     try {
-      {
-        std::lock_guard<std::mutex> g(broken_mu_);
-        TORCH_CHECK(broken_.empty(), op, ": the group is unusable after an earlier error: ", broken_);
-      }
+      check_not_broken(op);
       body();
     } catch (const GroupBroken& e) {
       {
         std::lock_guard<std::mutex> g(broken_mu_);
         if (broken_.empty()) broken_ = e.what();
+        is_broken_.store(true, std::memory_order_release);
       }
       // DistBackendError reaches Python as torch.distributed.DistBackendError (a RuntimeError).
       try {

@@ -148,6 +148,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   ParamCommsCall param_comms_call(const OpCall& call, uint64_t seq) const;
   FrHandle record_p2p(bool is_send, const at::Tensor& t, int peer, uint64_t seq);
   void check_usable(const char* op);
+  void check_not_broken(const char* op);  // raises once an op broke the group (GroupBroken)
   // A finished Work for a call with nothing to move (an empty coalesced list on every rank).
   c10::intrusive_ptr<c10d::Work> nothing_to_do(c10d::OpType type, const char* op);
   // For CUDA tensors: the device the group is bound to (init_process_group(device_id=)) must be t's.
@@ -214,6 +215,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   SelfP2P self_p2p_{rank_};
   std::mutex broken_mu_;
   std::string broken_;  // set once the group can no longer run collectives
+  std::atomic<bool> is_broken_{false};  // broken_ is set
   std::atomic<bool> closed_{false};
   // The open coalescing block (the caller's thread opens and closes it; other threads may issue).
   struct CoalescingBlock {
@@ -224,6 +226,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   bool coalesce_p2p_ = coalesce_p2p_from_settings();
   std::mutex coalescing_mu_;
   std::optional<CoalescingBlock> coalescing_;
+  std::atomic<bool> coalescing_open_{false};  // coalescing_ holds a block
 };
 
 }  // namespace pycoll

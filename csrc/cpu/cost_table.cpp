@@ -1,5 +1,7 @@
 #include "cpu/cost_table.h"
 
+#include <atomic>
+#include <cstdint>
 #include <limits>
 #include <mutex>
 
@@ -27,14 +29,29 @@ std::vector<CostEntry>& table() {
   return t;
 }
 
+// Bumped by every change of the table.
+std::atomic<uint64_t> table_version{1};
+
+// This thread's copy of the table, taken again after a change: an op plans without a lock.
+const std::vector<CostEntry>& this_thread_table() {
+  thread_local std::vector<CostEntry> copy;
+  thread_local uint64_t copied = 0;
+  const uint64_t v = table_version.load(std::memory_order_acquire);
+  if (v != copied) {
+    std::lock_guard<std::mutex> g(table_mutex());
+    copy = table();
+    copied = v;
+  }
+  return copy;
+}
+
 }  // namespace
 
 Algo cheapest_algorithm(OpCode op, size_t bytes, int ranks) {
   if (ranks <= 1) return Algo::OneShot;
-  std::lock_guard<std::mutex> g(table_mutex());
   Algo best = Algo::OneShot;
   double best_t = std::numeric_limits<double>::infinity();
-  for (const auto& e : table()) {
+  for (const auto& e : this_thread_table()) {
     if (e.op != op) continue;
     const double t = e.alpha_us + e.beta_us_per_byte * static_cast<double>(bytes);
     if (t < best_t) {
@@ -50,10 +67,12 @@ void set_cost_entry(const CostEntry& e) {
   for (auto& x : table()) {
     if (x.op == e.op && x.algo == e.algo) {
       x = e;
+      table_version.fetch_add(1, std::memory_order_release);
       return;
     }
   }
   table().push_back(e);
+  table_version.fetch_add(1, std::memory_order_release);
 }
 
 std::vector<CostEntry> cost_entries() {

@@ -358,6 +358,7 @@ std::optional<CpuEngine::SharedBuffers> CpuEngine::shared_buffers(CpuContext& c,
 void CpuEngine::abort() { abort_.store(true); }
 
 void CpuEngine::ensure_transport() {
+  if (transport_ready_.load(std::memory_order_acquire)) return;  // every op asks: no lock once made
   std::lock_guard<std::mutex> g(transport_mu_);
   if (transport_) return;
   transport_ = std::make_unique<ShmTransport>(rv_, rank_, size_, shm_data_bytes(), p2p_channel_bytes(), timeout_);
@@ -370,6 +371,7 @@ void CpuEngine::ensure_transport() {
     if (!d.what.empty() && debug_info_enabled())
       std::fprintf(stderr, "[pycoll %d/%d] %s\n", rank_, size_, d.what.c_str());
   }
+  transport_ready_.store(true, std::memory_order_release);
 }
 
 bool CpuEngine::may_ever_read_in_place() const {
@@ -384,21 +386,27 @@ PointToPoint& CpuEngine::p2p() {
 Waiter CpuEngine::waiter(OpCode op) {
   if (abort_.load()) throw GroupBroken("pycoll: the group was aborted");
   ensure_transport();
-  return Waiter(*transport_, timeout_, &abort_, str("pycoll::", op_name(op), " (op #", seq_ + 1, ")"));
+  return Waiter(*transport_, timeout_, &abort_, op_name(op), seq_ + 1);
 }
 
-CpuContext CpuEngine::begin(OpHeader h, Waiter& w, const char* eager, size_t eager_bytes) {
-  h.seq = ++seq_;
-  h.lanes = threads_;
-  h.reads_shared = shared_tensors_on_ ? 1 : 0;
-  h.peer_read = static_cast<int64_t>(peer_read_mode_);
+CpuContext CpuEngine::begin(const OpHeader& h, Waiter& w, const char* eager, size_t eager_bytes,
+                            const AllToAllSplits* splits, std::optional<Algo> algo) {
+  const uint64_t seq = ++seq_;
   last_plan_.reset();
-  ControlBlock& mine = transport_->control(rank_);
-  std::memcpy(&mine.header[h.seq & 1], &h, sizeof(OpHeader));
+  ControlBlock& ctl = transport_->control(rank_);
+  // Written where the peers read it (a header is a few lines; the caller's copy stays as built).
+  OpHeader& mine = ctl.header[seq & 1];
+  mine = h;
+  mine.seq = seq;
+  mine.lanes = threads_;
+  mine.reads_shared = shared_tensors_on_ ? 1 : 0;
+  mine.peer_read = static_cast<int64_t>(peer_read_mode_);
+  if (algo) mine.algo = static_cast<int32_t>(*algo);
+  if (splits != nullptr) ctl.splits[seq & 1] = *splits;
   CpuContext c{*transport_, w, barrier_epoch_, phase_, ring_step_, up_step_, down_step_};
   if (eager && eager_bytes > 0) std::memcpy(c.half(rank_), eager, eager_bytes);
   c.barrier();
-  verify(h);
+  verify(mine);
   return c;
 }
 
@@ -418,14 +426,17 @@ void CpuEngine::verify(const OpHeader& mine) {
         throw std::runtime_error(str("pycoll::", op_name(op), ": collective mismatch at op #", mine.seq, ": rank ", a,
                                      " called ", describe(ha), " but rank ", b, " called ", describe(hb)));
       }
-      if (op == OpCode::AllToAll && (ha.split_bytes[b] != hb.recv_bytes[a] || hb.split_bytes[a] != ha.recv_bytes[b])) {
-        const bool ab = ha.split_bytes[b] != hb.recv_bytes[a];
+      if (op != OpCode::AllToAll) continue;
+      const AllToAllSplits& sa = transport_->control(a).splits[mine.seq & 1];
+      const AllToAllSplits& sb = transport_->control(b).splits[mine.seq & 1];
+      if (sa.send_bytes[b] != sb.recv_bytes[a] || sb.send_bytes[a] != sa.recv_bytes[b]) {
+        const bool ab = sa.send_bytes[b] != sb.recv_bytes[a];
         const int s = ab ? a : b, d = ab ? b : a;
-        const OpHeader& hs = ab ? ha : hb;
-        const OpHeader& hd = ab ? hb : ha;
+        const AllToAllSplits& ss = ab ? sa : sb;
+        const AllToAllSplits& sd = ab ? sb : sa;
         throw std::runtime_error(str("pycoll::alltoall: split size mismatch at op #", mine.seq, ": rank ", s, " sends ",
-                                     hs.split_bytes[d], " bytes to rank ", d, " but rank ", d, " expects ",
-                                     hd.recv_bytes[s], " bytes from rank ", s));
+                                     ss.send_bytes[d], " bytes to rank ", d, " but rank ", d, " expects ",
+                                     sd.recv_bytes[s], " bytes from rank ", s));
       }
     }
   }
@@ -436,12 +447,11 @@ void CpuEngine::finish(CpuContext& c) {
   c.barrier();
 }
 
-CpuEngine::Begun CpuEngine::start(OpHeader h, Waiter& w, const CpuOpFacts& f, int root, const char* in, size_t in_bytes,
-                                  char* out, size_t out_bytes) {
+CpuEngine::Begun CpuEngine::start(const OpHeader& h, Waiter& w, const CpuOpFacts& f, int root, const char* in,
+                                  size_t in_bytes, char* out, size_t out_bytes) {
   const CpuPlan mine = plan_cpu_op(f);
-  h.algo = static_cast<int32_t>(mine.algo);
   const bool eager = mine.path == CpuPath::Eager;  // the input goes with the header
-  Begun b{begin(h, w, eager ? in : nullptr, eager ? mine.bytes : 0), mine, std::nullopt};
+  Begun b{begin(h, w, eager ? in : nullptr, eager ? mine.bytes : 0, nullptr, mine.algo), mine, std::nullopt};
   b.plan = agree(b.c, f, mine, root, in, in_bytes, out, out_bytes, b.mapped);
   return b;
 }
@@ -598,12 +608,14 @@ bool CpuEngine::run_schedule(const std::string& name, OpCode op, const char* in,
   Waiter w = waiter(op);
   OpHeader h = header(op, t, block, r, root, Algo::Schedule);
   h.schedule_digest = failure.empty() ? prog->digest : 0;
+  std::optional<AllToAllSplits> splits;
   if (op == OpCode::AllToAll) {
-    for (int j = 0; j < size_; ++j) h.split_bytes[j] = h.recv_bytes[j] = uneven ? -1 : block;
+    splits.emplace();
+    for (int j = 0; j < size_; ++j) splits->send_bytes[j] = splits->recv_bytes[j] = uneven ? -1 : block;
   }
   std::optional<CpuContext> begun;
   try {
-    begun.emplace(begin(h, w));
+    begun.emplace(begin(h, w, nullptr, 0, splits ? &*splits : nullptr));
   } catch (const std::exception&) {
     if (!failure.empty()) throw std::invalid_argument(failure);
     throw;
@@ -693,14 +705,15 @@ void CpuEngine::all_to_all(const char* in, char* out, const std::vector<int64_t>
                            const std::vector<int64_t>& recv_off, DType t) {
   Waiter w = waiter(OpCode::AllToAll);
   OpHeader h = header(OpCode::AllToAll, t, 0);
+  AllToAllSplits splits;
   int64_t my_max = 0;
   for (int d = 0; d < size_; ++d) {
-    h.split_bytes[d] = send_bytes[d];
-    h.recv_bytes[d] = recv_bytes[d];
+    splits.send_bytes[d] = send_bytes[d];
+    splits.recv_bytes[d] = recv_bytes[d];
     my_max = std::max(my_max, send_bytes[d]);
   }
   h.aux = my_max;
-  CpuContext c = begin(h, w);
+  CpuContext c = begin(h, w, nullptr, 0, &splits);
   int64_t max_block = 0;
   for (int r = 0; r < size_; ++r) max_block = std::max(max_block, header_of(r).aux);
   direct_all_to_all(c, in, out, send_bytes, send_off, recv_bytes, recv_off, max_block);

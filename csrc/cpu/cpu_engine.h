@@ -84,7 +84,10 @@ class CpuEngine {
   // Publishes this rank's header (and, for one-shot, the first chunk), one
   // barrier, then compares every peer's header: throws the same error on
   // every rank if they differ, leaving all ranks in step for the next op.
-  CpuContext begin(OpHeader h, Waiter& w, const char* eager = nullptr, size_t eager_bytes = 0);
+  // Publishes this rank's header (and an all_to_all's split tables), meets the peers and checks
+  // that every rank called the same op. `algo`, where given, replaces the header's.
+  CpuContext begin(const OpHeader& h, Waiter& w, const char* eager = nullptr, size_t eager_bytes = 0,
+                   const AllToAllSplits* splits = nullptr, std::optional<Algo> algo = std::nullopt);
   void verify(const OpHeader& mine);
   Waiter waiter(OpCode op);
   // What this rank knows of an op before the header exchange: enough to plan its algorithm and
@@ -155,7 +158,7 @@ class CpuEngine {
   };
   // Plans the op of facts `f` (header `h`, its algorithm from the plan), begins it (an eager
   // one-shot sends `in` with the header) and agrees its plan with every rank (agree()).
-  Begun start(OpHeader h, Waiter& w, const CpuOpFacts& f, int root, const char* in, size_t in_bytes, char* out,
+  Begun start(const OpHeader& h, Waiter& w, const CpuOpFacts& f, int root, const char* in, size_t in_bytes, char* out,
               size_t out_bytes);
   // Runs the schedule of b.plan's path: `direct()` (ring and tree too), `staged(pipeline)`,
   // `mapped(pipeline, buffers)` or `read(pipeline, every rank's OpHeader::addr)`; the in-place
@@ -169,6 +172,7 @@ class CpuEngine {
   std::chrono::milliseconds timeout_;
   std::atomic<bool> abort_{false};
   std::mutex transport_mu_;
+  std::atomic<bool> transport_ready_{false};  // transport_ and p2p_ are made
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PointToPoint> p2p_;
   uint64_t seq_ = 0;

@@ -21,15 +21,21 @@
 
 namespace pycoll {
 
+Waiter::Clock::time_point Waiter::deadline() {
+  if (deadline_ == Clock::time_point{}) deadline_ = Clock::now() + timeout_;
+  return deadline_;
+}
+
 void Waiter::fail(int peer, const char* stage, bool dead) {
+  const std::string what = op_ != nullptr ? str("pycoll::", op_, " (op #", seq_, ")") : what_;
   if (dead) {
-    throw GroupBroken(str(what_, ": rank ", peer, " exited while this rank waited for it (", stage, ")"));
+    throw GroupBroken(str(what, ": rank ", peer, " exited while this rank waited for it (", stage, ")"));
   }
   if (abort_ && abort_->load()) {
-    throw GroupBroken(str(what_, ": aborted while waiting for rank ", peer, " (", stage, ")"));
+    throw GroupBroken(str(what, ": aborted while waiting for rank ", peer, " (", stage, ")"));
   }
   // " timeout " and "timed out": what torch's tests and users' log searches look for.
-  throw GroupBroken(str(what_, ": timed out waiting for rank ", peer, " (", stage, ") past the group's timeout (",
+  throw GroupBroken(str(what, ": timed out waiting for rank ", peer, " (", stage, ") past the group's timeout (",
                         timeout_.count(), " ms); the peer may have crashed, hung, or called a different collective"));
 }
 
@@ -40,6 +46,7 @@ void Waiter::until_ge(int peer, const std::atomic<uint64_t>& counter, uint64_t t
     if (counter.load(std::memory_order_acquire) >= target) return;
   }
   auto last_check = Clock::now();
+  const Clock::time_point until = deadline();
   uint64_t rounds = 0;
   while (counter.load(std::memory_order_acquire) < target) {
     ++rounds;
@@ -52,7 +59,7 @@ void Waiter::until_ge(int peer, const std::atomic<uint64_t>& counter, uint64_t t
     if ((rounds & 63) == 0 || rounds >= 2000) {
       auto now = Clock::now();
       if (abort_ && abort_->load()) fail(peer, stage, false);
-      if (now > deadline_) fail(peer, stage, !t_.peer_alive(peer));
+      if (now > until) fail(peer, stage, !t_.peer_alive(peer));
       if (now - last_check > std::chrono::milliseconds(50)) {
         last_check = now;
         if (counter.load(std::memory_order_acquire) >= target) return;
@@ -85,7 +92,7 @@ void Waiter::until_ge_asleep(int peer, std::atomic<uint64_t>& counter, uint64_t 
     }
     if (counter.load(std::memory_order_acquire) >= target) return;
     if (abort_ && abort_->load()) fail(peer, stage, false);
-    if (Clock::now() > deadline_) fail(peer, stage, !t_.peer_alive(peer));
+    if (Clock::now() > deadline()) fail(peer, stage, !t_.peer_alive(peer));
     if (!t_.peer_alive(peer)) fail(peer, stage, true);
   }
 }

@@ -2,7 +2,9 @@
 //
 // Every wait is bounded: it spins briefly (peers usually arrive within
 // microseconds), then yields, then sleeps, and throws once the op's deadline
-// passes or the peer's process is gone. Yielding matters: tests run 4 ranks on
+// passes or the peer's process is gone. The deadline is the group's timeout from
+// the op's first wait that outlasts the spin (an op whose peers are there reads
+// no clock). Yielding matters: tests run 4 ranks on
 // 2 cores, where pure spinning starves the rank we are waiting for.
 #pragma once
 
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "transport/transport.h"
 
@@ -18,8 +21,13 @@ namespace pycoll {
 class Waiter {
  public:
   using Clock = std::chrono::steady_clock;
+  // A collective's waits: `op` names it in errors (a string literal), `seq` is its number in the
+  // group; the message is made only for an error.
+  Waiter(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort, const char* op, uint64_t seq)
+      : t_(t), timeout_(timeout), abort_(abort), op_(op), seq_(seq) {}
+  // Other waits, named by `what` ("pycoll::send to rank 1").
   Waiter(Transport& t, std::chrono::milliseconds timeout, const std::atomic<bool>* abort, std::string what)
-      : t_(t), timeout_(timeout), deadline_(Clock::now() + timeout), abort_(abort), what_(std::move(what)) {}
+      : t_(t), timeout_(timeout), abort_(abort), what_(std::move(what)) {}
 
   // Returns once counter >= target (acquire). `peer` owns the counter.
   void until_ge(int peer, const std::atomic<uint64_t>& counter, uint64_t target, const char* stage);
@@ -36,11 +44,14 @@ class Waiter {
 
  private:
   [[noreturn]] void fail(int peer, const char* stage, bool dead);
+  Clock::time_point deadline();  // set by the first call
   Transport& t_;
   std::chrono::milliseconds timeout_;
-  Clock::time_point deadline_;
+  Clock::time_point deadline_{};  // unset: no wait has outlasted its spin yet
   const std::atomic<bool>* abort_;
-  std::string what_;
+  const char* op_ = nullptr;
+  uint64_t seq_ = 0;
+  std::string what_;  // where op_ is null
 };
 
 // Wakes every thread of any process in until_ge_asleep on `counter`; call it after the store

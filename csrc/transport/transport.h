@@ -41,7 +41,9 @@ struct SharedStorageRef {
 
 // What each rank declares before a collective; peers compare it to catch
 // mismatched calls (different op, size, dtype, root...) before any data moves.
-struct OpHeader {
+// What every op's check reads (CpuEngine::verify) fits in the first cache line, so that a small op
+// pulls one line of each peer's header; aligned so that both headers of ControlBlock start a line.
+struct alignas(64) OpHeader {
   uint64_t seq;
   int32_t op;
   int32_t dtype;
@@ -49,16 +51,22 @@ struct OpHeader {
   int32_t algo;
   int64_t root;
   int64_t count;
-  int64_t aux;                     // op-specific (e.g. largest all_to_all block)
+  uint64_t schedule_digest;  // algo schedule: the program's digest (kScheduleUnbuilt: none)
+  int64_t aux;               // op-specific (e.g. largest all_to_all block)
   int64_t lanes;                   // threads this rank offers a pipelined op; the op uses the fewest any rank offers
   int64_t addr;                    // where this rank's buffer is in its own process, for peers that read it in place
   int64_t reads_shared;            // 1: this rank may read peers' shared files (PYCOLL_CPU_SHARED_TENSORS on)
   int64_t peer_read;               // this rank's PYCOLL_CPU_PEER_READ: 0 off, 1 auto, 2 on; the op uses the least
   SharedStorageRef shared_in;      // the input (broadcast: the buffer), if it lives in a shared file
   SharedStorageRef shared_out;     // all_reduce: the output, if it lives in a shared file
-  uint64_t schedule_digest;        // algo schedule: the program's digest (kScheduleUnbuilt: none)
-  int64_t split_bytes[kMaxRanks];  // all_to_all: bytes this rank sends to each peer
-  int64_t recv_bytes[kMaxRanks];   // all_to_all: bytes this rank expects from each peer
+};
+static_assert(offsetof(OpHeader, schedule_digest) + sizeof(uint64_t) <= 64, "what verify() reads must fit one cache line");
+
+// An all_to_all's split tables, beside its header (ControlBlock::splits): 1 KiB that no other op
+// copies or writes.
+struct AllToAllSplits {
+  int64_t send_bytes[kMaxRanks];  // bytes this rank sends to each peer
+  int64_t recv_bytes[kMaxRanks];  // bytes this rank expects from each peer
 };
 
 // One lane of a pipelined op (cpu/pipelined.h); values are step numbers that only grow.
@@ -82,6 +90,7 @@ struct alignas(64) ControlBlock {
   Counter peer_read_probe;  // 1: I can read every peer in place; 2: I cannot
   Counter shared_vote;      // 1: I mapped every peer's shared buffer (2: evicting one); 3: not allowed; 4: failed
   OpHeader header[2];       // by op sequence parity
+  AllToAllSplits splits[2];  // all_to_all: by op sequence parity, as the headers
   Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
   Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me
   // How rank r's messages sent by reference ended (PointToPoint::Reply, cpu/p2p.h): set by
