@@ -214,7 +214,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   uint64_t monitored_barriers_ = 0;  // called in the same order on every rank (backend/monitored_barrier.cpp)
   SelfP2P self_p2p_{rank_};
   std::mutex broken_mu_;
-  std::string broken_;  // set once the group can no longer run collectives
+  std::string broken_;                  // set once the group can no longer run collectives
   std::atomic<bool> is_broken_{false};  // broken_ is set
   std::atomic<bool> closed_{false};
   // The open coalescing block (the caller's thread opens and closes it; other threads may issue).

@@ -51,16 +51,17 @@ struct alignas(64) OpHeader {
   int32_t algo;
   int64_t root;
   int64_t count;
-  uint64_t schedule_digest;  // algo schedule: the program's digest (kScheduleUnbuilt: none)
-  int64_t aux;               // op-specific (e.g. largest all_to_all block)
-  int64_t lanes;                   // threads this rank offers a pipelined op; the op uses the fewest any rank offers
-  int64_t addr;                    // where this rank's buffer is in its own process, for peers that read it in place
-  int64_t reads_shared;            // 1: this rank may read peers' shared files (PYCOLL_CPU_SHARED_TENSORS on)
-  int64_t peer_read;               // this rank's PYCOLL_CPU_PEER_READ: 0 off, 1 auto, 2 on; the op uses the least
-  SharedStorageRef shared_in;      // the input (broadcast: the buffer), if it lives in a shared file
-  SharedStorageRef shared_out;     // all_reduce: the output, if it lives in a shared file
+  uint64_t schedule_digest;     // algo schedule: the program's digest (kScheduleUnbuilt: none)
+  int64_t aux;                  // op-specific (e.g. largest all_to_all block)
+  int64_t lanes;                // threads this rank offers a pipelined op; the op uses the fewest any rank offers
+  int64_t addr;                 // where this rank's buffer is in its own process, for peers that read it in place
+  int64_t reads_shared;         // 1: this rank may read peers' shared files (PYCOLL_CPU_SHARED_TENSORS on)
+  int64_t peer_read;            // this rank's PYCOLL_CPU_PEER_READ: 0 off, 1 auto, 2 on; the op uses the least
+  SharedStorageRef shared_in;   // the input (broadcast: the buffer), if it lives in a shared file
+  SharedStorageRef shared_out;  // all_reduce: the output, if it lives in a shared file
 };
-static_assert(offsetof(OpHeader, schedule_digest) + sizeof(uint64_t) <= 64, "what verify() reads must fit one cache line");
+static_assert(offsetof(OpHeader, schedule_digest) + sizeof(uint64_t) <= 64,
+              "what verify() reads must fit one cache line");
 
 // An all_to_all's split tables, beside its header (ControlBlock::splits): 1 KiB that no other op
 // copies or writes.
@@ -87,9 +88,9 @@ struct alignas(64) ControlBlock {
   Counter down_consumed;  // tree broadcast: I have read my parent's segment g
   LaneCounters lanes[kMaxLanes];
   // Votes (CpuEngine::vote), seq * 8 + code.
-  Counter peer_read_probe;  // 1: I can read every peer in place; 2: I cannot
-  Counter shared_vote;      // 1: I mapped every peer's shared buffer (2: evicting one); 3: not allowed; 4: failed
-  OpHeader header[2];       // by op sequence parity
+  Counter peer_read_probe;   // 1: I can read every peer in place; 2: I cannot
+  Counter shared_vote;       // 1: I mapped every peer's shared buffer (2: evicting one); 3: not allowed; 4: failed
+  OpHeader header[2];        // by op sequence parity
   AllToAllSplits splits[2];  // all_to_all: by op sequence parity, as the headers
   Counter p2p_written[kMaxRanks];  // bytes I wrote into my channel to rank r
   Counter p2p_read[kMaxRanks];     // bytes I consumed from rank r's channel to me
