@@ -215,13 +215,19 @@ def reproduce_command(meta):
     return " ".join(shlex.quote(w) if re.search(r"[^\w@%+=:,./{}-]", w) else w for w in prefix + out)
 
 
-def describe_platform(meta):
+def describe_platform(meta, config=None):
     card = re.sub(r"\((R|TM)\)", "", meta.get("card") or "unknown").strip()
     card = re.sub(r"\s+", " ", card)
     world = meta.get("world_size")
     hosts = meta.get("hosts") or 1
     torch = (meta.get("torch") or "").split("+")[0]
-    if meta.get("device") == "cuda":
+    # Ranks that share GPUs: pycoll-bench's layout line says how many GPUs ("4 ranks on 1 GPU(s), ...").
+    shared = re.match(r"(\d+) ranks.*? on (\d+) GPU", (config or {}).get("gpu_layout") or "")
+    if meta.get("device") == "cuda" and shared and int(shared.group(2)) < int(shared.group(1)):
+        gpus = int(shared.group(2))
+        what = f"{world} ranks on {'one' if gpus == 1 else gpus} {card}" + ("" if gpus == 1 else "s")
+        soft = f"torch {torch}"
+    elif meta.get("device") == "cuda":
         what = f"{world} x {card}"
         nccl = (meta.get("env") or {}).get("NCCL_VERSION", "").split("-")[0]
         soft = f"torch {torch}" + (f", NCCL {nccl}" if nccl else "")
@@ -383,7 +389,7 @@ def caption(launches, label, vs, how, spec, doc_dir=""):
     cmd = " / ".join(f"`{c}`" for c in commands) if commands else "(command not recorded)"
     link = os.path.relpath(spec["source"], doc_dir or ".").replace(os.sep, "/")
     run = f", run {spec['run']}" if spec.get("run") else ""
-    return f"*{describe_platform(meta)}, {date}; {reduced}{ratio}. {cmd} ([data]({link}){run})*"
+    return f"*{describe_platform(meta, launches[0].get('config'))}, {date}; {reduced}{ratio}. {cmd} ([data]({link}){run})*"
 
 
 # -- DDP steps across links (benchmarks/cluster_ddp_study.py) ---------------------------------

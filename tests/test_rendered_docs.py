@@ -105,6 +105,18 @@ def test_caption_command_drops_output_options_only():
         "PYCOLL_CPU_ALLOCATOR=shared pycoll-bench --nproc 4 -b 1M --rounds 3"
 
 
+def test_caption_names_gpus_that_ranks_share():
+    meta = {"card": "NVIDIA H200", "device": "cuda", "world_size": 4, "torch": "2.11.0+cu130",
+            "env": {"NCCL_VERSION": "2.28.3-1"}}
+    shared = {"gpu_layout": "4 ranks on 1 GPU(s), ranks sharing GPUs"}
+    assert render_tables.describe_platform(meta, shared) == "4 ranks on one NVIDIA H200, torch 2.11.0"
+    two = {"gpu_layout": "4 ranks on 2 GPU(s), ranks sharing GPUs"}
+    assert render_tables.describe_platform(meta, two) == "4 ranks on 2 NVIDIA H200s, torch 2.11.0"
+    own = {"gpu_layout": "4 ranks on 4 GPU(s)"}
+    assert render_tables.describe_platform(meta, own) == "4 x NVIDIA H200, torch 2.11.0, NCCL 2.28.3"
+    assert render_tables.describe_platform(meta) == "4 x NVIDIA H200, torch 2.11.0, NCCL 2.28.3"
+
+
 def _ddp_row(layout, link, method, step_ms, loss, link_bytes=1e6):
     return {"model": "mlp", "layout": layout, "link": link, "link_measured_bps": 0.95 * render_tables._link_bps(link),
             "method": method, "step_ms": step_ms, "steps": 20, "warmup": 3, "params": 10, "loss": loss,
