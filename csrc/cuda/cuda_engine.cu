@@ -236,6 +236,9 @@ void CudaEngine::check_usable(const char* op) const {
   TORCH_CHECK(ws_->error_code() == 0, "pycoll::", op, ": ", ws_->error_message());
   // The events path's failure ends the group for the kernels' ops too (a peer is gone or out of step).
   TORCH_CHECK(!same_device_ || same_device_->broken().empty(), "pycoll::", op, ": ", same_device_->broken());
+  TORCH_CHECK(!out_of_step_.load(std::memory_order_acquire), "pycoll::", op,
+              ": the group is unusable: this rank refused an earlier all_to_all's splits after running its schedule "
+              "program poisoned, and its peers stopped there");
 }
 
 namespace {

@@ -20,6 +20,7 @@
 //     should raise device_error_message() and stop using the engine.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -171,6 +172,9 @@ class CudaEngine {
   // PYCOLL_CUDA_SAME_DEVICE=events with every rank on this GPU: all_reduce, reduce_scatter,
   // all_gather and broadcast go there (cuda/same_device_path.h); null otherwise.
   std::unique_ptr<SameDevicePath> same_device_;
+  // Set once this rank ran a schedule program poisoned (all_to_all splits it refused): its peers
+  // stopped at its first message, so no later op of the group can meet them.
+  std::atomic<bool> out_of_step_{false};
   // The programs' step tables on the device and the lanes' progress words (cuda/schedule_kernel.cu);
   // made at the first schedule call.
   std::shared_ptr<ScheduleKernels> schedule_;

@@ -570,6 +570,7 @@ void CudaEngine::run_schedule(const ScheduleCall& c, cudaStream_t stream) {
   a.rop = c.rop;
   kernels::schedule_kernel<<<lanes, kernels::kThreads, 0, stream>>>(a);
   PYCOLL_CUDA_CHECK(cudaGetLastError(), "pycoll::", kOp, ": schedule program '", p.name, "': ", "kernel launch");
+  if (c.poisoned) out_of_step_.store(true, std::memory_order_release);
 
   if (c.div > 1 && c.holds_result) {
     // 16-byte aligned pieces of at least 64 KiB over at most 64 CTAs.
