@@ -22,8 +22,13 @@
 namespace pycoll {
 
 Waiter::Clock::time_point Waiter::deadline() {
-  if (deadline_ == Clock::time_point{}) deadline_ = Clock::now() + timeout_;
-  return deadline_;
+  Clock::rep d = deadline_.load(std::memory_order_relaxed);
+  if (d == 0) {
+    const Clock::rep mine = (Clock::now() + timeout_).time_since_epoch().count();
+    // The first lane to get here sets it; the others take the value it set.
+    d = deadline_.compare_exchange_strong(d, mine, std::memory_order_relaxed) ? mine : d;
+  }
+  return Clock::time_point(Clock::duration(d));
 }
 
 void Waiter::fail(int peer, const char* stage, bool dead) {

@@ -44,10 +44,12 @@ class Waiter {
 
  private:
   [[noreturn]] void fail(int peer, const char* stage, bool dead);
-  Clock::time_point deadline();  // set by the first call
+  Clock::time_point deadline();  // set by the first call (of any lane's thread)
   Transport& t_;
   std::chrono::milliseconds timeout_;
-  Clock::time_point deadline_{};  // unset: no wait has outlasted its spin yet
+  // Ticks of Clock; 0: no wait has outlasted its spin yet. Atomic: a pipelined op's lanes share
+  // their op's Waiter.
+  std::atomic<Clock::rep> deadline_{0};
   const std::atomic<bool>* abort_;
   const char* op_ = nullptr;
   uint64_t seq_ = 0;
