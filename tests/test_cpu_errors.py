@@ -107,6 +107,36 @@ def test_mismatch_raises_on_every_rank(world_size, kind):
     run_ranks(world_size, _mismatch_rank, kind, timeout=90)
 
 
+def _all_to_all_splits_rank(rank, ws):
+    """Ranks whose all_to_all split tables disagree (rank 0 sends 2 floats to the last rank, which
+    expects 3) raise on every rank, naming both sides; all_to_alls with good tables before and
+    after (the tables alternate between two places by op parity) move the right data."""
+    quiet()
+
+    def good(k):
+        inp = torch.arange(2 * ws, dtype=torch.float32) + 100 * rank + k
+        out = torch.empty(2 * ws)
+        dist.all_to_all_single(out, inp, [2] * ws, [2] * ws)
+        want = torch.cat([torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float32) + 100 * s + k for s in range(ws)])
+        assert torch.equal(out, want), (k, out, want)
+
+    good(0)
+    out_splits = [3 if (rank == ws - 1 and s == 0) else 2 for s in range(ws)]
+    out = torch.empty(sum(out_splits))
+    msg = raises(lambda: dist.all_to_all_single(out, torch.ones(2 * ws), out_splits, [2] * ws), RuntimeError,
+                 within=20)
+    mentions(msg, "split size mismatch", rf"rank 0 sends 8 bytes to rank {ws - 1}", "expects 12 bytes from rank 0")
+    good(1)
+    good(2)
+    check_sum_works(ws)
+
+
+@pytest.mark.pycoll_only  # Gloo does not check split tables against each other
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_to_all_split_tables_that_disagree_raise_on_every_rank(world_size):
+    run_ranks(world_size, _all_to_all_splits_rank, timeout=90)
+
+
 def _future_after_completion_rank(rank, ws):
     """An async op whose Future nobody asked for settles on the engine thread (one wake-up for
     wait()); a Future asked for afterwards must still carry the op's result or its error."""
