@@ -389,7 +389,8 @@ def caption(launches, label, vs, how, spec, doc_dir=""):
     cmd = " / ".join(f"`{c}`" for c in commands) if commands else "(command not recorded)"
     link = os.path.relpath(spec["source"], doc_dir or ".").replace(os.sep, "/")
     run = f", run {spec['run']}" if spec.get("run") else ""
-    return f"*{describe_platform(meta, launches[0].get('config'))}, {date}; {reduced}{ratio}. {cmd} ([data]({link}){run})*"
+    platform = describe_platform(meta, launches[0].get("config"))
+    return f"*{platform}, {date}; {reduced}{ratio}. {cmd} ([data]({link}){run})*"
 
 
 # -- DDP steps across links (benchmarks/cluster_ddp_study.py) ---------------------------------
