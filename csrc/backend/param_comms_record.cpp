@@ -53,11 +53,9 @@ std::shared_ptr<Info> param_comms_info(const ParamCommsCall& c, int start, int s
 
 }  // namespace
 
-// The check the RECORD_FUNCTION macros make: this thread's cached callbacks (an atomic version
-// compare), where at::hasCallbacks() would lock the global callback list on every op.
-bool ParamCommsRecord::profiling() { return at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value(); }
-
 ParamCommsRecord::ParamCommsRecord(const std::function<ParamCommsCall()>& describe) {
+  // The check the RECORD_FUNCTION macros make: this thread's cached callbacks (an atomic version
+  // compare), where at::hasCallbacks() would lock the global callback list on every op.
   std::optional<at::StepCallbacks> callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
   if (!callbacks) return;
   auto record = std::make_unique<at::RecordFunction>(std::move(*callbacks));

@@ -47,8 +47,6 @@ class ParamCommsRecord {
   ParamCommsRecord(const ParamCommsRecord&) = delete;
   ParamCommsRecord& operator=(const ParamCommsRecord&) = delete;
 
-  static bool profiling();  // whether a record would be made now
-
  private:
   std::unique_ptr<c10::DebugInfoGuard> debug_info_;
   std::vector<c10::IValue> inputs_;  // the event's inputs: the record refers to them until it ends
