@@ -186,8 +186,8 @@ def _rank_main(local_rank: int, train, args, spawned: bool) -> None:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":
-        # Rank r on GPU r % (GPUs visible). Ranks that share a GPU: pycoll stages their CUDA ops through
-        # host memory, or runs its CUDA kernels there with PYCOLL_CUDA_SAME_DEVICE=kernels (docs/using-gpus.md).
+        # Rank r on GPU r % (GPUs visible). Ranks that share a GPU: pycoll orders their large collectives
+        # with CUDA IPC events and stages the rest through host memory (PYCOLL_CUDA_SAME_DEVICE, docs/using-gpus.md).
         local_rank = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ranks import run_ranks
+from ranks import run_ranks, shm_mapped
 
 # Every test_gpu_*.py file's module-level marks: `pytestmark = GPU_MARKS`. shares_gpus: tests/conftest.py
 # runs these where fewer GPUs than ranks are visible when PYCOLL_GPU_WORLD is set.
@@ -238,6 +238,29 @@ def run_bound(world, fn, *args, pg_timeout=PG_TIMEOUT, **kwargs):
     gpu_of(rank))): ranks.py's bind_cuda binds cuda:rank, which does not exist where ranks share GPUs."""
     with tempfile.TemporaryDirectory(prefix="pycoll-bound-") as d:
         return run_ranks(world, _bound_rank, os.path.join(d, "store"), pg_timeout, fn, args, init=None, **kwargs)
+
+
+def _on_gpu0(rank, world, store_path, pg_timeout, fn, args):
+    """Every rank on cuda:0, the group bound to it at init (its CUDA engine is made there)."""
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("pycoll", store=store, rank=rank, world_size=world, timeout=pg_timeout, device_id=dev)
+    dist.all_reduce(torch.zeros(1, device=dev))
+    torch.cuda.synchronize()
+    # The path maps its counters' segment (/dev/shm/pycoll-sd-*, unlinked once every rank has it).
+    assert any("pycoll-sd-" in p for p in shm_mapped()), (
+        f"rank {rank}: no same-device events segment mapped: the group did not take the events path "
+        f"({sorted(shm_mapped())})")
+    return fn(rank, world, dev, *args)
+
+
+def run_gpu0(fn, *args, env, pg_timeout=PG_TIMEOUT, **kwargs):
+    """run_ranks with every rank on cuda:0 and the events path required (PYCOLL_CUDA_SAME_DEVICE=events
+    or auto in `env`): fn(rank, world, device, *args)."""
+    with tempfile.TemporaryDirectory(prefix="pycoll-sd-test-") as d:
+        return run_ranks(WORLD, _on_gpu0, os.path.join(d, "store"), pg_timeout, fn, args, init=None, env=env,
+                         **kwargs)
 
 
 def assert_same_digests(results):

@@ -399,7 +399,7 @@ def test_ranks_sharing_a_gpu_run_against_gloo(monkeypatch, capsys):
     assert launched is None and cfg.device == "cuda" and cfg.nproc == 2
     assert cfg.backends == ["pycoll", "gloo"]
     assert cfg.gpu_layout == "2 ranks on 1 GPU(s), ranks sharing GPUs"
-    assert cfg.same_device == "staged" and cfg.notes == [] and cfg.hint is None
+    assert cfg.same_device == "auto" and cfg.notes == [] and cfg.hint is None
     assert capsys.readouterr().err == ""  # nothing was left out
     monkeypatch.setenv("PYCOLL_CUDA_SAME_DEVICE", " Kernels ")  # read as the extension reads it
     cfg, _ = cli.parse_config(["--device", "cuda", "--nproc", "4"])
@@ -427,8 +427,9 @@ def test_the_header_says_the_layout_and_the_same_device_path(monkeypatch):
     cfg, _ = cli.parse_config(["--device", "cuda", "--nproc", "2", "--backends", "pycoll,nccl,gloo"])
     meta = {"world_size": 2, "device": "cuda", "card": "a GPU", "torch": "x"}
     head = report.format_table([], meta, cfg, "gloo").splitlines()
-    assert ("# 2 ranks on 1 GPU(s), ranks sharing GPUs; pycoll runs their CUDA ops staged "
-            "(PYCOLL_CUDA_SAME_DEVICE): through host memory and the CPU engine") in head
+    assert ("# 2 ranks on 1 GPU(s), ranks sharing GPUs; pycoll runs their CUDA ops auto "
+            "(PYCOLL_CUDA_SAME_DEVICE): all_reduce, reduce_scatter, all_gather and broadcast ordered by CUDA IPC "
+            "events from a measured size up, everything else through host memory") in head
     assert '# nccl left out: 2 ranks on 1 GPU(s), ranks sharing GPUs, which NCCL refuses ("Duplicate GPU detected")' \
         in head
 
@@ -471,7 +472,7 @@ def test_a_bad_same_device_setting_is_a_usage_error(monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         cli.parse_config(["--device", "cuda", "--nproc", "2"])
     assert info.value.code == 2
-    assert "PYCOLL_CUDA_SAME_DEVICE='fast' is not valid: it must be one of staged, kernels" in capsys.readouterr().err
+    assert "PYCOLL_CUDA_SAME_DEVICE='fast' is not valid: it must be one of auto, staged, kernels" in capsys.readouterr().err
 
 
 def test_default_run_on_one_gpu_stays_on_cpu_and_says_how_to_share_it(monkeypatch):

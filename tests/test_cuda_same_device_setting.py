@@ -17,16 +17,18 @@ def test_declared_in_the_registry():
     found = [s for s in ps.settings() if s["name"] == NAME]
     assert len(found) == 1, [s["name"] for s in ps.settings()]
     s = found[0]
-    assert s["default"] == "staged", s
-    assert s["range"] == "staged, kernels, events", s
+    assert s["default"] == "auto", s
+    assert s["range"] == "auto, staged, kernels, events", s
     assert s["scope"] == "cuda engine", s
     assert s["ranks_agree"] is True, s
-    assert s["audience"] == "developer", s
+    assert s["audience"] == "user", s
     assert "docs/using-gpus.md" in s["doc"], s
 
 
 def test_read_gives_the_default_and_the_value_set(monkeypatch):
     monkeypatch.delenv(NAME, raising=False)
+    assert ps.read(NAME) == "auto"
+    monkeypatch.setenv(NAME, "staged")
     assert ps.read(NAME) == "staged"
     monkeypatch.setenv(NAME, "kernels")
     assert ps.read(NAME) == "kernels"
@@ -34,10 +36,18 @@ def test_read_gives_the_default_and_the_value_set(monkeypatch):
     assert ps.read(NAME) == "events"
 
 
+def test_the_size_switch_is_declared():
+    found = [s for s in ps.settings() if s["name"] == "PYCOLL_CUDA_SAME_DEVICE_STAGED_BELOW_KIB"]
+    assert len(found) == 1
+    s = found[0]
+    assert s["default"] == "-1 (measured)" and s["ranks_agree"] is True and s["scope"] == "cuda engine", s
+    assert "docs/using-gpus.md" in s["doc"], s
+
+
 def test_documented_with_mps_and_the_cta_caps():
     with open(os.path.join(ROOT, "docs", "using-gpus.md")) as fh:
         text = fh.read()
-    for words in (NAME, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "PYCOLL_CUDA_MAX_BLOCKS", "PYCOLL_CUDA_P2P_MAX_BLOCKS",
+    for words in (NAME, "PYCOLL_CUDA_SAME_DEVICE_STAGED_BELOW_KIB", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "PYCOLL_CUDA_MAX_BLOCKS", "PYCOLL_CUDA_P2P_MAX_BLOCKS",
                   "local_rank % torch.cuda.device_count()"):
         assert words in text, words
     # Every setting the section names is declared.

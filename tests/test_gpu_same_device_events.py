@@ -10,16 +10,14 @@ Run with PYCOLL_GPU_WORLD=2 and 4 on one GPU: python3 -m pytest -q tests/test_gp
 """
 import datetime
 import os
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
-from gpu_collectives_util import (DTYPES, GPU_MARKS, PG_TIMEOUT, SIZES, WORLD, R, assert_same_digests,
+from gpu_collectives_util import (DTYPES, GPU_MARKS, SIZES, WORLD, R, assert_same_digests,
                                   check_all_gather_odd_offsets, check_close, check_sync_op_on_side_stream, digest,
-                                  make_input, op_name, ops_for, reference, run_as_script)
-from ranks import run_ranks, shm_mapped
+                                  make_input, op_name, ops_for, reference, run_as_script, run_gpu0)
 
 pytestmark = GPU_MARKS
 
@@ -29,27 +27,6 @@ SMALL = dict(EVENTS, PYCOLL_CUDA_SAME_DEVICE_STAGING_KIB=str(STAGING_KIB))
 # Exercised with the default staging (64 MiB: one round up to 64 MiB) and with the small one.
 STAGINGS = (EVENTS, SMALL)
 EXIT_TIMEOUT = datetime.timedelta(seconds=10)
-
-
-def _on_gpu0(rank, world, store_path, pg_timeout, fn, args):
-    """Every rank on cuda:0, the group bound to it at init (its CUDA engine is made there)."""
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    store = dist.FileStore(store_path, world)
-    dist.init_process_group("pycoll", store=store, rank=rank, world_size=world, timeout=pg_timeout, device_id=dev)
-    dist.all_reduce(torch.zeros(1, device=dev))
-    torch.cuda.synchronize()
-    # The path maps its counters' segment (/dev/shm/pycoll-sd-*, unlinked once every rank has it).
-    assert any("pycoll-sd-" in p for p in shm_mapped()), (
-        f"rank {rank}: no same-device events segment mapped: the group did not take the events path "
-        f"({sorted(shm_mapped())})")
-    return fn(rank, world, dev, *args)
-
-
-def run_gpu0(fn, *args, env, pg_timeout=PG_TIMEOUT, **kwargs):
-    with tempfile.TemporaryDirectory(prefix="pycoll-sd-test-") as d:
-        return run_ranks(WORLD, _on_gpu0, os.path.join(d, "store"), pg_timeout, fn, args, init=None, env=env,
-                         **kwargs)
 
 
 def _staging_elems(dtype):

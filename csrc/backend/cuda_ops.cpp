@@ -79,13 +79,17 @@ Engine* CudaOps::engine(const at::Device& device) {
     if (bound_device_.load(std::memory_order_relaxed) == device.index()) return e;
   }
   CudaEngine& eng = cuda_engine(device);
-  if (!eng.peers_reachable()) return nullptr;
+  if (!eng.serves_group()) return nullptr;
   std::lock_guard<std::mutex> g(mu_);
   if (!tensor_engine_) {
     tensor_engine_ = std::make_unique<CudaTensorEngine>(eng);
     bound_tensor_engine_.store(tensor_engine_.get(), std::memory_order_release);
   }
   return tensor_engine_.get();
+}
+
+bool CudaOps::point_to_point_on_device(const at::Device& device) {
+  return engine(device) != nullptr && !cuda_engine(device).kernels_off();
 }
 
 CudaEngine& CudaOps::cuda_engine(const at::Device& device) {

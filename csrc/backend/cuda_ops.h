@@ -40,9 +40,11 @@ class CudaOps : public DeviceQueue {
   ~CudaOps() override;
 
   // The engine when it serves this device (every peer on this host, on a GPU with peer access
-  // or, with PYCOLL_CUDA_SAME_DEVICE=kernels, on this GPU), else nullptr (the backend stages). Creating the engine is collective: the first CUDA op of the group does it on
+  // or, with PYCOLL_CUDA_SAME_DEVICE=kernels or events, on this GPU; with auto, every rank on this
+  // GPU), else nullptr (the backend stages). Creating the engine is collective: the first CUDA op of the group does it on
   // every rank, in the same order.
   Engine* engine(const at::Device& device) override;
+  bool point_to_point_on_device(const at::Device& device) override;
   std::vector<int64_t> trace() override;
   void abort() noexcept override;
 

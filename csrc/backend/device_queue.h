@@ -29,6 +29,10 @@ class DeviceQueue {
   // on another host or without peer access). The first call is collective: every rank makes
   // its engine then, in the same order.
   virtual Engine* engine(const at::Device& device) = 0;
+  // True when sends and receives of CUDA tensors on `device` run on the device (as engine(device)
+  // does, collectively the first time); false where they stage through host memory (no engine, or
+  // ranks sharing one GPU under PYCOLL_CUDA_SAME_DEVICE=auto, whose engine runs no kernels).
+  virtual bool point_to_point_on_device(const at::Device& device) = 0;
 
   // Runs body on the stream the op belongs on and returns its Work: a synchronous collective
   // runs on the caller's current stream; an async one (and all point-to-point) on the group's

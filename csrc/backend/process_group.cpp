@@ -50,6 +50,16 @@ c10::Stream current_stream(const at::Device& device) {
   return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
+// What the engines' takes() weigh: the op's output bytes, which every rank has alike where its
+// input differs (a broadcast's root, an uneven all_gather).
+int64_t output_bytes(const OpCall& call) {
+  if (call.direct.output.defined()) return int64_t(call.direct.output.nbytes());
+  int64_t bytes = 0;
+  for (const auto& t : call.outputs) bytes += int64_t(t.nbytes());
+  return bytes;
+}
+
+
 }  // namespace
 
 ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -235,7 +245,7 @@ void ProcessGroupPycoll::check_bound_device(const at::Tensor& t) const {
 bool ProcessGroupPycoll::on_cuda_engine(const at::Tensor& t) {
   if (!t.is_cuda() || !cuda_) return false;
   check_bound_device(t);
-  return cuda_->engine(t.device()) != nullptr;
+  return cuda_->point_to_point_on_device(t.device());
 }
 
 Engine& ProcessGroupPycoll::engine_for(const OpCall& call) {
@@ -244,7 +254,8 @@ Engine& ProcessGroupPycoll::engine_for(const OpCall& call) {
   if (cuda_) {
     Engine* e = cuda_->engine(call.device);
     if (e != nullptr && hosts_) e = &device_hierarchical(*e);
-    if (e != nullptr && e->serves(call.op, call.dtype, call.device)) return *e;
+    if (e != nullptr && e->serves(call.op, call.dtype, call.device) && e->takes(call.op, call.algo, output_bytes(call)))
+      return *e;
   }
   return *staged_;
 }

@@ -57,6 +57,25 @@ std::string engine_start_help() {
 
 }  // namespace
 
+// Auto: below this size the backend stages an op of ranks sharing one GPU. The setting, or measured
+// here: one small events-path op costs about two context switches between the processes without
+// the MPS daemon (about 440 us on an H200 with 2 ranks, about 1 ms with 4), under which staging
+// through host memory is faster up to about 1 MiB; under MPS it costs tens of us and the events
+// path is the faster at every size (docs/decisions/0039-ipc-event-handoff.md). Rank 0's
+// measurement decides for all: every rank must split at the same size.
+int64_t CudaEngine::events_threshold(const Rendezvous& rv, int rank) {
+  constexpr int kProbeOps = 8;
+  constexpr double kMpsLikeUs = 100;
+  constexpr int64_t kStagedBelowWithoutMps = int64_t(1) << 20;
+  const int64_t kib = cuda_settings::kSameDeviceStagedBelowKiB.get();
+  if (kib >= 0) return kib * 1024;
+  const double us = same_device_->time_small_all_reduce_us(kProbeOps);
+  const std::string key = rv.prefix + "same_device_probe_us";
+  if (rank == 0) rv.set(key, std::to_string(us));
+  const double decided = std::stod(rv.get(key));
+  return decided > kMpsLikeUs ? kStagedBelowWithoutMps : 0;
+}
+
 CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), device_(device) {
   TORCH_CHECK(device >= 0, "pycoll::CudaEngine: device must be a CUDA device index, got ", device);
@@ -79,6 +98,8 @@ CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chron
     SettingList mine = gpu::agreement_list(limits_);
     mine.push_back({"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured});
     mine.push_back({cuda_settings::kSameDevice.name(), cuda_settings::same_device_mode_name(same_device_mode)});
+    mine.push_back({cuda_settings::kSameDeviceStagedBelowKiB.name(),
+                     std::to_string(cuda_settings::kSameDeviceStagedBelowKiB.get())});
     rv.set(rv.prefix + "settings/" + std::to_string(rank), encode_settings(mine));
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(rv.prefix + "settings/" + std::to_string(r));
@@ -109,11 +130,17 @@ CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chron
                 "pycoll CUDA engine: the all_reduce protocol '", gpu::all_reduce_protocols()[i].name,
                 "' is registered, but this build has no launcher registered under that name");
   }
-  // Every rank on this GPU, events mode: the main collectives run with no cross-process spinning.
-  if (same_device_mode == cuda_settings::SameDeviceMode::Events && size > 1 && ws_->reachable() &&
+  const bool auto_mode = same_device_mode == cuda_settings::SameDeviceMode::Auto;
+  // Auto: ranks that share a GPU never run the kernels, which spin on each other's flags (through
+  // the time slices of every process without the MPS daemon; under it, only while every rank's
+  // CTAs fit at once). Only the events path runs on the device, or nothing does (the backend stages).
+  kernels_off_ = auto_mode && ws_->reachable() && ws_->gpus_shared();
+  // Every rank on this GPU, events or auto: the main collectives run with no cross-process spinning.
+  if ((same_device_mode == cuda_settings::SameDeviceMode::Events || auto_mode) && size > 1 && ws_->reachable() &&
       ws_->peers_on_this_gpu() == size - 1) {
     same_device_ = std::make_unique<SameDevicePath>(rv, rank, size, device, timeout,
                                                     cuda_settings::kSameDeviceStagingKiB.get() * 1024);
+    if (auto_mode) events_from_bytes_ = events_threshold(rv, rank);
   }
   if (trace_ && size > 1 && ws_->reachable()) start_tracing();  // last: nothing after it throws
 }
@@ -223,6 +250,7 @@ CudaEngine::~CudaEngine() {
 }
 
 bool CudaEngine::peers_reachable() const { return ws_->reachable(); }
+bool CudaEngine::serves_group() const { return ws_->reachable() && (!kernels_off_ || same_device_ != nullptr); }
 int CudaEngine::device_error() const { return ws_->error_code(); }
 void CudaEngine::abort() noexcept {
   ws_->abort();

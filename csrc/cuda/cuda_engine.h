@@ -62,6 +62,14 @@ class CudaEngine {
   // False if some peer is on another host, lacks P2P access, or shares this rank's GPU while
   // PYCOLL_CUDA_SAME_DEVICE=staged (the backend then stages through host memory).
   bool peers_reachable() const;
+  // True when the engine runs any of the group's ops: its peers are reachable and, where ranks
+  // share a GPU under PYCOLL_CUDA_SAME_DEVICE=auto, every rank is on this GPU (the events path).
+  bool serves_group() const;
+  // PYCOLL_CUDA_SAME_DEVICE=auto with ranks sharing a GPU: no kernel of this engine runs, only the
+  // events path's all_reduce, reduce_scatter, all_gather and broadcast of at least
+  // events_from_bytes() (the op's output); the backend stages everything else.
+  bool kernels_off() const { return kernels_off_; }
+  int64_t events_from_bytes() const { return events_from_bytes_; }
 
   // Every call enqueues on `stream` (whose device is `device`) and returns without blocking the
   // host. Buffers are device memory on `device`, dense, with the same counts and dtype on every
@@ -169,9 +177,12 @@ class CudaEngine {
   std::vector<const gpu::AllReduceLauncher*> launchers_;
   bool early_launch_ = false;  // PYCOLL_CUDA_EARLY_LAUNCH: programmatic dependent launch (sm_90+)
   std::unique_ptr<cuda_ipc::IpcWorkspace> ws_;
-  // PYCOLL_CUDA_SAME_DEVICE=events with every rank on this GPU: all_reduce, reduce_scatter,
+  // PYCOLL_CUDA_SAME_DEVICE=events or auto with every rank on this GPU: all_reduce, reduce_scatter,
   // all_gather and broadcast go there (cuda/same_device_path.h); null otherwise.
   std::unique_ptr<SameDevicePath> same_device_;
+  bool kernels_off_ = false;
+  int64_t events_from_bytes_ = 0;
+  int64_t events_threshold(const Rendezvous& rv, int rank);  // auto: events_from_bytes_, set or measured
   // Set once this rank ran a schedule program poisoned (all_to_all splits it refused): its peers
   // stopped at its first message, so no later op of the group can meet them.
   std::atomic<bool> out_of_step_{false};

@@ -70,19 +70,29 @@ const IntSetting kEarlyLaunch("PYCOLL_CUDA_EARLY_LAUNCH", 1, 0, 1, kScope, false
 const IntSetting kTrace("PYCOLL_CUDA_TRACE", 0, 0, 1, kScope, false, Audience::Developer,
                         "1: kernels that support it record their timeline in the workspace "
                         "(pycollectives cuda_trace(); cuda/kernels/trace.cuh).");
-const TextSetting kSameDevice("PYCOLL_CUDA_SAME_DEVICE", "staged", "staged, kernels, events", kScope, true,
-                              Audience::Developer,
-                              "Ranks of a group that share one GPU: staged runs the group's CUDA ops through host "
-                              "memory and the CPU engine; kernels maps their workspaces with CUDA IPC and runs the "
-                              "engine's kernels (time-sliced between the processes unless the MPS daemon runs; "
-                              "correct, not fast); events runs all_reduce, reduce_scatter, all_gather and broadcast "
+const TextSetting kSameDevice("PYCOLL_CUDA_SAME_DEVICE", "auto", "auto, staged, kernels, events", kScope, true,
+                              Audience::User,
+                              "Ranks of a group that share one GPU: auto runs all_reduce, reduce_scatter, all_gather "
+                              "and broadcast of a group whose ranks all share one GPU as events does from "
+                              "PYCOLL_CUDA_SAME_DEVICE_STAGED_BELOW_KIB up and everything else as staged; staged runs "
+                              "the group's CUDA ops through host memory and the CPU engine; kernels maps their "
+                              "workspaces with CUDA IPC and runs the engine's kernels (time-sliced between the "
+                              "processes unless the MPS daemon runs; correct, not fast); events runs those four ops "
                               "with no kernel waiting on another process (streams ordered by CUDA IPC events, "
-                              "cuda/same_device_path.h) and the other ops as kernels does. docs/using-gpus.md");
+                              "cuda/same_device_path.h) at every size and the other ops as kernels does. "
+                              "docs/using-gpus.md");
 const IntSetting kSameDeviceStagingKiB(
     "PYCOLL_CUDA_SAME_DEVICE_STAGING_KIB", 65536, 4, int64_t(1) << 22, kScope, true, Audience::Developer,
-    "PYCOLL_CUDA_SAME_DEVICE=events: each rank's staging buffer in KiB (device memory every peer maps); a larger "
-    "message takes one round per buffer. cuda/same_device_path.h",
+    "PYCOLL_CUDA_SAME_DEVICE=events or auto: each rank's staging buffer in KiB (device memory every peer maps); a "
+    "larger message takes one round per buffer. cuda/same_device_path.h",
     nullptr, false, 4);
+const IntSetting kSameDeviceStagedBelowKiB(
+    "PYCOLL_CUDA_SAME_DEVICE_STAGED_BELOW_KIB", -1, -1, int64_t(1) << 22, kScope, true, Audience::User,
+    "PYCOLL_CUDA_SAME_DEVICE=auto: messages below this many KiB (the op's output, alike on every rank) stage "
+    "through host memory, larger ones take the events path; -1 measures a handoff between the ranks' streams "
+    "when the group starts: 1024 where it takes over 100 us (no MPS daemon), 0 where it is faster (MPS). "
+    "docs/using-gpus.md",
+    "-1 (measured)");
 
 SameDeviceMode same_device_mode() {
   std::string v = kSameDevice.get();
@@ -90,18 +100,20 @@ SameDeviceMode same_device_mode() {
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return char(std::tolower(c)); });
   if (v == "kernels") return SameDeviceMode::Kernels;
   if (v == "events") return SameDeviceMode::Events;
-  TORCH_CHECK_VALUE(v == "staged", "pycoll: ", kSameDevice.name(), "=", kSameDevice.get(),
-                    " is not valid: it must be one of staged, kernels, events");
-  return SameDeviceMode::Staged;
+  if (v == "staged") return SameDeviceMode::Staged;
+  TORCH_CHECK_VALUE(v == "auto", "pycoll: ", kSameDevice.name(), "=", kSameDevice.get(),
+                    " is not valid: it must be one of auto, staged, kernels, events");
+  return SameDeviceMode::Auto;
 }
 
 const char* same_device_mode_name(SameDeviceMode m) {
   switch (m) {
     case SameDeviceMode::Kernels: return "kernels";
     case SameDeviceMode::Events: return "events";
-    case SameDeviceMode::Staged: break;
+    case SameDeviceMode::Staged: return "staged";
+    case SameDeviceMode::Auto: break;
   }
-  return "staged";
+  return "auto";
 }
 
 }  // namespace pycoll::cuda_settings

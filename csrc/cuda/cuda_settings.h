@@ -25,12 +25,15 @@ extern const IntSetting kEarlyLaunch;
 extern const IntSetting kTrace;
 extern const TextSetting kSameDevice;
 extern const IntSetting kSameDeviceStagingKiB;
+extern const IntSetting kSameDeviceStagedBelowKiB;
 
-// PYCOLL_CUDA_SAME_DEVICE, parsed: staged (ranks that share a GPU stage through host memory),
-// kernels (they map each other's workspace and run the engine's kernels), events (as kernels,
-// except that the main collectives run cuda/same_device_path.h). Any other value raises
-// ValueError naming the setting and its values.
-enum class SameDeviceMode { Staged, Kernels, Events };
+// PYCOLL_CUDA_SAME_DEVICE, parsed: auto (the main collectives of a group whose ranks all share one
+// GPU run cuda/same_device_path.h from a measured size up, everything else stages through host
+// memory; no kernel ever waits on another process), staged (ranks that share a GPU stage through
+// host memory), kernels (they map each other's workspace and run the engine's kernels), events (as
+// kernels, except that the main collectives run cuda/same_device_path.h at every size). Any other
+// value raises ValueError naming the setting and its values.
+enum class SameDeviceMode { Auto, Staged, Kernels, Events };
 SameDeviceMode same_device_mode();
 const char* same_device_mode_name(SameDeviceMode m);
 

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -39,7 +40,7 @@ using gpu::KernelType;
 using Clock = std::chrono::steady_clock;
 
 #define PYCOLL_SD_CHECK(expr, op, what) \
-  PYCOLL_CUDA_CHECK(expr, "pycoll::", op, " (ranks sharing one GPU, PYCOLL_CUDA_SAME_DEVICE=events): ", what)
+  PYCOLL_CUDA_CHECK(expr, "pycoll::", op, " (ranks sharing one GPU, the events path): ", what)
 
 constexpr int kThreads = 512;
 constexpr int64_t kMinBlockBytes = 32 << 10;  // less per CTA costs more in launch than it moves
@@ -501,7 +502,8 @@ void SameDevicePath::check_usable(const char* op, cudaStream_t s) {
   if (st != cudaStreamCaptureStatusNone) {
     throw std::invalid_argument(str(
         "pycoll::", op, ": the stream is capturing a CUDA graph, but the ranks of this group share one GPU and ",
-        "PYCOLL_CUDA_SAME_DEVICE=events orders them with host waits and IPC events, which a graph cannot hold. ",
+        "their events path (PYCOLL_CUDA_SAME_DEVICE=auto or events) orders them with host waits and IPC events, ",
+        "which a graph cannot hold. ",
         "Ranks sharing one GPU capture collectives only with PYCOLL_CUDA_SAME_DEVICE=kernels (under the MPS daemon); "
         "or issue this collective outside the capture."));
   }
@@ -703,6 +705,31 @@ void SameDevicePath::broadcast(void* buf, int64_t bytes, int root, cudaStream_t 
     }
     run_round(rd, s);
   }
+}
+
+double SameDevicePath::time_small_all_reduce_us(int ops) {
+  const char* name = "all_reduce";
+  float* buf = nullptr;
+  cudaStream_t s = nullptr;
+  PYCOLL_SD_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), sizeof(float)), name, "cudaMalloc of the probe");
+  double us = 0;
+  try {
+    PYCOLL_SD_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), name, "cudaStreamCreateWithFlags");
+    PYCOLL_SD_CHECK(cudaMemsetAsync(buf, 0, sizeof(float), s), name, "cudaMemsetAsync");
+    all_reduce(buf, buf, 1, DType::Float32, ReduceKind::Sum, s);
+    PYCOLL_SD_CHECK(cudaStreamSynchronize(s), name, "cudaStreamSynchronize");
+    const auto t0 = Clock::now();
+    for (int i = 0; i < ops; ++i) all_reduce(buf, buf, 1, DType::Float32, ReduceKind::Sum, s);
+    PYCOLL_SD_CHECK(cudaStreamSynchronize(s), name, "cudaStreamSynchronize");
+    us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / std::max(ops, 1);
+  } catch (...) {
+    if (s != nullptr) (void)cudaStreamDestroy(s);
+    (void)cudaFree(buf);
+    throw;
+  }
+  (void)cudaStreamDestroy(s);
+  (void)cudaFree(buf);
+  return us;
 }
 
 }  // namespace pycoll

@@ -55,6 +55,11 @@ class SameDevicePath {
   // `out`: size * bytes, rank q's `in` at q * bytes.
   void all_gather(const void* in, void* out, int64_t bytes, cudaStream_t s);
   void broadcast(void* buf, int64_t bytes, int root, cudaStream_t s);
+  // Collective: `ops` all_reduces of one float on a stream of its own after one to warm up; returns
+  // this rank's mean time per op in microseconds, host issue to completion. What one op costs at
+  // any size below a round's copy time: about two context switches without the MPS daemon (a
+  // few hundred us), tens of us with it (docs/decisions/0039-ipc-event-handoff.md).
+  double time_small_all_reduce_us(int ops);
   // Any thread: the host waits of this rank (now and later) end with an error at once, and so do
   // the peers' (the flag is shared). GPU work already enqueued is left to run.
   void abort() noexcept;

@@ -48,16 +48,25 @@ bool CudaTensorEngine::serves(OpCode op, at::ScalarType dtype, const at::Device&
   if (!device.is_cuda() || device.index() != cuda_.device()) return false;
   switch (op) {
     case OpCode::Broadcast:
-    case OpCode::AllGather:
-    case OpCode::AllToAll: return true;
-    case OpCode::AllReduce:
+    case OpCode::AllGather: return true;
+    case OpCode::AllToAll: return !cuda_.kernels_off();
     case OpCode::Reduce:
+      if (cuda_.kernels_off()) return false;
+      [[fallthrough]];
+    case OpCode::AllReduce:
     case OpCode::ReduceScatter: {
       const auto d = reducible_dtype(dtype);
       return d.has_value() && cuda_kernels_reduce(*d);
     }
     default: return false;
   }
+}
+
+bool CudaTensorEngine::takes(OpCode op, Algo algo, int64_t bytes) const {
+  (void)op;
+  // Ranks sharing one GPU (auto): a schedule program runs as kernels, so it stages (the CPU engine
+  // runs it); so do messages below the size where the events path beats staging.
+  return !cuda_.kernels_off() || (algo != Algo::Schedule && bytes >= cuda_.events_from_bytes());
 }
 
 Algo CudaTensorEngine::run(const Collective& c, const c10::Stream& stream) {

@@ -16,8 +16,10 @@ class CudaTensorEngine : public Engine {
   explicit CudaTensorEngine(CudaEngine& cuda) : cuda_(cuda) {}
   const char* name() const override { return "cuda"; }
   // all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all; gather, scatter and
-  // barrier go through host memory.
+  // barrier go through host memory. Ranks sharing one GPU under PYCOLL_CUDA_SAME_DEVICE=auto: the
+  // events path's four (all_reduce, reduce_scatter, all_gather, broadcast), from its size up.
   bool serves(OpCode op, at::ScalarType dtype, const at::Device& device) override;
+  bool takes(OpCode op, Algo algo, int64_t bytes) const override;
   bool enqueues_on_device() const override { return true; }
   Algo run(const Collective& c, const c10::Stream& stream) override;
 

@@ -50,6 +50,13 @@ class Engine {
   virtual const char* name() const = 0;
   // True when this engine runs `op` on tensors of `dtype` on `device`.
   virtual bool serves(OpCode op, at::ScalarType dtype, const at::Device& device) = 0;
+  // Asked after serves(): false where this engine leaves this call to the next engine that serves
+  // it (the staged one): ranks sharing one GPU stage small messages and schedule programs.
+  // `bytes`: the op's output bytes, alike on every rank, so every rank answers alike.
+  virtual bool takes(OpCode op, Algo algo, int64_t bytes) const {
+    (void)op, (void)algo, (void)bytes;
+    return true;
+  }
   // True when run() enqueues on a CUDA stream and returns at once (the backend then gives the
   // op ProcessGroupNCCL's stream semantics); false when run() finishes the op before returning.
   virtual bool enqueues_on_device() const = 0;

@@ -37,8 +37,8 @@ examples:
   torchrun --nproc-per-node 8 -m pycollectives.bench --backends pycoll,nccl
 
 ranks sharing GPUs (--device cuda, more ranks than GPUs): rank r runs on GPU r % (GPUs visible)
-and pycoll runs their CUDA ops as PYCOLL_CUDA_SAME_DEVICE says (staged, the default, kernels or
-events; docs/using-gpus.md). NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so the
+and pycoll runs their CUDA ops as PYCOLL_CUDA_SAME_DEVICE says (auto, the default, staged,
+kernels or events; docs/using-gpus.md). NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so the
 comparison is Gloo: nccl named in --backends is left out with a note, or refused when it is the
 only backend. The table's header says the layout and pycoll's path.
 

@@ -4,6 +4,8 @@ from typing import List, Optional
 
 # What each PYCOLL_CUDA_SAME_DEVICE value runs for ranks that share a GPU (docs/using-gpus.md).
 SAME_DEVICE_PATHS = {
+    "auto": "all_reduce, reduce_scatter, all_gather and broadcast ordered by CUDA IPC events from a "
+            "measured size up, everything else through host memory",
     "staged": "through host memory and the CPU engine",
     "kernels": "the CUDA engine's kernels on CUDA IPC mappings (correct, not fast)",
     "events": "all_reduce, reduce_scatter, all_gather and broadcast ordered by CUDA IPC events, "
@@ -50,7 +52,7 @@ class BenchConfig:
     argv: List[str] = dataclasses.field(default_factory=list)
     launcher: str = "spawn"          # "spawn", "torchrun" or "pycoll-cluster"
     gpu_layout: Optional[str] = None  # ranks that share GPUs: "N ranks on M GPU(s), ranks sharing GPUs"
-    same_device: Optional[str] = None  # then pycoll's path for them: PYCOLL_CUDA_SAME_DEVICE (staged, kernels)
+    same_device: Optional[str] = None  # then pycoll's path for them: PYCOLL_CUDA_SAME_DEVICE (auto, staged, ...)
     notes: List[str] = dataclasses.field(default_factory=list)  # header lines: a backend left out, and why
     hint: Optional[str] = None       # header line of the default run on a one-GPU machine
 

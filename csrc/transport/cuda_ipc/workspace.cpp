@@ -155,6 +155,11 @@ void IpcWorkspace::init(const Rendezvous& rv, std::chrono::milliseconds timeout,
                 " bytes of workspace info, expected ", sizeof(PeerInfo), " (different pycollectives builds?)");
     std::memcpy(&info[q], v.data(), sizeof(PeerInfo));
   }
+  for (int q = 0; q < size && !gpus_shared_; ++q) {
+    for (int p = 0; p < q && !gpus_shared_; ++p) {
+      gpus_shared_ = std::strncmp(info[p].bus_id, info[q].bus_id, sizeof(info[q].bus_id)) == 0;
+    }
+  }
 
   // This rank's verdict: can it map every peer?
   std::string why;

@@ -40,6 +40,9 @@ class IpcWorkspace {
   bool reachable() const { return reachable_; }
   // Peers (other processes) that use this rank's GPU; exact when reachable().
   int peers_on_this_gpu() const { return peers_on_this_gpu_; }
+  // Some two ranks of the group use one GPU (read from every rank's bus id: the same on every rank
+  // of a group on one host).
+  bool gpus_shared() const { return gpus_shared_; }
   // Why this rank (or some rank) found a peer unreachable; empty when reachable().
   const std::string& unreachable_reason() const { return reason_; }
 
@@ -69,6 +72,7 @@ class IpcWorkspace {
   int device_;
   bool same_device_;
   int peers_on_this_gpu_ = 0;
+  bool gpus_shared_ = false;
   bool reachable_ = false;
   std::string reason_;
   Layout layout_;
