@@ -34,11 +34,10 @@ def _cuda_ops(rank, world, prefix):
     dist.all_reduce(torch.ones(4, device=dev))
     torch.cuda.synchronize()
     x = torch.ones(1 << 20, device=dev)
-    # Long kernels first on this rank's stream (about 0.2 s on an H200): the collective queued
-    # behind them must not be recorded as started before the stream reaches it.
-    a = torch.randn(4096, 4096, device=dev)
-    for _ in range(64):
-        a = a @ a / 64
+    # A long kernel first on this rank's stream (a spin of about a second, however the GPU is
+    # shared; 64 large matmuls were done before the dump below on an H100 with 2 ranks): the
+    # collective queued behind it must not be recorded as started before the stream reaches it.
+    torch.cuda._sleep(2_000_000_000)
     work = dist.all_reduce(x, async_op=True)
     early = json.load(open(pycollectives.trace.dump(prefix)))["entries"][-1]
     work.wait()

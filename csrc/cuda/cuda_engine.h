@@ -183,9 +183,11 @@ class CudaEngine {
   bool kernels_off_ = false;
   int64_t events_from_bytes_ = 0;
   int64_t events_threshold(const Rendezvous& rv, int rank);  // auto: events_from_bytes_, set or measured
-  // Set once this rank ran a schedule program poisoned (all_to_all splits it refused): its peers
-  // stopped at its first message, so no later op of the group can meet them.
+  // Set once this rank ran a schedule program poisoned (all_to_all splits it refused) while some
+  // peer ran it healthy: that peer stopped at this rank's first message, so no later op of the
+  // group can meet them.
   std::atomic<bool> out_of_step_{false};
+  bool poisoned_run_in_step(cudaStream_t stream);  // after a poisoned run: did every rank run it so?
   // The programs' step tables on the device and the lanes' progress words (cuda/schedule_kernel.cu);
   // made at the first schedule call.
   std::shared_ptr<ScheduleKernels> schedule_;
