@@ -29,14 +29,16 @@ def _cuda_ops(rank, world, prefix):
     import pycollectives.trace
 
     dev = torch.device("cuda", torch.cuda.current_device())
-    # The engine's first op meets the peers (seconds on a shared GPU): before the queue below, or
-    # the matmuls would be done by the time the async op returns.
-    dist.all_reduce(torch.ones(4, device=dev))
-    torch.cuda.synchronize()
+    # The engine's first op meets the peers, and the first asynchronous one makes the group's
+    # communication streams, which waited for the GPU's queued work (about a second below, on an
+    # H100 with 2 ranks sharing it): both before the queue below, or the op would have started by
+    # the time it returns.
     x = torch.ones(1 << 20, device=dev)
+    dist.all_reduce(x, async_op=True).wait()
+    torch.cuda.synchronize()
     # A long kernel first on this rank's stream (a spin of about a second, however the GPU is
-    # shared; 64 large matmuls were done before the dump below on an H100 with 2 ranks): the
-    # collective queued behind it must not be recorded as started before the stream reaches it.
+    # shared): the collective queued behind it must not be recorded as started before the stream
+    # reaches it.
     torch.cuda._sleep(2_000_000_000)
     work = dist.all_reduce(x, async_op=True)
     early = json.load(open(pycollectives.trace.dump(prefix)))["entries"][-1]
@@ -56,7 +58,7 @@ def test_cuda_ops_complete_from_their_events(tmp_path, timing):
     prefix = str(tmp_path / "rank_")
     out = run_bound(WORLD, _cuda_ops, prefix, env={"PYCOLL_FR_GPU_TIMING": timing}, timeout=180)
     for rank, (early_state, dump) in enumerate(out):
-        # Queued behind seconds of matmuls, the async all_reduce was not started at issue.
+        # Queued behind a second of GPU work, the async all_reduce was not started at issue.
         assert early_state == "scheduled", early_state
         entries = [e for e in dump["entries"] if e["engine"] == "cuda"]
         names = [e["profiling_name"] for e in entries]
@@ -66,8 +68,8 @@ def test_cuda_ops_complete_from_their_events(tmp_path, timing):
             assert e["time_created_ns"] <= e["time_discovered_started_ns"] <= e["time_discovered_completed_ns"]
             assert e["duration_ms"] is not None and e["duration_ms"] >= 0
         if timing == "1":
-            # The GPU's time of a 4 MiB all_reduce: well under the host's view of the matmuls before it.
-            first = entries[1]  # the async one
+            # The GPU's time of a 4 MiB all_reduce: well under the host's view of the spin before it.
+            first = entries[1]  # the async one queued behind the spin
             host_ms = (first["time_discovered_completed_ns"] - first["time_discovered_started_ns"]) / 1e6
             assert 0 < first["duration_ms"] < 1000 and first["duration_ms"] <= host_ms + 2, (first, host_ms)
 
