@@ -3,7 +3,8 @@
 # training step times. With >= 2 GPUs: one rank per GPU against NCCL, and the same on 4 GPUs when
 # there are 4. With one GPU: the CUDA engine's tests and the simulated-hosts tests with 2 and 4
 # ranks sharing it (rank r on GPU r % count, PYCOLL_CUDA_SAME_DEVICE=kernels), the staged path once,
-# and the examples and the benchmark against Gloo (NCCL refuses ranks that share a GPU). Every step
+# the default path (auto), and the examples and the benchmark on it against Gloo (NCCL refuses
+# ranks that share a GPU). Every step
 # has a time limit (a hung collective costs its limit, not the session); logs, JSON and plots land
 # in OUTDIR, one line per step in OUTDIR/summary.txt: NAME pass|fail|skip, exit status, seconds,
 # and pytest's counts.
@@ -98,11 +99,17 @@ if [ "$NG" -eq 1 ]; then
   export PYCOLL_GPU_WORLD=4
   [ $MPS -eq 1 ] && export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25
   step multihost_shared 570 python3 -m pytest -q -m gpu tests/test_multihost_cuda.py -p no:cacheprovider
-  # The staged path (the setting's default) for ranks sharing the GPU.
+  # The staged path, forced, for ranks sharing the GPU.
   export PYCOLL_GPU_WORLD=2
   [ $MPS -eq 1 ] && export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
   step gpu_staged_2 570 env PYCOLL_CUDA_SAME_DEVICE=staged python3 -m pytest -q -m gpu \
     tests/test_gpu_all_reduce.py tests/test_gpu_other_collectives.py -p no:cacheprovider
+  # The default (auto: staging below a measured size, the events path above it), 2 and 4 ranks;
+  # the benchmark and the examples below run it too.
+  unset PYCOLL_CUDA_SAME_DEVICE
+  step gpu_auto_2 570 python3 -m pytest -q -m gpu tests/test_gpu_same_device_auto.py -p no:cacheprovider
+  step gpu_auto_4 570 env PYCOLL_GPU_WORLD=4 python3 -m pytest -q -m gpu tests/test_gpu_same_device_auto.py \
+    -p no:cacheprovider
   # The benchmark with 2 ranks on the one GPU, against Gloo (pycoll-bench leaves NCCL out there).
   step bench_shared_2 570 python3 -m pycollectives.bench --device cuda --nproc 2 --backends pycoll,gloo \
     --ops all_reduce,all_gather,reduce_scatter -e 16M -f 4 --no-progress --out "$OUTDIR" --name shared-gpu-2
