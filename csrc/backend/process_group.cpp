@@ -59,7 +59,6 @@ int64_t output_bytes(const OpCall& call) {
   return bytes;
 }
 
-
 }  // namespace
 
 ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -99,7 +99,7 @@ CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chron
     mine.push_back({"measured auto choices (PYCOLL_COST_MODEL)", measured.empty() ? std::string("none") : measured});
     mine.push_back({cuda_settings::kSameDevice.name(), cuda_settings::same_device_mode_name(same_device_mode)});
     mine.push_back({cuda_settings::kSameDeviceStagedBelowKiB.name(),
-                     std::to_string(cuda_settings::kSameDeviceStagedBelowKiB.get())});
+                    std::to_string(cuda_settings::kSameDeviceStagedBelowKiB.get())});
     rv.set(rv.prefix + "settings/" + std::to_string(rank), encode_settings(mine));
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(rv.prefix + "settings/" + std::to_string(r));
