@@ -1,9 +1,10 @@
 """PYCOLL_CUDA_SAME_DEVICE=auto (the default) with every rank on one GPU: all_reduce, reduce_scatter,
 all_gather and broadcast take the events path from PYCOLL_CUDA_SAME_DEVICE_STAGED_BELOW_KIB (the
-op's output bytes) up and stage through host memory below it; reduce, all_to_all, sends and
+op's output bytes; an uneven reduce_scatter's largest input) up and stage through host memory below it; reduce, all_to_all, sends and
 receives and schedule programs always stage (no kernel of the CUDA engine runs). Every op against a
 torch reference, and which engine ran it read from this rank's flight recorder; asynchronous ops
-that alternate between the two engines around compute on the current stream; the measured switch
+that alternate between the two engines around compute on the current stream, and take effect in
+issue order without a wait between them; the measured switch
 (the setting left at -1) is the same on every rank.
 
 Run with PYCOLL_GPU_WORLD=2 and 4 on one GPU: python3 -m pytest -q tests/test_gpu_same_device_auto.py
@@ -63,6 +64,15 @@ def _four_ops(rank, world, dev, seed):
         dist.reduce_scatter_tensor(o, xs[rank])
         check_close(o, reference(xs, R.SUM, f32)[rank * m:(rank + 1) * m], f32, str(key))
         _expect(str(key), m * 4, _engine_of_last())
+    # A list of uneven inputs (rank q gets the sum of inputs[q]): this rank's output is below the
+    # switch on rank 0 and above it on the last rank; the largest input, alike everywhere, decides.
+    sizes = [EVENTS_FROM // 4 - 100 + 200 * q // max(world - 1, 1) for q in range(world)]
+    key = ("auto-rsv",)
+    lists = [[make_input(seed, key + (q, j), q, sizes[j], f32, dev) for j in range(world)] for q in range(world)]
+    o = torch.empty(sizes[rank], dtype=f32, device=dev)
+    dist.reduce_scatter(o, lists[rank])
+    check_close(o, reference([lists[q][rank] for q in range(world)], R.SUM, f32), f32, str(key))
+    _expect(str(key), max(sizes) * 4, _engine_of_last())
     # all_gather: the whole output, alike on every rank; also a list of uneven outputs.
     hi = -(-EVENTS_FROM // (4 * world))
     for m in (hi - 1, hi):
@@ -174,6 +184,18 @@ def _async_across_the_switch(rank, world, dev, seed):
             torch.testing.assert_close(y * 2, 2 * w, rtol=1e-4, atol=1e-3, msg=lambda m: f"iteration {it}, op {j}: {m}")
         engines = [e["engine"] for e in _entries()[-8:]]
         assert engines == ["staged", "cuda"] * 4, engines
+    # Issue order holds across the two engines without a wait in between, as on NCCL's one stream:
+    # the all_gather (events path) reads x after the asynchronous all_reduce (staged) wrote it.
+    n = EVENTS_FROM // 4 - 1
+    for it in range(3):
+        torch.cuda._sleep(20_000_000)
+        x = torch.full((n,), float(rank + 1 + it), device=dev)
+        dist.all_reduce(x, async_op=True)
+        out = torch.empty(world * n, device=dev)
+        dist.all_gather_into_tensor(out, x, async_op=True).wait()
+        want = float(sum(q + 1 + it for q in range(world)))
+        assert torch.all(out == want), f"iteration {it}: the all_gather read x before the all_reduce wrote it"
+        assert [e["engine"] for e in _entries()[-2:]] == ["staged", "cuda"], _entries()[-2:]
 
 
 def test_async_ops_alternating_engines(seed):

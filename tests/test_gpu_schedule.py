@@ -5,7 +5,7 @@ collective has, sizes 0, 1, odd and not divisible into chunks, in place and not,
 every root, and blocks larger than a slot (the program runs in segments); a program with two
 lanes, cross-lane deps and scratch. Ranks that force different programs, or pass different sizes,
 raise on every rank instead of returning garbage or timing out; so does a rank whose all_to_all
-splits the program cannot move.
+splits the program cannot move, and a rank that cannot load the program its peers run stops them.
 """
 import json
 import time
@@ -239,6 +239,56 @@ def test_uneven_all_to_all_fails_fast_on_every_rank(seed):
         assert "splits differ" in first and after == "usable", (rank, first, after)
     assert any("another schedule program" in r["one"][1] for r in results), results
 
+
+
+def _cannot_load(rank, world, seed, failing):
+    """The ranks in `failing` force a program whose module does not import there; the others a
+    shipped one, whose kernels would wait for the failing ranks' messages until the timeout."""
+    from pycollectives import _C
+
+    dev = setup_device(rank)
+    dist.all_reduce(torch.ones(4, device=dev))  # the group works
+    torch.cuda.synchronize()
+    _C.set_algo("no_such_module_xyz:f" if rank in failing else "ring_all_reduce")  # unchecked here
+    t0 = time.monotonic()
+    first = "no error"
+    try:
+        dist.all_reduce(torch.ones(1000, device=dev))
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        first = str(e)
+    finally:
+        _C.set_algo("auto")
+    after = "usable"
+    try:
+        dist.all_reduce(torch.ones(4, device=dev))
+        torch.cuda.synchronize()
+    except RuntimeError as e:  # DistBackendError
+        after = str(e)
+    return first, after, time.monotonic() - t0
+
+
+# The kernels path, whatever the environment says (under auto a schedule program stages).
+KERNELS = {"PYCOLL_CUDA_SAME_DEVICE": "kernels"}
+
+
+def test_a_rank_that_cannot_load_the_program_stops_its_peers(seed):
+    results = run_ranks(WORLD, _cannot_load, seed, [WORLD - 1], timeout=240, pg_timeout=PG_TIMEOUT, env=KERNELS)
+    for rank, (first, after, took) in enumerate(results):
+        assert took < PG_TIMEOUT.total_seconds() / 2, f"rank {rank}: failed only after {took:.1f} s (a timeout?)"
+        assert "unusable" in after, (rank, first, after)
+        if rank == WORLD - 1:
+            assert "no_such_module_xyz" in first and "could not be had here" in after, (first, after)
+        else:
+            assert f"rank {WORLD - 1} reported an error first" in first + after, (rank, first, after)
+
+
+def test_a_program_no_rank_can_load_raises_everywhere_and_the_group_goes_on(seed):
+    results = run_ranks(WORLD, _cannot_load, seed, list(range(WORLD)), timeout=240, pg_timeout=PG_TIMEOUT,
+                        env=KERNELS)
+    for rank, (first, after, took) in enumerate(results):
+        assert "no_such_module_xyz" in first and after == "usable", (rank, first, after)
+        assert took < PG_TIMEOUT.total_seconds() / 2, f"rank {rank}: failed only after {took:.1f} s"
 
 def _deep_channels(rank, world, seed):
     """A program that keeps more messages in flight per channel than the CUDA engine's channels

@@ -50,11 +50,17 @@ c10::Stream current_stream(const at::Device& device) {
   return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
-// What the engines' takes() weigh: the op's output bytes, which every rank has alike where its
-// input differs (a broadcast's root, an uneven all_gather).
-int64_t output_bytes(const OpCall& call) {
+// What the engines' takes() weigh: bytes that every rank has alike, so that every rank takes the
+// same engine. The op's output where that is alike (where an input differs: a broadcast's root, an
+// uneven all_gather); a reduce_scatter of a list of inputs (alike on every rank) into this rank's
+// output (its own size where uneven): the largest, the row that every rank reduces.
+int64_t weighed_bytes(const OpCall& call) {
   if (call.direct.output.defined()) return int64_t(call.direct.output.nbytes());
   int64_t bytes = 0;
+  if (call.op == OpCode::ReduceScatter) {
+    for (const auto& t : call.tensors) bytes = std::max(bytes, int64_t(t.nbytes()));
+    return bytes;
+  }
   for (const auto& t : call.outputs) bytes += int64_t(t.nbytes());
   return bytes;
 }
@@ -253,7 +259,8 @@ Engine& ProcessGroupPycoll::engine_for(const OpCall& call) {
   if (cuda_) {
     Engine* e = cuda_->engine(call.device);
     if (e != nullptr && hosts_) e = &device_hierarchical(*e);
-    if (e != nullptr && e->serves(call.op, call.dtype, call.device) && e->takes(call.op, call.algo, output_bytes(call)))
+    if (e != nullptr && e->serves(call.op, call.dtype, call.device) &&
+        e->takes(call.op, call.algo, weighed_bytes(call)))
       return *e;
   }
   return *staged_;
@@ -319,6 +326,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   call.fr = record_collective(call, seq);
   const ParamCommsRecord comms([&] { return param_comms_call(call, seq); });  // while the profiler records
   if (engine.enqueues_on_device()) {
+    after_staged_ops();
     // launch() runs the body before it returns: pass it a pointer (a one-pointer lambda fits
     // std::function's inline storage, so the hot path allocates nothing for it).
     struct Job {
@@ -341,9 +349,36 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   const bool async = call.async;
   auto outputs = call.outputs;
   const FrHandle fr = call.fr;
-  return in_block(launch_on_executor(
+  const bool staged = call.device.is_cuda();
+  auto work = launch_on_executor(
       type, name, seq, std::move(outputs), async,
-      [this, call = std::move(call), &engine, stream]() mutable { execute(call, engine, stream); }, fr));
+      [this, call = std::move(call), &engine, stream]() mutable { execute(call, engine, stream); }, fr);
+  if (staged) {
+    std::lock_guard<std::mutex> g(pending_staged_mu_);
+    pending_staged_ = work;
+    has_pending_staged_.store(true, std::memory_order_release);
+  }
+  return in_block(std::move(work));
+}
+
+// A group's CUDA ops take effect in issue order, as on NCCL's one stream, though a staged op
+// finishes on the executor and an op of the device engine on the GPU: the latter waits on the
+// host for the staged ones issued before it (ranks sharing one GPU switch between the two by
+// size). Inside a coalescing block the block's end orders them.
+void ProcessGroupPycoll::after_staged_ops() {
+  if (!has_pending_staged_.load(std::memory_order_acquire) || coalescing_open_.load(std::memory_order_acquire)) return;
+  c10::intrusive_ptr<c10d::Work> w;
+  {
+    std::lock_guard<std::mutex> g(pending_staged_mu_);
+    w = std::move(pending_staged_);
+    has_pending_staged_.store(false, std::memory_order_release);
+  }
+  if (!w || w->isCompleted()) return;
+  try {
+    w->wait();  // the host until it ran; the caller's stream after its copies
+  } catch (const std::exception&) {
+    // Its own Work reports its error; this op meets the group's state on its own.
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,

@@ -3,9 +3,11 @@
 #include "cuda/cuda_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -77,7 +79,7 @@ int64_t CudaEngine::events_threshold(const Rendezvous& rv, int rank) {
 }
 
 CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), device_(device) {
+    : rank_(rank), size_(size), device_(device), rv_(rv) {
   TORCH_CHECK(device >= 0, "pycoll::CudaEngine: device must be a CUDA device index, got ", device);
   int sms = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "engine", "SM count");
@@ -261,12 +263,75 @@ std::string CudaEngine::device_error_message() const { return ws_->error_message
 void CudaEngine::check_usable(const char* op) const {
   TORCH_CHECK(ws_->reachable(), "pycoll::", op, ": the CUDA engine cannot reach every peer (",
               ws_->unreachable_reason(), "); stage through host memory instead");
+  // First: this rank's own reason says more than the kernels' errors it caused by stopping them.
+  TORCH_CHECK(!out_of_step_.load(std::memory_order_acquire), "pycoll::", op,
+              ": the group is unusable: ", out_of_step_why_);
   TORCH_CHECK(ws_->error_code() == 0, "pycoll::", op, ": ", ws_->error_message());
   // The events path's failure ends the group for the kernels' ops too (a peer is gone or out of step).
   TORCH_CHECK(!same_device_ || same_device_->broken().empty(), "pycoll::", op, ": ", same_device_->broken());
-  TORCH_CHECK(!out_of_step_.load(std::memory_order_acquire), "pycoll::", op,
-              ": the group is unusable: this rank refused an earlier all_to_all's splits after running its schedule "
-              "program poisoned, and its peers stopped there");
+}
+
+void CudaEngine::mark_out_of_step(std::string why) {
+  std::lock_guard<std::mutex> g(out_of_step_mu_);
+  if (out_of_step_.load(std::memory_order_acquire)) return;
+  out_of_step_why_ = std::move(why);
+  out_of_step_.store(true, std::memory_order_release);
+}
+
+void CudaEngine::fail_before_launch(const std::string& why, cudaStream_t stream) {
+  if (size_ == 1) return;
+  // Did every rank fail here alike (a program that no rank can load)? Then they all raise and the
+  // group goes on, as on the CPU engine. Each failing rank counts itself under this failure's
+  // number in the Store; a rank that launched the program never does, so a count short of the
+  // group after a few seconds means that peers wait in kernels for this rank.
+  constexpr auto kAgreeWait = std::chrono::seconds(5);
+  bool alike = false;
+  try {
+    const std::string key = rv_.prefix + "failed_before_launch/" + std::to_string(++failures_before_launch_);
+    rv_.add(key, 1);
+    const auto deadline = std::chrono::steady_clock::now() + kAgreeWait;
+    while (!(alike = rv_.add(key, 0) >= size_) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  } catch (const std::exception&) {
+    alike = false;  // no Store to agree through: assume the worst
+  }
+  if (alike) return;
+  mark_out_of_step("this rank failed an earlier op that its peers launched (" + why + ")");
+  // This rank's earlier work first (it needs the peers, still in step); then the peers' kernels
+  // and this rank's own stop, now and later.
+  (void)stream_idle_within(stream, std::chrono::seconds(5));
+  ws_->stop_group();
+}
+
+// An error path's bounded wait: false under graph capture (nothing to wait for) or when the
+// stream's work so far has not finished within `wait`.
+bool CudaEngine::stream_idle_within(cudaStream_t stream, std::chrono::milliseconds wait) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaEvent_t done = nullptr;
+  if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  bool finished = false;
+  if (cudaEventRecord(done, stream) == cudaSuccess) {
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+      const cudaError_t e = cudaEventQuery(done);
+      if (e == cudaSuccess) {
+        finished = true;
+        break;
+      }
+      if (e != cudaErrorNotReady || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  (void)cudaGetLastError();
+  (void)cudaEventDestroy(done);
+  return finished;
 }
 
 namespace {
@@ -358,7 +423,7 @@ Algo CudaEngine::all_reduce(const void* in, void* out, int64_t count, DType t, R
     return p.algo;
   }
   check_usable(kOp);
-  if (same_device_) {  // every rank on this GPU, PYCOLL_CUDA_SAME_DEVICE=events
+  if (same_device_) {  // every rank on this GPU, PYCOLL_CUDA_SAME_DEVICE=events or auto
     if (plan_text) *plan_text = "same-device events: one-shot reads of the peers' staging";
     return same_device_->all_reduce(in, out, count, t, op, stream);
   }

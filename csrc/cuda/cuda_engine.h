@@ -69,6 +69,11 @@ class CudaEngine {
   // events path's all_reduce, reduce_scatter, all_gather and broadcast of at least
   // events_from_bytes() (the op's output); the backend stages everything else.
   bool kernels_off() const { return kernels_off_; }
+  // This rank failed an op before launching it (a schedule program it could not load). Where some
+  // peer launched it (the ranks count their failures in the Store), the peers are stopped now, not
+  // at the timeout (their kernels end as after an error of this rank's), and every later op of
+  // this rank raises, naming `why`; where every rank failed alike, nothing is stopped.
+  void fail_before_launch(const std::string& why, cudaStream_t stream);
   int64_t events_from_bytes() const { return events_from_bytes_; }
 
   // Every call enqueues on `stream` (whose device is `device`) and returns without blocking the
@@ -183,11 +188,18 @@ class CudaEngine {
   bool kernels_off_ = false;
   int64_t events_from_bytes_ = 0;
   int64_t events_threshold(const Rendezvous& rv, int rank);  // auto: events_from_bytes_, set or measured
-  // Set once this rank ran a schedule program poisoned (all_to_all splits it refused) while some
-  // peer ran it healthy: that peer stopped at this rank's first message, so no later op of the
-  // group can meet them.
+  // Set once this rank left its peers behind: it ran a schedule program poisoned (all_to_all
+  // splits it refused) while some peer ran it healthy, which stopped at this rank's first message;
+  // or it could not load a program its peers run (they were stopped). No later op of the group
+  // can meet them. out_of_step_why_ is written before the flag and never after.
   std::atomic<bool> out_of_step_{false};
+  std::mutex out_of_step_mu_;  // writers of out_of_step_why_
+  std::string out_of_step_why_;
+  Rendezvous rv_;                        // the group's Store, for the ranks to agree on a failure
+  uint64_t failures_before_launch_ = 0;  // fail_before_launch calls so far (alike on ranks that agree)
+  void mark_out_of_step(std::string why);
   bool poisoned_run_in_step(cudaStream_t stream);  // after a poisoned run: did every rank run it so?
+  bool stream_idle_within(cudaStream_t stream, std::chrono::milliseconds wait);
   // The programs' step tables on the device and the lanes' progress words (cuda/schedule_kernel.cu);
   // made at the first schedule call.
   std::shared_ptr<ScheduleKernels> schedule_;

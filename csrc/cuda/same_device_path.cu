@@ -260,7 +260,7 @@ SameDevicePath::SameDevicePath(const Rendezvous& rv, int rank, int size, int dev
   if (size == 1) return;  // no protocol: plain copies
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   const char* what = "setup";
-  const std::string wait_what = "pycoll: ranks sharing one GPU could not set up PYCOLL_CUDA_SAME_DEVICE=events";
+  const std::string wait_what = "pycoll: ranks sharing one GPU could not set up their events path";
   const std::string wait_why =
       "Every rank of the group sets it up when the group's CUDA engine starts; the ranks named crashed, hung, or "
       "did not reach that point.";
@@ -325,7 +325,7 @@ SameDevicePath::SameDevicePath(const Rendezvous& rv, int rank, int size, int dev
                   " bytes): set PYCOLL_CUDA_SAME_DEVICE_STAGING_KIB alike on every rank");
       TORCH_CHECK(std::strncmp(p.bus_id, me.bus_id, sizeof(me.bus_id)) == 0, "pycoll: rank ", q, " is on GPU ",
                   p.bus_id, " and rank ", rank, " on GPU ", me.bus_id,
-                  ": PYCOLL_CUDA_SAME_DEVICE=events serves groups whose ranks all share one GPU");
+                  ": the events path serves groups whose ranks all share one GPU");
       pids_[q] = p.pid;
       check_pid_[q] = q != rank && !ns.empty() && std::strncmp(p.pid_ns, me.pid_ns, sizeof(me.pid_ns)) == 0;
       if (q == rank) continue;
@@ -444,8 +444,7 @@ void SameDevicePath::wait_peers(bool done_counter, int64_t target, const char* o
   };
   if (!missing(nullptr)) return;
   auto head = [&] {
-    return str("pycoll::", op, " (", size_, " ranks sharing GPU ", device_, ", PYCOLL_CUDA_SAME_DEVICE=events), round ",
-               target, ": ");
+    return str("pycoll::", op, " (", size_, " ranks sharing GPU ", device_, ", the events path), round ", target, ": ");
   };
   // Peers' hosts usually arrive within microseconds: spin first, then yield, then sleep.
   const auto start = Clock::now();

@@ -11,7 +11,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -572,7 +571,11 @@ void CudaEngine::run_schedule(const ScheduleCall& c, cudaStream_t stream) {
   a.rop = c.rop;
   kernels::schedule_kernel<<<lanes, kernels::kThreads, 0, stream>>>(a);
   PYCOLL_CUDA_CHECK(cudaGetLastError(), "pycoll::", kOp, ": schedule program '", p.name, "': ", "kernel launch");
-  if (c.poisoned) out_of_step_.store(!poisoned_run_in_step(stream), std::memory_order_release);
+  if (c.poisoned && !poisoned_run_in_step(stream)) {
+    mark_out_of_step(
+        "this rank refused an earlier all_to_all's splits after running its schedule program poisoned, and its "
+        "peers stopped there");
+  }
 
   if (c.div > 1 && c.holds_result) {
     // 16-byte aligned pieces of at least 64 KiB over at most 64 CTAs.
@@ -591,35 +594,9 @@ void CudaEngine::run_schedule(const ScheduleCall& c, cudaStream_t stream) {
 // it poisoned (they all passed the same unequal splits: the digests agree and it completes). Where
 // a peer ran it healthy, that peer stops at this rank's first message and this rank's kernel
 // reports the mismatch or waits for a message that never comes. Waits a bounded time to tell
-// (an error path: a poisoned run is about to raise); under graph capture, assumes the worst.
+// (an error path: a poisoned run is about to raise).
 bool CudaEngine::poisoned_run_in_step(cudaStream_t stream) {
-  constexpr auto kWait = std::chrono::seconds(5);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  cudaEvent_t done = nullptr;
-  if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  bool finished = false;
-  if (cudaEventRecord(done, stream) == cudaSuccess) {
-    const auto deadline = std::chrono::steady_clock::now() + kWait;
-    for (;;) {
-      const cudaError_t e = cudaEventQuery(done);
-      if (e == cudaSuccess) {
-        finished = true;
-        break;
-      }
-      if (e != cudaErrorNotReady || std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
-  (void)cudaGetLastError();
-  (void)cudaEventDestroy(done);
-  return finished && ws_->error_code() == 0;
+  return stream_idle_within(stream, std::chrono::seconds(5)) && ws_->error_code() == 0;
 }
 
 }  // namespace pycoll

@@ -75,7 +75,18 @@ Algo CudaTensorEngine::run(const Collective& c, const c10::Stream& stream) {
   const int n = cuda_.size();
   if (c.algo == Algo::Schedule && n > 1 && schedule_collective_name(c.op)) {
     // nullptr: a program of another collective (this op runs auto), as on the CPU engine.
-    if (auto program = schedule_program(c.schedule, c.op, n)) return run_schedule(c, program, stream);
+    std::shared_ptr<const ScheduleProgram> program;
+    try {
+      program = schedule_program(c.schedule, c.op, n);
+    } catch (const std::exception& e) {
+      // The peers that could load it launch it and would wait for this rank until the timeout.
+      std::string why = e.what();
+      if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
+      cuda_.fail_before_launch("schedule program '" + c.schedule + "' could not be had here: " + why,
+                               c10::cuda::CUDAStream(stream).stream());
+      throw;
+    }
+    if (program) return run_schedule(c, program, stream);
   }
   const Algo algo = is_single_host_algo(c.algo) ? c.algo : Algo::Auto;
   const at::Tensor& in = c.input;

@@ -42,6 +42,8 @@ struct HostErrorRecord {
   // Host side only: the abort word that IpcWorkspace::abort() copies into this rank's workspace
   // (pinned, so the copy needs no staging and runs on a copy engine while kernels hold every SM).
   uint32_t abort_source;
+  // Host side only: the word IpcWorkspace::stop_group() copies into every rank's workspace.
+  uint32_t peer_stop_word;
 };
 
 struct DeviceHandle {

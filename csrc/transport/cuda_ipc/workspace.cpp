@@ -259,29 +259,57 @@ IpcWorkspace::~IpcWorkspace() {
   }
 }
 
+namespace {
+
+// Copies the 4-byte word at `src` (pinned host memory) to each of `dsts` on a stream of its own
+// and waits at most about a second for the copies: a copy engine that does not finish a 4-byte
+// copy in a second will not be helped by waiting longer, and the callers must return.
+void put_words(const std::vector<char*>& dsts, const uint32_t* src) {
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  bool queued = false;
+  for (char* d : dsts)
+    queued = cudaMemcpyAsync(d, src, sizeof(uint32_t), cudaMemcpyHostToDevice, s) == cudaSuccess || queued;
+  if (queued) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  (void)cudaGetLastError();
+  (void)cudaStreamDestroy(s);  // returns at once; the stream goes when its copies are done
+}
+
+}  // namespace
+
 void IpcWorkspace::abort() noexcept {
   if (aborted_.exchange(true) || host_err_ == nullptr || local_ == nullptr) return;
   try {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     // The word a kernel's own error would leave (signal.cuh: raise_error): origin this rank.
     host_err_->abort_source = uint32_t(rank_ + 1) | (uint32_t(kErrPeerAborted) << 8);
-    cudaStream_t s = nullptr;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return;
-    }
-    if (cudaMemcpyAsync(local_ + layout_.off_abort, &host_err_->abort_source, sizeof(uint32_t), cudaMemcpyHostToDevice,
-                        s) == cudaSuccess) {
-      // Bounded: a copy engine that does not finish a 4-byte copy in a second will not be helped by
-      // waiting longer, and abort() must return.
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    (void)cudaGetLastError();
-    (void)cudaStreamDestroy(s);  // returns at once; the stream goes when its copy is done
+    put_words({local_ + layout_.off_abort}, &host_err_->abort_source);
   } catch (...) {
     // abort() is called on the way out of a failure: never throw from it.
+  }
+}
+
+void IpcWorkspace::stop_group() noexcept {
+  if (group_stopped_.exchange(true) || host_err_ == nullptr || !reachable_) return;
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    // What raise_error writes into every rank's word for an error of this rank's own kernel.
+    host_err_->peer_stop_word = uint32_t(rank_ + 1) | (uint32_t(kErrOpMismatch) << 8);
+    std::vector<char*> words;
+    for (int q = 0; q < size_; ++q) {
+      char* base = q == rank_ ? local_ : peers_[q];
+      if (base != nullptr) words.push_back(base + layout_.off_abort);
+    }
+    put_words(words, &host_err_->peer_stop_word);
+  } catch (...) {
+    // Called on the way out of a failure: never throw from it.
   }
 }
 

@@ -60,6 +60,12 @@ class IpcWorkspace {
   // memory on a stream of its own (a copy engine, no SM needed); waits at most about a second
   // for the copy. Peers are not told (as NCCL's abort, it is local). Idempotent.
   void abort() noexcept;
+  // This rank failed an op before launching its kernel (a schedule program it could not load),
+  // so its peers' kernels would wait for it until the timeout: writes this rank's abort word into
+  // every rank's workspace, its own too, as a kernel's own error does (signal.cuh: raise_error);
+  // every wait, now or later, ends within one poll interval with kErrPeerAborted naming this
+  // rank. Bounded as abort() is. Idempotent.
+  void stop_group() noexcept;
   bool aborted() const { return aborted_.load(); }
 
  private:
@@ -80,6 +86,7 @@ class IpcWorkspace {
   std::vector<char*> peers_;             // peers' workspaces, opened with cudaIpcOpenMemHandle
   HostErrorRecord* host_err_ = nullptr;  // cudaHostAlloc(mapped)
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> group_stopped_{false};
   DeviceHandle handle_;
 };
 
