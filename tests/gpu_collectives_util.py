@@ -240,6 +240,16 @@ def run_bound(world, fn, *args, pg_timeout=PG_TIMEOUT, **kwargs):
         return run_ranks(world, _bound_rank, os.path.join(d, "store"), pg_timeout, fn, args, init=None, **kwargs)
 
 
+def seeded_matrices(seed, world, n, dev):
+    """One n x n random matrix per rank, alike on every rank (each rank computes the others' too)."""
+    g = torch.Generator(device=dev)
+    mats = []
+    for q in range(world):
+        g.manual_seed(seed * 101 + q)
+        mats.append(torch.randn(n, n, generator=g, device=dev))
+    return mats
+
+
 def _on_gpu0(rank, world, store_path, pg_timeout, fn, args):
     """Every rank on cuda:0, the group bound to it at init (its CUDA engine is made there)."""
     dev = torch.device("cuda", 0)

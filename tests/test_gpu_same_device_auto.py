@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_collectives_util import (GPU_MARKS, WORLD, R, assert_same_digests, check_close, digest, make_input,
-                                  reference, run_as_script, run_gpu0)
+                                  reference, run_as_script, run_gpu0, seeded_matrices)
 
 pytestmark = GPU_MARKS
 
@@ -160,11 +160,7 @@ def test_other_ops_and_schedule_programs_stage(seed):
 
 
 def _async_across_the_switch(rank, world, dev, seed):
-    g = torch.Generator(device=dev)
-    mats = []
-    for q in range(world):
-        g.manual_seed(seed * 7 + q)
-        mats.append(torch.randn(256, 256, generator=g, device=dev))
+    mats = seeded_matrices(seed, world, 256, dev)
     small, large = 1000, EVENTS_FROM // 4 * 3 + 1  # staged, events
     for it in range(3):
         torch.cuda._sleep(20_000_000)  # the input is produced late on the current stream

@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from gpu_collectives_util import (DTYPES, GPU_MARKS, SIZES, WORLD, R, assert_same_digests,
                                   check_all_gather_odd_offsets, check_close, check_sync_op_on_side_stream, digest,
-                                  make_input, op_name, ops_for, reference, run_as_script, run_gpu0)
+                                  make_input, op_name, ops_for, reference, run_as_script, run_gpu0,
+                                  seeded_matrices)
 
 pytestmark = GPU_MARKS
 
@@ -141,11 +142,7 @@ def test_broadcast(seed):
 
 
 def _async_with_compute(rank, world, dev, seed):
-    g = torch.Generator(device=dev)
-    mats = []
-    for q in range(world):
-        g.manual_seed(seed * 101 + q)
-        mats.append(torch.randn(512, 512, generator=g, device=dev))
+    mats = seeded_matrices(seed, world, 512, dev)
     for it in range(3):
         # The input is produced late on the current stream: the collective must wait for it.
         torch.cuda._sleep(20_000_000)
