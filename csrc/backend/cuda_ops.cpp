@@ -111,6 +111,13 @@ CudaEngine& CudaOps::cuda_engine(const at::Device& device) {
     // meet the others under the same Store keys.
     const std::string key = "pycoll/" + group_name_ + "/cuda_engine" + std::to_string(engines_.size()) + "/";
     auto eng = std::make_unique<CudaEngine>(make_rendezvous(store_, key), rank_, size_, idx, timeout_);
+    // The lanes' streams now, with the engine, not at the first asynchronous op: that op returned
+    // only once the GPU's queued work had finished (1 s behind a 1 s kernel, on an H100); making the
+    // stream pool is the likely cause.
+    for (const Lane lane : {Lane::Collective, Lane::Send, Lane::Recv}) {
+      streams_.emplace(std::make_pair(idx, static_cast<int>(lane)),
+                       c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index()));
+    }
     it = engines_.emplace(idx, std::move(eng)).first;
     bound_device_.store(idx, std::memory_order_relaxed);
     bound_engine_.store(it->second.get(), std::memory_order_release);
