@@ -192,6 +192,19 @@ def _async_across_the_switch(rank, world, dev, seed):
         want = float(sum(q + 1 + it for q in range(world)))
         assert torch.all(out == want), f"iteration {it}: the all_gather read x before the all_reduce wrote it"
         assert [e["engine"] for e in _entries()[-2:]] == ["staged", "cuda"], _entries()[-2:]
+    # And the other way: the staged all_reduce writes x only after the asynchronous all_gather (events
+    # path, on the group's stream) read it.
+    for it in range(3):
+        torch.cuda._sleep(20_000_000)
+        x = torch.full((n,), float(rank + 1 + it), device=dev)
+        out = torch.empty(world * n, device=dev)
+        work = dist.all_gather_into_tensor(out, x, async_op=True)
+        dist.all_reduce(x)
+        work.wait()
+        want = torch.arange(1, world + 1, device=dev, dtype=torch.float32).add(it).repeat_interleave(n)
+        assert torch.equal(out, want), f"iteration {it}: the all_reduce wrote x before the all_gather read it"
+        assert torch.all(x == float(sum(q + 1 + it for q in range(world)))), f"iteration {it}: all_reduce wrong"
+        assert [e["engine"] for e in _entries()[-2:]] == ["cuda", "staged"], _entries()[-2:]
 
 
 def test_async_ops_alternating_engines(seed):

@@ -250,6 +250,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::reduce_scatter(std::vector<at
   call.outputs = {out};
   call.premul_factor = premul_factor_of(opts.reduceOp, rk);
   call.logged_bytes = static_cast<int64_t>(out.nbytes()) * size_;
+  // Every rank's output is its own input's size: the row every rank reduces weighs alike.
+  call.weighed_bytes = largest_numel(ins) * static_cast<int64_t>(out.element_size());
   if (uneven) {
     const int64_t row = largest_numel(ins);
     call.prepare = [ins, out, rk, row] {

@@ -161,6 +161,21 @@ EventPool& CudaOps::watch_events(const at::Device& device) {
   return *pool;
 }
 
+std::function<void()> CudaOps::after_collectives(const at::Device& device) {
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  if (last_collective_stream_ == nullptr) return {};
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(last_collective_stream_, &capture), "pycoll: staged op");
+  if (capture != cudaStreamCaptureStatusNone) return {};  // nothing has run: replays are the caller's to order
+  EventPool::Event e = events(device).get();
+  PYCOLL_CHECK_CUDA(cudaEventRecord(e.get(), last_collective_stream_), "pycoll: staged op");
+  return [e, index = device.index()] {
+    c10::cuda::CUDAGuard guard(index);
+    PYCOLL_CUDA_CHECK(cudaEventSynchronize(e.get()), "pycoll: a staged op waiting for the group's earlier CUDA ",
+                      "collectives");
+  };
+}
+
 void CudaOps::order_after_last_collective(cudaStream_t stream, const at::Device& device, const char* op) {
   if (last_collective_stream_ != nullptr && last_collective_stream_ != stream) {
     // Inside a CUDA graph capture a wait on an uncaptured stream is illegal; torch.cuda.graph

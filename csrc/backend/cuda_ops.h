@@ -45,6 +45,7 @@ class CudaOps : public DeviceQueue {
   // every rank, in the same order.
   Engine* engine(const at::Device& device) override;
   bool point_to_point_on_device(const at::Device& device) override;
+  std::function<void()> after_collectives(const at::Device& device) override;
   std::vector<int64_t> trace() override;
   void abort() noexcept override;
 

@@ -60,6 +60,12 @@ class DeviceQueue {
   };
   virtual std::vector<c10::intrusive_ptr<c10d::Work>> p2p_batch(const std::vector<P2PRequest>& ops, uint64_t seq) = 0;
 
+  // What an op of CUDA tensors that runs on the host (staged) does first, on the executor: waits on
+  // the host until the group's device collectives issued before it have run (an asynchronous one
+  // runs on the communication stream, which the caller's stream does not follow). Empty where
+  // there is none to wait for.
+  virtual std::function<void()> after_collectives(const at::Device& device) = 0;
+
   // ProcessGroup.abort(): every kernel of the group that waits on a peer ends (with an error the
   // next op raises) instead of holding the GPU until the group's timeout. Any thread, idempotent.
   virtual void abort() noexcept = 0;

@@ -45,6 +45,9 @@ struct OpCall {
   std::function<void(const std::vector<Collective>&)> finish;
   // Payload bytes this rank contributes, for the stats and the debug log.
   int64_t logged_bytes = 0;
+  // What the engines' takes() weigh, alike on every rank, where the outputs are not alike (a
+  // reduce_scatter of a list of uneven inputs: each rank's output is its own size); -1: the outputs.
+  int64_t weighed_bytes = -1;
   // Its flight-recorder entry (set by the runner).
   FrHandle fr;
 };

@@ -51,16 +51,12 @@ c10::Stream current_stream(const at::Device& device) {
 }
 
 // What the engines' takes() weigh: bytes that every rank has alike, so that every rank takes the
-// same engine. The op's output where that is alike (where an input differs: a broadcast's root, an
-// uneven all_gather); a reduce_scatter of a list of inputs (alike on every rank) into this rank's
-// output (its own size where uneven): the largest, the row that every rank reduces.
+// same engine. The op's outputs, alike where an input is not (a broadcast's root, an uneven
+// all_gather), unless the call says otherwise (OpCall::weighed_bytes).
 int64_t weighed_bytes(const OpCall& call) {
+  if (call.weighed_bytes >= 0) return call.weighed_bytes;
   if (call.direct.output.defined()) return int64_t(call.direct.output.nbytes());
   int64_t bytes = 0;
-  if (call.op == OpCode::ReduceScatter) {
-    for (const auto& t : call.tensors) bytes = std::max(bytes, int64_t(t.nbytes()));
-    return bytes;
-  }
   for (const auto& t : call.outputs) bytes += int64_t(t.nbytes());
   return bytes;
 }
@@ -326,7 +322,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   call.fr = record_collective(call, seq);
   const ParamCommsRecord comms([&] { return param_comms_call(call, seq); });  // while the profiler records
   if (engine.enqueues_on_device()) {
-    after_staged_ops();
+    after_staged_ops(call.name);
     // launch() runs the body before it returns: pass it a pointer (a one-pointer lambda fits
     // std::function's inline storage, so the hot path allocates nothing for it).
     struct Job {
@@ -350,35 +346,44 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   auto outputs = call.outputs;
   const FrHandle fr = call.fr;
   const bool staged = call.device.is_cuda();
+  // The group's CUDA ops take effect in issue order, as on NCCL's one stream, both ways: a staged
+  // op reads its inputs after the device collectives issued before it (after_collectives), and a
+  // device op waits for the staged ones before it (after_staged_ops).
+  std::function<void()> after_device = staged && cuda_ ? cuda_->after_collectives(call.device) : nullptr;
   auto work = launch_on_executor(
       type, name, seq, std::move(outputs), async,
-      [this, call = std::move(call), &engine, stream]() mutable { execute(call, engine, stream); }, fr);
+      [this, call = std::move(call), &engine, stream, after_device = std::move(after_device)]() mutable {
+        if (after_device) after_device();
+        execute(call, engine, stream);
+      },
+      fr);
   if (staged) {
     std::lock_guard<std::mutex> g(pending_staged_mu_);
-    pending_staged_ = work;
+    pending_staged_ = c10::weak_intrusive_ptr<c10d::Work>(work);
     has_pending_staged_.store(true, std::memory_order_release);
   }
   return in_block(std::move(work));
 }
 
-// A group's CUDA ops take effect in issue order, as on NCCL's one stream, though a staged op
-// finishes on the executor and an op of the device engine on the GPU: the latter waits on the
-// host for the staged ones issued before it (ranks sharing one GPU switch between the two by
-// size). Inside a coalescing block the block's end orders them.
-void ProcessGroupPycoll::after_staged_ops() {
-  if (!has_pending_staged_.load(std::memory_order_acquire) || coalescing_open_.load(std::memory_order_acquire)) return;
+// Before an op of the device engine: a staged op finishes on the executor, so the device op waits
+// on the host for the last one issued before it (ranks sharing one GPU switch between the two by
+// size). Held weakly: a Work the caller dropped and the executor finished is no longer needed.
+void ProcessGroupPycoll::after_staged_ops(const char* op) {
+  if (!has_pending_staged_.load(std::memory_order_acquire)) return;
   c10::intrusive_ptr<c10d::Work> w;
   {
     std::lock_guard<std::mutex> g(pending_staged_mu_);
-    w = std::move(pending_staged_);
+    w = pending_staged_.lock();
+    pending_staged_.reset();
     has_pending_staged_.store(false, std::memory_order_release);
   }
   if (!w || w->isCompleted()) return;
   try {
     w->wait();  // the host until it ran; the caller's stream after its copies
   } catch (const std::exception&) {
-    // Its own Work reports its error; this op meets the group's state on its own.
+    // Its own Work reports its error; whether the group goes on is checked next.
   }
+  check_usable(op);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,

@@ -162,7 +162,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> sparse_allreduce(const at::Tensor& t, const c10d::AllreduceOptions& opts);
   // Inside a coalescing block: adds w to the block's Work. Returns w.
   c10::intrusive_ptr<c10d::Work> in_block(c10::intrusive_ptr<c10d::Work> w);
-  void after_staged_ops();  // before an op of the device engine: the staged ops issued earlier
+  void after_staged_ops(const char* op);  // before an op of the device engine: the staged ops issued earlier
   // Inside a coalescing block: holds a send/recv of the CUDA engine until the block ends and
   // returns the block's Work; outside, nullptr.
   c10::intrusive_ptr<c10d::Work> defer_device_p2p(bool is_send, const at::Tensor& t, int peer);
@@ -230,7 +230,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   std::atomic<bool> coalescing_open_{false};  // coalescing_ holds a block
   // The last staged op of CUDA tensors, until an op of the device engine waited for it.
   std::mutex pending_staged_mu_;
-  c10::intrusive_ptr<c10d::Work> pending_staged_;
+  c10::weak_intrusive_ptr<c10d::Work> pending_staged_{c10::intrusive_ptr<c10d::Work>()};
   std::atomic<bool> has_pending_staged_{false};
 };
 

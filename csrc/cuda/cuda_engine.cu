@@ -79,7 +79,7 @@ int64_t CudaEngine::events_threshold(const Rendezvous& rv, int rank) {
 }
 
 CudaEngine::CudaEngine(Rendezvous rv, int rank, int size, int device, std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), device_(device), rv_(rv) {
+    : rank_(rank), size_(size), device_(device), timeout_(timeout), rv_(rv) {
   TORCH_CHECK(device >= 0, "pycoll::CudaEngine: device must be a CUDA device index, got ", device);
   int sms = 0;
   PYCOLL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "engine", "SM count");
@@ -283,13 +283,14 @@ void CudaEngine::fail_before_launch(const std::string& why, cudaStream_t stream)
   // Did every rank fail here alike (a program that no rank can load)? Then they all raise and the
   // group goes on, as on the CPU engine. Each failing rank counts itself under this failure's
   // number in the Store; a rank that launched the program never does, so a count short of the
-  // group after a few seconds means that peers wait in kernels for this rank.
-  constexpr auto kAgreeWait = std::chrono::seconds(5);
+  // group after a quarter of the timeout (at most 15 s) means that peers wait in kernels for it.
+  const auto agree_wait =
+      std::clamp<std::chrono::milliseconds>(timeout_ / 4, std::chrono::seconds(1), std::chrono::seconds(15));
   bool alike = false;
   try {
     const std::string key = rv_.prefix + "failed_before_launch/" + std::to_string(++failures_before_launch_);
     rv_.add(key, 1);
-    const auto deadline = std::chrono::steady_clock::now() + kAgreeWait;
+    const auto deadline = std::chrono::steady_clock::now() + agree_wait;
     while (!(alike = rv_.add(key, 0) >= size_) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   } catch (const std::exception&) {
@@ -301,6 +302,7 @@ void CudaEngine::fail_before_launch(const std::string& why, cudaStream_t stream)
   // and this rank's own stop, now and later.
   (void)stream_idle_within(stream, std::chrono::seconds(5));
   ws_->stop_group();
+  if (same_device_) same_device_->abort();  // the events path's host waits, this rank's and the peers'
 }
 
 // An error path's bounded wait: false under graph capture (nothing to wait for) or when the

@@ -160,8 +160,9 @@ class CudaEngine {
   int rank_;
   int size_;
   int device_;
-  gpu::EngineLimits limits_;  // the settings, resolved for this GPU and group (engine_limits.h)
-  int max_blocks_;            // = limits_.max_blocks (the ops other than all_reduce plan inline)
+  std::chrono::milliseconds timeout_;  // the group's
+  gpu::EngineLimits limits_;           // the settings, resolved for this GPU and group (engine_limits.h)
+  int max_blocks_;                     // = limits_.max_blocks (the ops other than all_reduce plan inline)
   int small_max_blocks_;
   int64_t chunk_bytes_ = 0;
   int sms_ = 0;         // the GPU's SM count: every CTA of a collective must be resident

@@ -51,8 +51,6 @@ class HierarchicalEngine : public Engine {
   HierarchicalEngine(Engine& local, const HostLayout& layout, int rank, int size, bool on_device);
   const char* name() const override { return "hierarchical"; }
   bool serves(OpCode op, at::ScalarType dtype, const at::Device& device) override;
-  // As the engine inside the host: ranks sharing one GPU there stage small messages.
-  bool takes(OpCode op, Algo algo, int64_t bytes) const override { return local_.takes(op, algo, bytes); }
   bool enqueues_on_device() const override { return on_device_; }
   Algo run(const Collective& c, const c10::Stream& stream) override;
 

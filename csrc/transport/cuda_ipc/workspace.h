@@ -63,8 +63,8 @@ class IpcWorkspace {
   // This rank failed an op before launching its kernel (a schedule program it could not load),
   // so its peers' kernels would wait for it until the timeout: writes this rank's abort word into
   // every rank's workspace, its own too, as a kernel's own error does (signal.cuh: raise_error);
-  // every wait, now or later, ends within one poll interval with kErrPeerAborted naming this
-  // rank. Bounded as abort() is. Idempotent.
+  // every wait, now or later, ends within one poll interval with kErrPeerAborted naming this rank
+  // (the waits read the rank from the word). Bounded as abort() is. Idempotent.
   void stop_group() noexcept;
   bool aborted() const { return aborted_.load(); }
 
