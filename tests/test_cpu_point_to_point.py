@@ -1,5 +1,5 @@
 """Point-to-point on CPU tensors: send/recv (rings, pairs, tags, ordering, 8 MiB), batch_isend_irecv,
-and a rank sending to itself.
+a rank sending to itself, and results written into tensors that require grad.
 """
 
 import pytest
@@ -216,3 +216,31 @@ def _self_p2p_rank(rank, ws, seed):
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_send_recv_to_self(world_size, seed):
     run_ranks(world_size, _self_p2p_rank, seed)
+
+
+def _into_leaves_that_require_grad(rank, ws, seed):
+    quiet()
+    cases = Cases("results into tensors that require grad", rank, ws, seed)
+    # A pipeline stage receives into leaves that require grad (torch.distributed.pipelining does): an
+    # op writes them as a kernel does, outside autograd. Non-contiguous ones go through a copy.
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    with cases.case(kind="recv into a non-contiguous leaf"):
+        got = torch.empty_strided((4, 3), (1, 4), requires_grad=True)
+        w = dist.isend(torch.full((4, 3), float(rank)), dst=nxt)
+        dist.recv(got, src=prv)
+        w.wait()
+        assert got.is_leaf and got.requires_grad
+        cases.check("received", got.detach(), torch.full((4, 3), float(prv)))
+    with cases.case(kind="all_reduce of a non-contiguous leaf"):
+        t = torch.empty_strided((4, 3), (1, 4), requires_grad=True)
+        with torch.no_grad():
+            t.fill_(rank + 1.0)
+        dist.all_reduce(t)
+        cases.check("sum", t.detach(), torch.full((4, 3), ws * (ws + 1) / 2))
+    return cases.finish()
+
+
+@pytest.mark.pycoll_only
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_results_into_leaves_that_require_grad(world_size, seed):
+    run_ranks(world_size, _into_leaves_that_require_grad, seed)

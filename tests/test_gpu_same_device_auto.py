@@ -4,7 +4,8 @@ op's output bytes; an uneven reduce_scatter's largest input) up and stage throug
 receives and schedule programs always stage (no kernel of the CUDA engine runs). Every op against a
 torch reference, and which engine ran it read from this rank's flight recorder; asynchronous ops
 that alternate between the two engines around compute on the current stream, and take effect in
-issue order without a wait between them; the measured switch
+issue order without a wait between them; a staged op's Future completes at issue (callbacks that
+issue collectives run in one order on every rank); the measured switch
 (the setting left at -1) is the same on every rank.
 
 Run with PYCOLL_GPU_WORLD=2 and 4 on one GPU: python3 -m pytest -q tests/test_gpu_same_device_auto.py
@@ -209,6 +210,44 @@ def _async_across_the_switch(rank, world, dev, seed):
 
 def test_async_ops_alternating_engines(seed):
     run_gpu0(_async_across_the_switch, seed, env=AUTO, timeout=300)
+
+
+def _callbacks_that_issue_collectives(rank, world, dev, seed):
+    # A staged op's Future completes when it is issued, as an NCCL op's does (stream order): a
+    # callback that issues the next collective (torch's PowerSGD hook does) runs at once, so every
+    # rank issues the group's ops in one order; the result is read after the op on the stream.
+    small, large = 1000, EVENTS_FROM // 4 * 3 + 1  # staged, events
+    s = float(sum(q + 1 for q in range(world)))
+    for it in range(4):
+        torch.cuda._sleep(20_000_000)  # the inputs are produced late on the current stream
+        a = torch.full((small,), float(rank + 1 + it), device=dev)
+        fut = dist.all_reduce(a, async_op=True).get_future()
+        assert fut.done(), "a staged op's Future completes when the op is issued"
+
+        def again(f):
+            b = f.value()[0] * 2
+            dist.all_reduce(b)  # issued from the callback, before the all_reduce below
+            return b
+
+        chained = fut.then(again)
+        c = torch.full((large,), float(rank + 1), device=dev)
+        w = dist.all_reduce(c, async_op=True)
+        got = chained.wait()
+        want = 2 * world * (s + world * it)
+        assert torch.all(got == want), f"iteration {it}: {got[:4].tolist()} != {want}"
+        w.wait()
+        assert torch.all(c == s), f"iteration {it}: the events-path all_reduce"
+        took = [(e["engine"], e["input_sizes"]) for e in _entries()[-3:]]
+        assert took == [("staged", [[small]]), ("staged", [[small]]), ("cuda", [[large]])], took
+        # Read through the Future alone: the current stream waits for the op.
+        torch.cuda._sleep(20_000_000)
+        d = torch.full((small,), float(rank + 1), device=dev)
+        dist.all_reduce(d, async_op=True).get_future().wait()
+        assert torch.all(d == s), f"iteration {it}: read before the staged op wrote it"
+
+
+def test_futures_of_staged_ops_complete_at_issue(seed):
+    run_gpu0(_callbacks_that_issue_collectives, seed, env=AUTO, timeout=300)
 
 
 def _measured_switch(rank, world, dev):

@@ -15,9 +15,12 @@ namespace pycoll {
 // A contiguous tensor holding t's values (t itself when already contiguous).
 inline at::Tensor dense(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
-// Copies the result back when the op had to work on a contiguous copy.
+// Copies the result back when the op had to work on a contiguous copy (or on the host). Outside
+// autograd, as a kernel's write: a pipeline stage receives into leaves that require grad.
 inline void write_back(const at::Tensor& user, const at::Tensor& buf) {
-  if (user.defined() && buf.defined() && !user.is_same(buf)) user.copy_(buf);
+  if (!user.defined() || !buf.defined() || user.is_same(buf)) return;
+  const at::NoGradGuard no_grad;
+  user.copy_(buf);
 }
 
 // The user's tensors (any shape, same dtype) as one flat, contiguous tensor.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "backend/op_call_helpers.h"
 #include "backend/op_stats.h"
 #include "backend/tensor_args.h"
 #include "common/check.h"
@@ -109,7 +110,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::recvAnysource(std::vector<at:
                               const auto& t = held->t;
                               if (!err && !buf.is_same(t)) {
                                 try {
-                                  t.copy_(buf);
+                                  write_back(t, buf);
                                 } catch (...) {
                                   err = std::current_exception();
                                 }
@@ -142,7 +143,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::inter_host_p2p(bool is_send, 
       gloo_work->wait();
       std::optional<c10::StreamGuard> on_stream;
       if (stream) on_stream.emplace(*stream);
-      t.copy_(buf);
+      write_back(t, buf);
     } catch (...) {
       err = std::current_exception();
     }
@@ -199,7 +200,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::host_p2p(bool is_send, const 
             try {
               std::optional<c10::StreamGuard> on_stream;
               if (stream) on_stream.emplace(*stream);
-              t.copy_(buf);
+              write_back(t, buf);
             } catch (...) {
               err = std::current_exception();
             }

@@ -275,6 +275,9 @@ void ProcessGroupPycoll::execute(OpCall& call, Engine& engine, const c10::Stream
   // on the executor thread, whose current stream is not the caller's.
   std::optional<c10::StreamGuard> on_stream;
   if (!engine.enqueues_on_device() && stream.device_type() != at::kCPU) on_stream.emplace(stream);
+  // Results go into the user's tensors as a kernel writes them: outside autograd (a tensor may
+  // require grad), on any thread.
+  const at::NoGradGuard no_grad;
   // Every part runs with the algorithm read at issue; PREMUL_SUM becomes a pre-scale + SUM (as NCCL).
   FlightRecorder& recorder = FlightRecorder::get();
   // An op on a CUDA stream is started when its kernels are (the device queue's watcher).
@@ -350,13 +353,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   // op reads its inputs after the device collectives issued before it (after_collectives), and a
   // device op waits for the staged ones before it (after_staged_ops).
   std::function<void()> after_device = staged && cuda_ ? cuda_->after_collectives(call.device) : nullptr;
+  // An asynchronous one runs in stream order, as NCCL's: its Future completes now, so callbacks that
+  // issue collectives run now, in the same order on every rank (cuda_staged_order.h).
+  std::shared_ptr<StagedTicket> in_order =
+      staged && async && cuda_ ? cuda_->stage_in_order(call.device, stream) : nullptr;
+  if (in_order) {
+    // For the caching allocator: the op's copies use these on a stream of their own.
+    const c10::Stream copies = in_order->copy_stream();
+    for (const auto* list : {&call.tensors, &call.outputs}) {
+      for (const auto& t : *list) {
+        if (t.defined() && t.is_cuda()) t.record_stream(copies);
+      }
+    }
+  }
   auto work = launch_on_executor(
       type, name, seq, std::move(outputs), async,
-      [this, call = std::move(call), &engine, stream, after_device = std::move(after_device)]() mutable {
+      [this, call = std::move(call), &engine, stream, after_device = std::move(after_device), in_order]() mutable {
         if (after_device) after_device();
-        execute(call, engine, stream);
+        if (!in_order) return execute(call, engine, stream);
+        struct Finish {  // also when the op fails: the done stream must not wait forever
+          StagedTicket& t;
+          ~Finish() { t.finish(); }
+        } finish{*in_order};
+        in_order->start();
+        execute(call, engine, in_order->copy_stream());
       },
-      fr);
+      fr, in_order.get());
   if (staged) {
     std::lock_guard<std::mutex> g(pending_staged_mu_);
     pending_staged_ = c10::weak_intrusive_ptr<c10d::Work>(work);
@@ -388,7 +410,8 @@ void ProcessGroupPycoll::after_staged_ops(const char* op) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,
                                                                       std::vector<at::Tensor> outputs, bool async_op,
-                                                                      std::function<void()> body, const FrHandle& fr) {
+                                                                      std::function<void()> body, const FrHandle& fr,
+                                                                      const StagedTicket* in_order) {
   std::vector<c10::Device> devices;
   for (const auto& t : outputs) {
     if (t.defined() && t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
@@ -403,6 +426,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpTy
     size_t bytes = 0;
     for (const auto& t : outputs) bytes += t.defined() ? t.nbytes() : 0;
     if (cpu_->runs_on_one_thread(bytes)) work->poll_before_sleep = poll_before_sleep_;
+  }
+  if (in_order) {
+    work->on_wait = in_order->wait_hook();
+    const c10::StreamGuard on_done_stream(in_order->done_stream());
+    work->settle_at_issue();  // before the executor can finish the op
   }
   auto task = [this, work, op, body = std::move(body)]() {
     std::exception_ptr err;
