@@ -9,8 +9,6 @@
 
 #include "backend/work.h"
 #include "backend/cuda_event_pool.h"
-#include "backend/cuda_staged_order.h"
-#include "cuda/cuda_settings.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
 #include "backend/op_call_helpers.h"
@@ -176,23 +174,6 @@ std::function<void()> CudaOps::after_collectives(const at::Device& device) {
     PYCOLL_CUDA_CHECK(cudaEventSynchronize(e.get()), "pycoll: a staged op waiting for the group's earlier CUDA ",
                       "collectives");
   };
-}
-
-std::shared_ptr<StagedTicket> CudaOps::stage_in_order(const at::Device& device, const c10::Stream& caller) {
-  if (cuda_settings::kStagedInStreamOrder.get() == 0) return nullptr;
-  const auto stream = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, caller).stream();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  PYCOLL_CHECK_CUDA(cudaStreamIsCapturing(stream, &capture), "pycoll: staged op");
-  if (capture != cudaStreamCaptureStatusNone) return nullptr;  // a graph cannot wait on the host's work
-  std::shared_ptr<CudaStagedOrder> order;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = staged_orders_.find(device.index());
-    if (it == staged_orders_.end())
-      it = staged_orders_.emplace(device.index(), CudaStagedOrder::make(device.index())).first;
-    order = it->second;
-  }
-  return order ? order->issue(stream) : nullptr;
 }
 
 void CudaOps::order_after_last_collective(cudaStream_t stream, const at::Device& device, const char* op) {

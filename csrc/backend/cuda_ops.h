@@ -30,7 +30,6 @@
 namespace pycoll {
 
 class CudaEngine;
-class CudaStagedOrder;
 class CudaTensorEngine;
 class EventPool;
 
@@ -47,7 +46,6 @@ class CudaOps : public DeviceQueue {
   Engine* engine(const at::Device& device) override;
   bool point_to_point_on_device(const at::Device& device) override;
   std::function<void()> after_collectives(const at::Device& device) override;
-  std::shared_ptr<StagedTicket> stage_in_order(const at::Device& device, const c10::Stream& caller) override;
   std::vector<int64_t> trace() override;
   void abort() noexcept override;
 
@@ -86,8 +84,6 @@ class CudaOps : public DeviceQueue {
   std::map<std::pair<int, int>, c10::cuda::CUDAStream> streams_;
   std::map<int, std::unique_ptr<EventPool>> event_pools_;
   std::map<int, std::unique_ptr<EventPool>> timed_event_pools_;
-  // Per device; null where the driver has no stream memory operations (asked once).
-  std::map<int, std::shared_ptr<CudaStagedOrder>> staged_orders_;
   // Collectives are issued one at a time; the stream of the last one (torch's streams come from
   // pools that live as long as the process, so the handle stays valid).
   std::mutex issue_mu_;

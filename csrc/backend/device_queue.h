@@ -21,24 +21,6 @@ namespace pycoll {
 
 class Engine;
 
-// An asynchronous staged op of CUDA tensors in stream order (backend/cuda_staged_order.h).
-class StagedTicket {
- public:
-  virtual ~StagedTicket() = default;
-  // Where the executor copies; where the op's Future completes (a stream that waits for the op).
-  virtual c10::Stream copy_stream() const = 0;
-  virtual c10::Stream done_stream() const = 0;
-  // On the executor, before the op's first copy: the copy stream waits for the caller's stream as
-  // it was at issue.
-  virtual void start() = 0;
-  // After its last copy, or when it failed: lets the done stream go on. Runs once; a ticket that
-  // goes away before (the executor never ran the op) finishes then.
-  virtual void finish() noexcept = 0;
-  // What Work.wait() does once the op ran: the current stream waits for the op's copies. Holds
-  // no ticket (a ticket lives as long as the executor's task).
-  virtual std::function<void()> wait_hook() const = 0;
-};
-
 class DeviceQueue {
  public:
   virtual ~DeviceQueue() = default;
@@ -83,13 +65,6 @@ class DeviceQueue {
   // runs on the communication stream, which the caller's stream does not follow). Empty where
   // there is none to wait for.
   virtual std::function<void()> after_collectives(const at::Device& device) = 0;
-
-  // An asynchronous staged op on `device`, issued now from the caller's stream `caller`, in
-  // stream order: its Future completes at issue. Null where it cannot be (no stream memory
-  // operations in the driver, `caller` being captured into a CUDA graph, a build without CUDA).
-  virtual std::shared_ptr<StagedTicket> stage_in_order(const at::Device& device, const c10::Stream& caller) {
-    return nullptr;
-  }
 
   // ProcessGroup.abort(): every kernel of the group that waits on a peer ends (with an error the
   // next op raises) instead of holding the GPU until the group's timeout. Any thread, idempotent.

@@ -17,6 +17,7 @@
 #include "backend/store_rendezvous.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "common/setting.h"
 #include "common/issuing_op.h"
 #include "engines/cpu_tensor_engine.h"
 #include "engines/hierarchical_engine.h"
@@ -25,6 +26,14 @@
 namespace pycoll {
 
 namespace {
+
+const IntSetting kStagedCudaAsync(
+    "PYCOLL_STAGED_CUDA_ASYNC", 0, 0, 1, "backend", true, Audience::Developer,
+    "0: an asynchronous op of CUDA tensors that stages through host memory (ranks sharing one GPU below "
+    "PYCOLL_CUDA_SAME_DEVICE_STAGED_BELOW_KIB, GPUs that cannot map each other) has run when the call returns, its "
+    "Future complete, so callbacks run at once on the calling thread and collectives they issue (torch's PowerSGD "
+    "hook) come in one order on every rank; 1: it runs in the background and its Future completes on a completion "
+    "thread, as Gloo's. docs/decisions/0041-staged-futures-at-issue.md");
 
 // Names as torch's flight recorder writes them ("nccl:all_reduce" there, "pycoll:all_reduce" here).
 const char* recorded_name(OpCode op) {
@@ -104,6 +113,7 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
   DumpWatcher::get().watch(fr_pg_id_, store_);
   // docs/decisions/0018-cpu-ops-poll-before-sleep.md
   if (cpu_to_spare_per_rank(hosts_ ? hosts_->local_size() : size)) poll_before_sleep_ = std::chrono::microseconds(50);
+  staged_cuda_async_ = kStagedCudaAsync.get() != 0;
   executor_ = std::make_unique<SerialExecutor>(poll_before_sleep_);
 }
 
@@ -353,36 +363,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
   // op reads its inputs after the device collectives issued before it (after_collectives), and a
   // device op waits for the staged ones before it (after_staged_ops).
   std::function<void()> after_device = staged && cuda_ ? cuda_->after_collectives(call.device) : nullptr;
-  // An asynchronous one runs in stream order, as NCCL's: its Future completes now, so callbacks that
-  // issue collectives run now, in the same order on every rank (cuda_staged_order.h).
-  std::shared_ptr<StagedTicket> in_order =
-      staged && async && cuda_ ? cuda_->stage_in_order(call.device, stream) : nullptr;
-  if (in_order) {
-    // For the caching allocator: the op's copies use these on a stream of their own.
-    const c10::Stream copies = in_order->copy_stream();
-    for (const auto* list : {&call.tensors, &call.outputs}) {
-      for (const auto& t : *list) {
-        if (t.defined() && t.is_cuda()) t.record_stream(copies);
-      }
-    }
-  }
   auto work = launch_on_executor(
       type, name, seq, std::move(outputs), async,
-      [this, call = std::move(call), &engine, stream, after_device = std::move(after_device), in_order]() mutable {
+      [this, call = std::move(call), &engine, stream, after_device = std::move(after_device)]() mutable {
         if (after_device) after_device();
-        if (!in_order) return execute(call, engine, stream);
-        struct Finish {  // also when the op fails: the done stream must not wait forever
-          StagedTicket& t;
-          ~Finish() { t.finish(); }
-        } finish{*in_order};
-        in_order->start();
-        execute(call, engine, in_order->copy_stream());
+        execute(call, engine, stream);
       },
-      fr, in_order.get());
+      fr);
   if (staged) {
     std::lock_guard<std::mutex> g(pending_staged_mu_);
     pending_staged_ = c10::weak_intrusive_ptr<c10d::Work>(work);
     has_pending_staged_.store(true, std::memory_order_release);
+  }
+  if (staged && async && !staged_cuda_async_) {
+    // Its Future completes before the call returns, as an NCCL op's does at issue (a staged op
+    // cannot before it ran): callbacks then run now, on this thread, in issue order on every rank.
+    // Completed later on a completion thread, a callback that issues a collective (torch's PowerSGD
+    // hook) would issue it at a time that differs between ranks. Decision 0041.
+    try {
+      work->wait();
+    } catch (const std::exception&) {
+      // The Work and its Future carry the error to whoever waits.
+    }
   }
   return in_block(std::move(work));
 }
@@ -410,8 +412,7 @@ void ProcessGroupPycoll::after_staged_ops(const char* op) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,
                                                                       std::vector<at::Tensor> outputs, bool async_op,
-                                                                      std::function<void()> body, const FrHandle& fr,
-                                                                      const StagedTicket* in_order) {
+                                                                      std::function<void()> body, const FrHandle& fr) {
   std::vector<c10::Device> devices;
   for (const auto& t : outputs) {
     if (t.defined() && t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
@@ -426,11 +427,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::launch_on_executor(c10d::OpTy
     size_t bytes = 0;
     for (const auto& t : outputs) bytes += t.defined() ? t.nbytes() : 0;
     if (cpu_->runs_on_one_thread(bytes)) work->poll_before_sleep = poll_before_sleep_;
-  }
-  if (in_order) {
-    work->on_wait = in_order->wait_hook();
-    const c10::StreamGuard on_done_stream(in_order->done_stream());
-    work->settle_at_issue();  // before the executor can finish the op
   }
   auto task = [this, work, op, body = std::move(body)]() {
     std::exception_ptr err;

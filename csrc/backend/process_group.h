@@ -136,12 +136,10 @@ class ProcessGroupPycoll : public c10d::Backend {
   // The engine that runs `call`: the first of CUDA engine, staged, CPU that serves it.
   Engine& engine_for(const OpCall& call);
   // Creates the Work, wraps body with error handling, and hands it to the
-  // executor (inline if the caller blocks anyway). With `in_order` (an asynchronous staged op in
-  // stream order) the Work's Future completes before the executor gets the op.
+  // executor (inline if the caller blocks anyway).
   c10::intrusive_ptr<c10d::Work> launch_on_executor(c10d::OpType type, const char* op, uint64_t seq,
                                                     std::vector<at::Tensor> outputs, bool async_op,
-                                                    std::function<void()> body, const FrHandle& fr = {},
-                                                    const StagedTicket* in_order = nullptr);
+                                                    std::function<void()> body, const FrHandle& fr = {});
   // The flight recorder's entry of a collective (issue order) or a send/recv (`peer`: group rank).
   FrHandle record_collective(const OpCall& call, uint64_t seq);
   // What torch.profiler's record_param_comms event of a call carries (param_comms_record.h): the
@@ -202,6 +200,7 @@ class ProcessGroupPycoll : public c10d::Backend {
   // How long a waiter polls before it sleeps: nonzero only where every rank on the host has a CPU
   // to spare for it (common/brief_spin.h).
   std::chrono::microseconds poll_before_sleep_{0};
+  bool staged_cuda_async_ = false;  // PYCOLL_STAGED_CUDA_ASYNC, read when the group is made
   std::atomic<uint64_t> issued_{0};
   // The flight recorder's view of this group: its id there, and its collective and p2p counts
   // (torch numbers the two apart).

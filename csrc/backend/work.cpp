@@ -187,8 +187,8 @@ void PycollWork::mark_done_and_settle(std::exception_ptr err) {
   {
     // After the outcome is recorded: a getFuture() from now on completes its Future with it.
     std::lock_guard<std::mutex> g(future_mu_);
-    settled_here = !future_ || settled_;  // no Future yet, or settle_at_issue() completed it
-    if (!future_) settled_ = true;
+    settled_here = !future_;
+    if (settled_here) settled_ = true;
   }
   // Settled before the waiter wakes, so wait() does not sleep a second time for the Future.
   if (settled_here) settled_cv_.notify_all();
@@ -199,23 +199,10 @@ void PycollWork::mark_done_and_settle(std::exception_ptr err) {
   }
 }
 
-void PycollWork::settle_at_issue() {
-  c10::intrusive_ptr<c10::ivalue::Future> f;
-  {
-    std::lock_guard<std::mutex> g(future_mu_);
-    if (!future_) future_ = make_future();
-    settled_ = true;
-    f = future_;
-  }
-  settled_cv_.notify_all();
-  f->markCompleted(c10::IValue(outputs_));  // no callback yet: nothing runs here
-}
-
 void PycollWork::settle_future() {
   c10::intrusive_ptr<c10::ivalue::Future> f;
   {
     std::lock_guard<std::mutex> g(future_mu_);
-    if (settled_) return;  // settle_at_issue() did
     settled_ = true;
     f = future_;
   }

@@ -59,10 +59,6 @@ class PycollWork : public c10d::Work {
   // Future exists yet nothing can run, so the Work settles here and wait() returns after one
   // wake-up; otherwise the completion pool settles it.
   void mark_done_and_settle(std::exception_ptr err);
-  // An op in stream order whose Future completes when it is issued (an asynchronous staged op of
-  // CUDA tensors: backend/cuda_staged_order.h): completes the Future now, on the current stream,
-  // which waits for the op. Call before the op can finish; its outcome then reaches wait() only.
-  void settle_at_issue();
 
   // Optional step run by wait() before returning (CUDA: make the caller's
   // stream wait on the op's end event).

@@ -94,12 +94,6 @@ const IntSetting kSameDeviceStagedBelowKiB(
     "docs/using-gpus.md",
     "-1 (measured)");
 
-const IntSetting kStagedInStreamOrder(
-    "PYCOLL_CUDA_STAGED_IN_STREAM_ORDER", 1, 0, 1, kScope, true, Audience::Developer,
-    "1: an asynchronous op of CUDA tensors that stages through host memory runs in stream order, as an NCCL op: "
-    "its Future completes when the op is issued, on a stream that waits for the op, so callbacks run at once and "
-    "collectives they issue (torch's PowerSGD hook) come in one order on every rank; 0: the Future completes "
-    "once the op ran, on a completion thread, as Gloo's. backend/cuda_staged_order.h");
 SameDeviceMode same_device_mode() {
   std::string v = kSameDevice.get();
   v.erase(std::remove_if(v.begin(), v.end(), [](unsigned char c) { return std::isspace(c) != 0; }), v.end());

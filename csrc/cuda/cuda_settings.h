@@ -26,7 +26,6 @@ extern const IntSetting kTrace;
 extern const TextSetting kSameDevice;
 extern const IntSetting kSameDeviceStagingKiB;
 extern const IntSetting kSameDeviceStagedBelowKiB;
-extern const IntSetting kStagedInStreamOrder;
 
 // PYCOLL_CUDA_SAME_DEVICE, parsed: auto (the main collectives of a group whose ranks all share one
 // GPU run cuda/same_device_path.h from a measured size up, everything else stages through host

@@ -2,10 +2,9 @@
 // host tensors (the CPU engine), copies the results back. The fallback for ops the CUDA engine
 // does not run, for groups whose GPUs cannot map each other, and for builds without CUDA.
 //
-// Ordering: the copies run on the stream the backend passes: the caller's current stream when
-// the op was issued, or for an asynchronous op of CUDA tensors a stream of its own that waits for
-// that one (backend/cuda_staged_order.h); either way they see what the caller queued before the
-// call. The host waits for the copy in; the op is finished on the host when run() returns.
+// Ordering: the copies run on the stream the backend passes (the caller's current stream when
+// the op was issued), so they see what the caller queued before the call; the host waits for
+// each copy, so the op is finished when run() returns.
 #pragma once
 
 #include "engines/engine.h"
