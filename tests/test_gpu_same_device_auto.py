@@ -4,8 +4,8 @@ op's output bytes; an uneven reduce_scatter's largest input) up and stage throug
 receives and schedule programs always stage (no kernel of the CUDA engine runs). Every op against a
 torch reference, and which engine ran it read from this rank's flight recorder; asynchronous ops
 that alternate between the two engines around compute on the current stream, and take effect in
-issue order without a wait between them; a staged op's Future completes at issue (callbacks that
-issue collectives run in one order on every rank); the measured switch
+issue order without a wait between them; a staged op's Future is complete when handed out
+(callbacks that issue collectives run in one order on every rank); the measured switch
 (the setting left at -1) is the same on every rank.
 
 Run with PYCOLL_GPU_WORLD=2 and 4 on one GPU: python3 -m pytest -q tests/test_gpu_same_device_auto.py
@@ -213,16 +213,16 @@ def test_async_ops_alternating_engines(seed):
 
 
 def _callbacks_that_issue_collectives(rank, world, dev, seed):
-    # A staged op's Future completes when it is issued, as an NCCL op's does (stream order): a
-    # callback that issues the next collective (torch's PowerSGD hook does) runs at once, so every
-    # rank issues the group's ops in one order; the result is read after the op on the stream.
+    # A staged op's Future is complete when handed out, as an NCCL op's is: a callback that issues
+    # the next collective (torch's PowerSGD hook does) runs at once, so every rank issues the
+    # group's ops in one order; the result is read after the op on the stream.
     small, large = 1000, EVENTS_FROM // 4 * 3 + 1  # staged, events
     s = float(sum(q + 1 for q in range(world)))
     for it in range(4):
         torch.cuda._sleep(20_000_000)  # the inputs are produced late on the current stream
         a = torch.full((small,), float(rank + 1 + it), device=dev)
         fut = dist.all_reduce(a, async_op=True).get_future()
-        assert fut.done(), "a staged op's Future completes when the op is issued"
+        assert fut.done(), "a staged op's Future is complete when handed out"
 
         def again(f):
             b = f.value()[0] * 2
@@ -246,7 +246,7 @@ def _callbacks_that_issue_collectives(rank, world, dev, seed):
         assert torch.all(d == s), f"iteration {it}: read before the staged op wrote it"
 
 
-def test_futures_of_staged_ops_complete_at_issue(seed):
+def test_futures_of_staged_ops_are_complete_when_handed_out(seed):
     run_gpu0(_callbacks_that_issue_collectives, seed, env=AUTO, timeout=300)
 
 

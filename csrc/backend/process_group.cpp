@@ -30,10 +30,10 @@ namespace {
 const IntSetting kStagedCudaAsync(
     "PYCOLL_STAGED_CUDA_ASYNC", 0, 0, 1, "backend", true, Audience::Developer,
     "0: an asynchronous op of CUDA tensors that stages through host memory (ranks sharing one GPU below "
-    "PYCOLL_CUDA_SAME_DEVICE_STAGED_BELOW_KIB, GPUs that cannot map each other) has run when the call returns, its "
-    "Future complete, so callbacks run at once on the calling thread and collectives they issue (torch's PowerSGD "
-    "hook) come in one order on every rank; 1: it runs in the background and its Future completes on a completion "
-    "thread, as Gloo's. docs/decisions/0041-staged-futures-at-issue.md");
+    "PYCOLL_CUDA_SAME_DEVICE_STAGED_BELOW_KIB, GPUs that cannot map each other) hands out its Future (get_future(), "
+    "a DDP comm hook) once the op ran, complete, so callbacks run at once on the asking thread and collectives "
+    "they issue (torch's PowerSGD hook) come in one order on every rank; Work.wait() stays asynchronous. 1: the "
+    "Future completes later on a completion thread, as Gloo's. docs/decisions/0041-staged-futures-at-issue.md");
 
 // Names as torch's flight recorder writes them ("nccl:all_reduce" there, "pycoll:all_reduce" here).
 const char* recorded_name(OpCode op) {
@@ -376,15 +376,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycoll::run(OpCall call) {
     has_pending_staged_.store(true, std::memory_order_release);
   }
   if (staged && async && !staged_cuda_async_) {
-    // Its Future completes before the call returns, as an NCCL op's does at issue (a staged op
-    // cannot before it ran): callbacks then run now, on this thread, in issue order on every rank.
+    // Its Future is complete when handed out, as an NCCL op's is from issue (a staged op's cannot be
+    // before it ran): callbacks then run at once, on the asking thread, in issue order on every rank.
     // Completed later on a completion thread, a callback that issues a collective (torch's PowerSGD
     // hook) would issue it at a time that differs between ranks. Decision 0041.
-    try {
-      work->wait();
-    } catch (const std::exception&) {
-      // The Work and its Future carry the error to whoever waits.
-    }
+    if (auto* w = dynamic_cast<PycollWork*>(work.get())) w->ran_before_future = true;
   }
   return in_block(std::move(work));
 }

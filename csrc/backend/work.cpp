@@ -144,6 +144,13 @@ void PycollWork::wait_future_marked() {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> PycollWork::getFuture() {
+  if (ran_before_future) {
+    try {
+      wait();
+    } catch (const std::exception&) {
+      // Completed with the error: whoever waits on the Work or the Future gets it.
+    }
+  }
   std::lock_guard<std::mutex> g(future_mu_);
   if (!future_) {
     future_ = make_future();

@@ -65,6 +65,10 @@ class PycollWork : public c10d::Work {
   std::function<void()> on_wait;
   // Optional completion probe (CUDA: the end event has fired).
   std::function<bool()> query;
+  // getFuture() first waits until the op ran (its error stays with the Work and the Future), so
+  // the Future it hands out is complete and callbacks run at once, on the asking thread: an
+  // asynchronous staged op of CUDA tensors (decision 0041). Set before the Work is handed out.
+  bool ran_before_future = false;
   // How long wait() polls before it sleeps (0: not at all); set where the waiter has a CPU to spare.
   std::chrono::microseconds poll_before_sleep{0};
   // The op's flight-recorder entry (flight_recorder.h). It is completed when the op is marked done,
