@@ -1,6 +1,5 @@
 #include "engines/staged_engine.h"
 
-#include <ATen/core/grad_mode.h>
 #include <c10/core/StreamGuard.h>
 
 namespace pycoll {
@@ -11,7 +10,6 @@ bool StagedEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& dev
 
 Algo StagedEngine::run(const Collective& c, const c10::Stream& stream) {
   c10::StreamGuard on_callers_stream(stream);
-  const at::NoGradGuard no_grad;  // the copy back writes into user tensors, which may require grad
   Collective host = c;
   if (c.input.defined()) host.input = c.input.to(at::kCPU);
   if (c.output.defined()) {
