@@ -103,7 +103,8 @@ def test_pipelined_from_256_kib(op, ranks):
         at += unit - at % unit
     assert bytes_plan(op, below, ranks=ranks, threads=7)["path"] == "direct"
     p = bytes_plan(op, at, ranks=ranks, threads=7)
-    assert p["path"] == "pipelined" and p["lanes"] == 1
+    # Several lanes from 256 KiB over 2 ranks (a lane per 128 KiB), from 1 MiB over more (per 512 KiB).
+    assert p["path"] == "pipelined" and p["lanes"] == (2 if ranks == 2 else 1)
 
 
 def test_two_shot_all_reduce_is_pipelined_at_every_size():
@@ -116,13 +117,14 @@ def test_two_shot_all_reduce_is_pipelined_at_every_size():
 
 
 @pytest.mark.parametrize("ranks,threads,nbytes,lanes", [
-    (2, 7, 1 * MiB - 4, 1), (2, 7, 1 * MiB, 7), (2, 4, 1 * MiB, 4), (2, 3, 256 * KiB * 4, 3),
+    (2, 7, 256 * KiB, 2), (2, 7, 512 * KiB, 4), (2, 7, 1 * MiB - 4, 7),
+    (2, 7, 1 * MiB, 7), (2, 4, 1 * MiB, 4), (2, 3, 256 * KiB * 4, 3), (3, 7, 1 * MiB - 12, 1),
     (2, 8, 1 * MiB, 8), (2, 1, 64 * MiB, 1), (3, 7, 1 * MiB + 12, 2), (3, 7, 3 * MiB, 6), (3, 7, 4 * MiB, 7),
     (4, 3, 1 * MiB, 2), (4, 3, 64 * MiB, 3), (4, 4, 2 * MiB, 4),
 ])
 def test_lanes(ranks, threads, nbytes, lanes):
-    """pipeline_lanes (csrc/cpu/pipelined.cpp): one lane below 1 MiB, then a lane per 128 KiB (2 ranks)
-    or 512 KiB (more), at most the fewest threads any rank offers."""
+    """pipeline_lanes (csrc/cpu/pipelined.cpp): one lane below 256 KiB (PYCOLL_CPU_LANES_MIN_OP_BYTES),
+    then a lane per 128 KiB (2 ranks) or 512 KiB (more), at most the fewest threads any rank offers."""
     for op in ("allreduce", "broadcast"):
         assert bytes_plan(op, nbytes, ranks=ranks, threads=threads)["lanes"] == lanes, op
 
@@ -156,8 +158,9 @@ def test_broadcast_root_writes_up_to_two_lanes_where_every_buffer_is_shared():
         assert ("root-writes" in p["describe"]) == writes
         p = bytes_plan("broadcast", 4 * MiB, threads=threads, memory="shared")
         assert p["path"] == "mapped in place" and not p["root_writes"]
-    # Lanes, not threads: a message too small for a second lane keeps the root writing.
-    assert bytes_plan("broadcast", 1 * MiB - 4, threads=7, memory="shared everywhere")["root_writes"]
+    # Lanes, not threads: a message too small for a third lane keeps the root writing.
+    assert bytes_plan("broadcast", 384 * KiB - 4, threads=7, memory="shared everywhere")["root_writes"]
+    assert not bytes_plan("broadcast", 384 * KiB, threads=7, memory="shared everywhere")["root_writes"]
     for op in ("allreduce", "allgather", "reduce_scatter"):
         assert not bytes_plan(op, 4 * MiB, threads=1, memory="shared everywhere")["root_writes"]
 
@@ -265,7 +268,7 @@ def test_ranks_that_may_ever_read_in_place_name_a_tracer():
 # --- the plan against the engine's rules written out as one ladder --------------------------------
 
 def _lanes(nbytes, ranks, threads):
-    if nbytes < 1 * MiB:
+    if nbytes < 256 * KiB:
         return 1
     return min(max(nbytes // ((128 if ranks <= 2 else 512) * KiB), 1), max(1, threads))
 

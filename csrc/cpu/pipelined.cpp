@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/setting.h"
 #include "cpu/kernels/stream_store.h"
 
 namespace pycoll {
@@ -25,8 +26,17 @@ constexpr int kSlots = 4;
 
 // The least message a lane is worth, by ranks: over 2 ranks small lanes let a 1-4 MiB op use more
 // threads; over more ranks every rank's lanes spin at once, and a descheduled lane stalls them all.
-// Below kOneLaneBelowBytes an op keeps one lane. docs/decisions/0026-cpu-pipeline-lanes-slots-and-steps.md
-constexpr size_t kOneLaneBelowBytes = 1 << 20;
+// Below PYCOLL_CPU_LANES_MIN_OP_BYTES an op keeps one lane.
+// docs/decisions/0026-cpu-pipeline-lanes-slots-and-steps.md
+const IntSetting kLanesMinOpBytes("PYCOLL_CPU_LANES_MIN_OP_BYTES", 256 << 10, 0, int64_t(1) << 40, "cpu engine", true,
+                                  Audience::Developer,
+                                  "The least op size (bytes) that a pipelined CPU op splits into several lanes (threads); "
+                                  "smaller ops run one lane.",
+                                  "256K", /*bytes=*/true);
+size_t lanes_min_op_bytes() {
+  static const size_t bytes = static_cast<size_t>(kLanesMinOpBytes.get());  // read once: it is on every op's path
+  return bytes;
+}
 size_t min_lane_bytes(int ranks) { return ranks <= 2 ? size_t(128) << 10 : size_t(512) << 10; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -108,7 +118,7 @@ void run_lanes(Pipeline& p, const std::function<void(int)>& lane) {
 }
 
 int pipeline_lanes(size_t bytes, int ranks, int threads) {
-  if (bytes < kOneLaneBelowBytes) return 1;
+  if (bytes < lanes_min_op_bytes()) return 1;
   return static_cast<int>(
       std::clamp<size_t>(bytes / min_lane_bytes(ranks), 1, static_cast<size_t>(std::max(1, threads))));
 }
