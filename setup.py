@@ -99,7 +99,7 @@ def _pick_compiler():
 # csrc/backend/no_cuda.cpp in their place.
 _CUDA_ONLY_CPP = [os.path.join("csrc", *p.split("/")) for p in (
     "engines/cuda_tensor_engine.cpp", "backend/cuda_ops.cpp", "backend/cuda_event_pool.cpp",
-    "backend/cuda_op_watcher.cpp")]
+    "backend/cuda_op_watcher.cpp", "backend/flight_recorder_cuda_bench.cpp")]
 
 
 def _extension():

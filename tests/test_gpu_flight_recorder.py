@@ -2,6 +2,10 @@
 op's kernels, found by a background thread without synchronizing any stream; GPU durations with
 PYCOLL_FR_GPU_TIMING=1. Runs with ranks sharing one GPU where PYCOLL_GPU_WORLD says so."""
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -142,12 +146,37 @@ def test_traced_kernels_become_phases_of_their_ops(tmp_path):
                 # On the wall clock of the op's own times, within the clock mapping's error.
                 assert e["time_created_ns"] - 5_000_000 <= p["start_ns"] <= e["time_discovered_completed_ns"] + 5_000_000
     # The timeline shows them as child slices of their ops.
-    import subprocess
-    import sys
-
     res = subprocess.run([sys.executable, "-m", "pycollectives.trace", "timeline", str(tmp_path), "-o",
                           str(tmp_path / "job.json")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     events = json.load(open(tmp_path / "job.json"))
     events = events["traceEvents"] if isinstance(events, dict) else events
     assert any(ev.get("cat") == "cta" for ev in events)
+
+
+_CUDA_RECORD_COST = textwrap.dedent("""
+    import json, torch
+    import pycollectives._C as C
+    costs = [C.flight_recorder_cuda_bench(20000) for _ in range(5)]
+    entries = [e for e in json.loads(C.flight_recorder_json())["entries"]
+               if e["process_group"][0] == "flight_recorder_cuda_bench"]
+    print(json.dumps({"costs": costs, "states": sorted({e["state"] for e in entries}), "n": len(entries)}))
+""")
+
+
+def test_recording_cuda_ops_costs_the_host_little():
+    """The record path on CUDA tensors (entry, two pooled events, the watcher), directly: the issue's
+    goal is 1 us of host time per op; the bound here leaves room for a loaded machine. Every op it
+    recorded is completed by the watcher, from its events."""
+    import pycollectives._C as C
+
+    assert hasattr(C, "flight_recorder_cuda_bench"), "this build has no CUDA engine, yet a GPU is visible"
+    res = subprocess.run([sys.executable, "-c", _CUDA_RECORD_COST], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYCOLL_FR_BUFFER_SIZE": "2000"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    best = min(c["record_ns"] for c in out["costs"])
+    print(f"record path on CUDA tensors: {best:.0f} ns per op (events alone "
+          f"{min(c['events_ns'] for c in out['costs']):.0f} ns)")
+    assert best < 5000, out["costs"]
+    assert out["n"] == 2000 and out["states"] == ["completed"], out

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+
 #include "backend/dump_watcher.h"
 
 namespace pycoll {
@@ -40,40 +42,59 @@ CudaOpWatcher::~CudaOpWatcher() {
   if (thread_.joinable()) thread_.join();
 }
 
-void CudaOpWatcher::watch(const FrHandle& op, int device, EventPool::Event start, EventPool::Event end) {
+void CudaOpWatcher::watch(const FrHandle& op, int device, cudaStream_t stream, EventPool::Event start,
+                          EventPool::Event end) {
   if (!op.recorded()) return;
   bool wake = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     if (stop_) return;
-    pending_.push_back({op, device, std::move(start), std::move(end)});
+    pending_.push_back({op, device, stream, std::move(start), std::move(end)});
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     wake = idle_;  // a polling thread takes it within kPollInterval: no wake-up call on the hot path
   }
   if (wake) wake_.notify_one();
 }
 
+bool CudaOpWatcher::use_device(int device) {
+  if (device == device_) return true;
+  if (cudaSetDevice(device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  device_ = device;
+  // This thread's queries must not invalidate a CUDA graph that another thread captures in
+  // the global mode (torch.cuda.graph's default), as ProcessGroupNCCL's watchdog does.
+  cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&relaxed);
+  return true;
+}
+
+void CudaOpWatcher::find_drained_streams(const std::vector<Pending>& batch) {
+  seen_.clear();
+  drained_.clear();
+  for (size_t i = batch.size(); i-- > 0;) {  // newest first
+    const StreamKey key{batch[i].device, batch[i].stream};
+    if (std::find(seen_.begin(), seen_.end(), key) != seen_.end()) continue;
+    seen_.push_back(key);
+    if (use_device(key.device) && fired(batch[i].end)) drained_.push_back(key);
+  }
+}
+
 void CudaOpWatcher::sweep(std::vector<Pending>& batch) {
   FlightRecorder& recorder = FlightRecorder::get();
+  find_drained_streams(batch);
   size_t kept = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     Pending& p = batch[i];
-    if (p.device != device_) {
-      if (cudaSetDevice(p.device) != cudaSuccess) {
-        (void)cudaGetLastError();
-        continue;  // the context is going away: nothing more to learn about this op
-      }
-      device_ = p.device;
-      // This thread's queries must not invalidate a CUDA graph that another thread captures in
-      // the global mode (torch.cuda.graph's default), as ProcessGroupNCCL's watchdog does.
-      cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
-      (void)cudaThreadExchangeStreamCaptureMode(&relaxed);
-    }
-    if (!p.started && fired(p.start)) {
+    if (!use_device(p.device)) continue;  // the context is going away: nothing more to learn about this op
+    const bool drained =
+        std::find(drained_.begin(), drained_.end(), StreamKey{p.device, p.stream}) != drained_.end();
+    if (!p.started && (drained || fired(p.start))) {
       p.started = true;
       recorder.started(p.op, /*by_this_thread=*/false);
     }
-    if (p.started && fired(p.end)) {
+    if (p.started && (drained || fired(p.end))) {
       if (timing()) {
         float ms = 0;
         if (cudaEventElapsedTime(&ms, p.start.get(), p.end.get()) == cudaSuccess) {

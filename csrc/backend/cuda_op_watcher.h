@@ -35,18 +35,30 @@ class CudaOpWatcher {
 
   // Whether the events of watched ops should be timed (PYCOLL_FR_GPU_TIMING).
   static bool timing();
-  // Watches an op whose `start` and `end` events (of `device`) are recorded on its stream around
+  // Watches an op whose `start` and `end` events (of `device`) are recorded on `stream` around
   // its kernels (events of a timed pool when timing()). No-op when the op is not recorded.
-  void watch(const FrHandle& op, int device, EventPool::Event start, EventPool::Event end);
+  void watch(const FrHandle& op, int device, cudaStream_t stream, EventPool::Event start, EventPool::Event end);
 
  private:
   struct Pending {
     FrHandle op;
     int device = 0;
+    cudaStream_t stream = nullptr;
     EventPool::Event start, end;
     bool started = false;
   };
-  // Queries every op of `batch` once; keeps those not completed.
+  struct StreamKey {
+    int device;
+    cudaStream_t stream;
+    bool operator==(const StreamKey& o) const { return device == o.device && stream == o.stream; }
+  };
+  // Whether this thread could make `device` current (false: its context is going away).
+  bool use_device(int device);
+  // The streams of `batch` on which every op has ended: a stream's events fire in the order they
+  // were recorded, so one query of its newest op's end event answers for all its ops (the
+  // queries take driver locks that the issuing thread needs too: one per stream, not two per op).
+  void find_drained_streams(const std::vector<Pending>& batch);
+  // Queries `batch` once; records the ops that started or ended; keeps those not completed.
   void sweep(std::vector<Pending>& batch);
   void loop();
 
@@ -54,6 +66,7 @@ class CudaOpWatcher {
   std::mutex mu_;
   std::condition_variable wake_;
   std::vector<Pending> pending_;  // in issue order; reserved, so that watch() rarely allocates
+  std::vector<StreamKey> seen_, drained_;  // the thread's, per sweep
   bool stop_ = false;
   bool idle_ = false;   // the thread waits for work (not polling): a new op must wake it
   int device_ = -1;     // the thread's current device: never a context on a GPU the group does not use

@@ -261,7 +261,7 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
     order_after_last_collective(current.stream(), device, op);
     EventPool::Event before = watched ? event_on(current.stream()) : nullptr;
     run_body(current);
-    if (watched) watcher_.watch(fr, device.index(), std::move(before), event_on(current.stream()));
+    if (watched) watcher_.watch(fr, device.index(), current.stream(), std::move(before), event_on(current.stream()));
     auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices, /*lazy_future=*/true);
     const cudaStream_t s = current.stream();
     // Conservative: the stream is idle only once this op (and what followed) ran.
@@ -293,7 +293,8 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
   PYCOLL_CHECK_CUDA(cudaEventRecord(end.get(), comm.stream()), op);
   // Timed events need a timed end too; untimed, the Work's end event serves.
   if (watched)
-    watcher_.watch(fr, device.index(), std::move(before), CudaOpWatcher::timing() ? event_on(comm.stream()) : end);
+    watcher_.watch(fr, device.index(), comm.stream(), std::move(before),
+                   CudaOpWatcher::timing() ? event_on(comm.stream()) : end);
 
   auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
   work->on_wait = [end, device]() {

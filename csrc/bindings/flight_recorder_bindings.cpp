@@ -10,6 +10,9 @@
 
 #include "backend/dump_watcher.h"
 #include "backend/flight_recorder.h"
+#ifdef PYCOLL_WITH_CUDA
+#include "backend/flight_recorder_cuda_bench.h"
+#endif
 
 namespace py = pybind11;
 
@@ -72,6 +75,22 @@ void register_flight_recorder(py::module_& m) {
       "Nanoseconds per op (per thread) of the flight recorder's record path (record, started, ran, completed), "
       "run on `threads` threads at once, each on its own group (the first named flight_recorder_bench, the others /1, "
       "/2...); every fail_every-th op fails (0: none).");
+#ifdef PYCOLL_WITH_CUDA
+  m.def(
+      "flight_recorder_cuda_bench",
+      [](int64_t ops, int device) {
+        FlightRecorderCudaCost c;
+        {
+          py::gil_scoped_release nogil;
+          c = flight_recorder_cuda_bench(ops, device);
+        }
+        return py::dict(py::arg("record_ns") = c.record_ns, py::arg("events_ns") = c.events_ns);
+      },
+      py::arg("ops") = 20000, py::arg("device") = 0,
+      "The record path on CUDA tensors (a synchronous op's: entry, two pooled events on the current stream, the "
+      "watcher): {'record_ns': host ns per op of all of it, 'events_ns': of the two events alone}. Its ops belong to "
+      "a group named flight_recorder_cuda_bench and are completed when it returns.");
+#endif
 }
 
 }  // namespace pycoll

@@ -1,0 +1,70 @@
+#include "backend/flight_recorder_cuda_bench.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <string>
+
+#include "backend/cuda_event_pool.h"
+#include "backend/cuda_op_watcher.h"
+#include "backend/flight_recorder.h"
+
+namespace pycoll {
+
+namespace {
+
+void check(cudaError_t err) { TORCH_CHECK(err == cudaSuccess, "flight_recorder_cuda_bench: ", cudaGetErrorString(err)); }
+
+double ns_per_op(std::chrono::steady_clock::duration dt, int64_t ops) {
+  return std::chrono::duration<double, std::nano>(dt).count() / static_cast<double>(ops);
+}
+
+}  // namespace
+
+FlightRecorderCudaCost flight_recorder_cuda_bench(int64_t ops, int device) {
+  TORCH_CHECK_VALUE(ops > 0, "flight_recorder_cuda_bench: ops must be positive, got ", ops);
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  FlightRecorder& rec = FlightRecorder::get();
+  const at::Tensor t = at::empty({1024}, at::TensorOptions().device(at::kCUDA, device));
+  const std::string plan = "allreduce oneshot ctas=1";
+  const int pg = rec.add_group("flight_recorder_cuda_bench", "bench", {0});
+  // The pools CudaOps keeps (a timed one with PYCOLL_FR_GPU_TIMING); warmed, so that every get()
+  // reuses an event, as in a running job.
+  EventPool pool(device, CudaOpWatcher::timing());
+  const auto event_on = [&pool](cudaStream_t s) {
+    EventPool::Event e = pool.get();
+    check(cudaEventRecord(e.get(), s));
+    return e;
+  };
+  for (int i = 0; i < 64; ++i) (void)event_on(stream);
+  check(cudaStreamSynchronize(stream));
+
+  FlightRecorderCudaCost cost;
+  {
+    CudaOpWatcher watcher([] { return std::string(); });
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 1; i <= ops; ++i) {
+      const FrHandle h = rec.record(pg, i, i, 0, "all_reduce", -1, t, t, std::chrono::milliseconds(1000));
+      EventPool::Event before = event_on(stream);
+      rec.ran(h, "cuda", "oneshot", plan);
+      watcher.watch(h, device, stream, std::move(before), event_on(stream));
+    }
+    cost.record_ns = ns_per_op(std::chrono::steady_clock::now() - t0, ops);
+    check(cudaStreamSynchronize(stream));
+  }  // the watcher's last look completes every op
+
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < ops; ++i) {
+    EventPool::Event before = event_on(stream);
+    EventPool::Event after = event_on(stream);
+  }
+  cost.events_ns = ns_per_op(std::chrono::steady_clock::now() - t0, ops);
+  check(cudaStreamSynchronize(stream));
+  return cost;
+}
+
+}  // namespace pycoll
