@@ -226,10 +226,11 @@ def _lanes_by_ranks_rank(rank, ws, seed, kib, expected_lanes):
 
 
 @pytest.mark.pycoll_only
-@pytest.mark.parametrize("ws,kib,expected_lanes", [(2, 1024, 8), (3, 1024, 2), (2, 768, 1)])
+@pytest.mark.parametrize("ws,kib,expected_lanes", [(2, 1024, 8), (3, 1024, 2), (2, 768, 6), (3, 768, 1)])
 def test_pipelined_lane_size_depends_on_ranks(ws, kib, expected_lanes, seed):
     """With 8 threads offered, 1 MiB runs 8 lanes of 128 KiB over 2 ranks but 2 lanes of 512 KiB
-    over 3 (with more ranks every rank's lanes spin at once; pipelined.cpp); below 1 MiB, one."""
+    over 3 (with more ranks every rank's lanes spin at once; pipelined.cpp); 768 KiB runs 6 lanes
+    over 2 ranks (several from 256 KiB), one over 3."""
     run_ranks(ws, _lanes_by_ranks_rank, seed, kib, expected_lanes, timeout=300,
               env={"PYCOLL_DEBUG": "INFO", "PYCOLL_CPU_THREADS": "8"})
 
