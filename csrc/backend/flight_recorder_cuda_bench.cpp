@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "backend/cuda_event_pool.h"
 #include "backend/cuda_op_watcher.h"
@@ -32,16 +33,19 @@ FlightRecorderCudaCost flight_recorder_cuda_bench(int64_t ops, int device) {
   const at::Tensor t = at::empty({1024}, at::TensorOptions().device(at::kCUDA, device));
   const std::string plan = "allreduce oneshot ctas=1";
   const int pg = rec.add_group("flight_recorder_cuda_bench", "bench", {0});
-  // The pools CudaOps keeps (a timed one with PYCOLL_FR_GPU_TIMING); warmed, so that every get()
-  // reuses an event, as in a running job.
+  // The pools CudaOps keeps (a timed one with PYCOLL_FR_GPU_TIMING), filled first with more events
+  // than the watcher holds at once (it sweeps every millisecond), so that every get() reuses one,
+  // as in a running job.
   EventPool pool(device, CudaOpWatcher::timing());
+  {
+    std::vector<EventPool::Event> fill;
+    for (int i = 0; i < 8192; ++i) fill.push_back(pool.get());
+  }
   const auto event_on = [&pool](cudaStream_t s) {
     EventPool::Event e = pool.get();
     check(cudaEventRecord(e.get(), s));
     return e;
   };
-  for (int i = 0; i < 64; ++i) (void)event_on(stream);
-  check(cudaStreamSynchronize(stream));
 
   FlightRecorderCudaCost cost;
   {
