@@ -111,6 +111,34 @@ def test_an_op_that_fails_on_the_gpu_is_recorded_with_its_error(tmp_path):
     assert entry["thread_name"] != "", entry
 
 
+def _one_rank_queues_two(rank, world, prefix):
+    import pycollectives.trace
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    dist.all_reduce(torch.ones(16, device=dev), async_op=True).wait()  # every rank: engine and comm stream
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank != 0:
+        return None
+    # The peers never join: the first waits on the GPU until the group's timeout, the second is
+    # queued behind it on the comm stream. Only the first has started (its start event, on the
+    # caller's stream, fired for both).
+    works = [dist.all_reduce(torch.ones(1024, device=dev), async_op=True) for _ in range(2)]
+    time.sleep(1.0)  # many polls of the watcher
+    entries = json.load(open(pycollectives.trace.dump(prefix)))["entries"][-2:]
+    torch.cuda.synchronize()  # both kernels give up at the group's timeout
+    del works
+    return [e["state"] for e in entries]
+
+
+def test_only_the_first_queued_async_op_has_started(tmp_path):
+    import datetime
+
+    out = run_bound(WORLD, _one_rank_queues_two, str(tmp_path / "rank_"), pg_timeout=datetime.timedelta(seconds=3),
+                    env={"PYCOLL_FR_DUMP_ON_ERROR": "0"}, timeout=120, destroy=False)
+    assert out[0] == ["started", "scheduled"], out[0]
+
+
 def _traced_ops(rank, world, prefix):
     import pycollectives.trace
 
@@ -165,9 +193,9 @@ _CUDA_RECORD_COST = textwrap.dedent("""
 
 
 def test_recording_cuda_ops_costs_the_host_little():
-    """The record path on CUDA tensors (entry, two pooled events, the watcher), directly: the issue's
-    goal is 1 us of host time per op; the bound here leaves room for a loaded machine. Every op it
-    recorded is completed by the watcher, from its events."""
+    """The record path on CUDA tensors (entry, pooled events, the watcher), directly: the issue's goal
+    is 1 us of host time per op; the bound here leaves room for a loaded machine. Every op it
+    recorded is completed, by the watcher from its events or at once."""
     import pycollectives._C as C
 
     assert hasattr(C, "flight_recorder_cuda_bench"), "this build has no CUDA engine, yet a GPU is visible"
@@ -175,8 +203,7 @@ def test_recording_cuda_ops_costs_the_host_little():
                          env={**os.environ, "PYCOLL_FR_BUFFER_SIZE": "2000"})
     assert res.returncode == 0, res.stdout + res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    best = min(c["record_ns"] for c in out["costs"])
-    print(f"record path on CUDA tensors: {best:.0f} ns per op (events alone "
-          f"{min(c['events_ns'] for c in out['costs']):.0f} ns)")
-    assert best < 5000, out["costs"]
+    best = {k: min(c[k] for c in out["costs"]) for k in out["costs"][0]}
+    print("record path on CUDA tensors, ns per op: " + ", ".join(f"{k} {v:.0f}" for k, v in best.items()))
+    assert best["sync_ns"] < 5000 and best["async_ns"] < 5000, out["costs"]
     assert out["n"] == 2000 and out["states"] == ["completed"], out

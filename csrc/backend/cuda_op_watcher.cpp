@@ -70,34 +70,56 @@ bool CudaOpWatcher::use_device(int device) {
   return true;
 }
 
-void CudaOpWatcher::find_drained_streams(const std::vector<Pending>& batch) {
-  seen_.clear();
-  drained_.clear();
-  for (size_t i = batch.size(); i-- > 0;) {  // newest first
-    const StreamKey key{batch[i].device, batch[i].stream};
-    if (std::find(seen_.begin(), seen_.end(), key) != seen_.end()) continue;
-    seen_.push_back(key);
-    if (use_device(key.device) && fired(batch[i].end)) drained_.push_back(key);
+void CudaOpWatcher::query_streams(const std::vector<Pending>& batch) {
+  seen_.assign(batch.size(), Seen::Nothing);
+  streams_.clear();
+  for (const Pending& p : batch) {
+    const StreamKey key{p.device, p.stream};
+    if (std::find(streams_.begin(), streams_.end(), key) == streams_.end()) streams_.push_back(key);
+  }
+  for (const StreamKey& key : streams_) {
+    of_stream_.clear();
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (StreamKey{batch[i].device, batch[i].stream} == key) of_stream_.push_back(i);
+    if (!use_device(key.device)) {  // the context is going away: nothing more to learn about its ops
+      for (size_t i : of_stream_) seen_[i] = Seen::Gone;
+      continue;
+    }
+    // The first op whose end has not fired; the newest op first, as a stream is most often drained.
+    size_t lo = 0, hi = of_stream_.size();
+    if (fired(batch[of_stream_[hi - 1]].end)) {
+      lo = hi;
+    } else {
+      --hi;
+      while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (fired(batch[of_stream_[mid]].end)) lo = mid + 1; else hi = mid;
+      }
+    }
+    for (size_t k = 0; k < lo; ++k) seen_[of_stream_[k]] = Seen::Ended;
+    if (lo < of_stream_.size()) {
+      const Pending& first = batch[of_stream_[lo]];
+      if (first.started || fired(first.start)) seen_[of_stream_[lo]] = Seen::Started;
+    }
   }
 }
 
 void CudaOpWatcher::sweep(std::vector<Pending>& batch) {
+  if (batch.empty()) return;
   FlightRecorder& recorder = FlightRecorder::get();
-  find_drained_streams(batch);
+  query_streams(batch);
   size_t kept = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
+  for (size_t i = 0; i < batch.size(); ++i) {  // in issue order, so that the entries change in order
     Pending& p = batch[i];
-    if (!use_device(p.device)) continue;  // the context is going away: nothing more to learn about this op
-    const bool drained =
-        std::find(drained_.begin(), drained_.end(), StreamKey{p.device, p.stream}) != drained_.end();
-    if (!p.started && (drained || fired(p.start))) {
+    if (seen_[i] == Seen::Gone) continue;
+    if (seen_[i] != Seen::Nothing && !p.started) {
       p.started = true;
       recorder.started(p.op, /*by_this_thread=*/false);
     }
-    if (p.started && (drained || fired(p.end))) {
+    if (seen_[i] == Seen::Ended) {
       if (timing()) {
         float ms = 0;
-        if (cudaEventElapsedTime(&ms, p.start.get(), p.end.get()) == cudaSuccess) {
+        if (use_device(p.device) && cudaEventElapsedTime(&ms, p.start.get(), p.end.get()) == cudaSuccess) {
           recorder.gpu_duration(p.op, ms);
         } else {
           (void)cudaGetLastError();

@@ -284,17 +284,22 @@ c10::intrusive_ptr<c10d::Work> CudaOps::launch(c10d::OpType type, const char* op
   for (const auto& t : tensors) {
     if (t.defined() && t.numel() > 0) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm);
   }
-  EventPool::Event before = watched ? event_on(comm.stream()) : nullptr;
+  // Untimed, the op's own events serve the watcher: the one its comm stream waits for (the op
+  // starts once it fired and the ops before it on the comm stream ended: the watcher knows those)
+  // and the Work's end. Timed, a duration needs timed events around the kernels on one stream.
+  const bool timed = watched && CudaOpWatcher::timing();
+  EventPool::Event before = timed ? event_on(comm.stream()) : nullptr;
   {
     c10::cuda::CUDAStreamGuard sg(comm);  // temporaries made by body live on the comm stream
     run_body(comm);
   }
   EventPool::Event end = pool.get();
   PYCOLL_CHECK_CUDA(cudaEventRecord(end.get(), comm.stream()), op);
-  // Timed events need a timed end too; untimed, the Work's end event serves.
-  if (watched)
-    watcher_.watch(fr, device.index(), comm.stream(), std::move(before),
-                   CudaOpWatcher::timing() ? event_on(comm.stream()) : end);
+  if (timed) {
+    watcher_.watch(fr, device.index(), comm.stream(), std::move(before), event_on(comm.stream()));
+  } else if (watched) {
+    watcher_.watch(fr, device.index(), comm.stream(), start, end);
+  }
 
   auto work = c10::make_intrusive<PycollWork>(rank_, type, op, seq, outputs, devices);
   work->on_wait = [end, device]() {

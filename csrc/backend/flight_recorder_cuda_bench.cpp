@@ -47,26 +47,58 @@ FlightRecorderCudaCost flight_recorder_cuda_bench(int64_t ops, int device) {
     return e;
   };
 
+  const auto per_op = [ops](auto&& body) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 1; i <= ops; ++i) body(i);
+    return ns_per_op(std::chrono::steady_clock::now() - t0, ops);
+  };
+  const auto entry = [&](int64_t i) {
+    return rec.record(pg, i, i, 0, "all_reduce", -1, t, t, std::chrono::milliseconds(1000));
+  };
+  int64_t seq = 0;  // the group's sequence numbers go on across the paths
+
+  // CudaOps::launch asks this before it watches an op (a captured stream's events cannot be queried).
+  const auto not_capturing = [](cudaStream_t s) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(s, &capture));
+    return capture == cudaStreamCaptureStatusNone;
+  };
+
   FlightRecorderCudaCost cost;
+  double async_with_events_ns = 0;
   {
     CudaOpWatcher watcher([] { return std::string(); });
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 1; i <= ops; ++i) {
-      const FrHandle h = rec.record(pg, i, i, 0, "all_reduce", -1, t, t, std::chrono::milliseconds(1000));
+    cost.sync_ns = per_op([&](int64_t) {
+      const FrHandle h = entry(++seq);
+      TORCH_CHECK(not_capturing(stream));
       EventPool::Event before = event_on(stream);
       rec.ran(h, "cuda", "oneshot", plan);
       watcher.watch(h, device, stream, std::move(before), event_on(stream));
-    }
-    cost.record_ns = ns_per_op(std::chrono::steady_clock::now() - t0, ops);
+    });
+    check(cudaStreamSynchronize(stream));
+    // The op's own two events (the caller's stream's, which the comm stream waits for, and the
+    // Work's end) are recorded without the recorder too: they are taken out below.
+    async_with_events_ns = per_op([&](int64_t) {
+      const FrHandle h = entry(++seq);
+      TORCH_CHECK(not_capturing(stream));
+      EventPool::Event start = event_on(stream);
+      rec.ran(h, "cuda", "oneshot", plan);
+      watcher.watch(h, device, stream, std::move(start), event_on(stream));
+    });
     check(cudaStreamSynchronize(stream));
   }  // the watcher's last look completes every op
-
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < ops; ++i) {
+  cost.unwatched_ns = per_op([&](int64_t) {
+    const FrHandle h = entry(++seq);
+    EventPool::Event before = event_on(stream);
+    rec.ran(h, "cuda", "oneshot", plan);
+    EventPool::Event after = event_on(stream);
+    rec.completed(h);
+  });
+  cost.events_ns = per_op([&](int64_t) {
     EventPool::Event before = event_on(stream);
     EventPool::Event after = event_on(stream);
-  }
-  cost.events_ns = ns_per_op(std::chrono::steady_clock::now() - t0, ops);
+  });
+  cost.async_ns = async_with_events_ns - cost.events_ns;
   check(cudaStreamSynchronize(stream));
   return cost;
 }

@@ -84,12 +84,14 @@ void register_flight_recorder(py::module_& m) {
           py::gil_scoped_release nogil;
           c = flight_recorder_cuda_bench(ops, device);
         }
-        return py::dict(py::arg("record_ns") = c.record_ns, py::arg("events_ns") = c.events_ns);
+        return py::dict(py::arg("sync_ns") = c.sync_ns, py::arg("async_ns") = c.async_ns,
+                        py::arg("unwatched_ns") = c.unwatched_ns, py::arg("events_ns") = c.events_ns);
       },
       py::arg("ops") = 20000, py::arg("device") = 0,
-      "The record path on CUDA tensors (a synchronous op's: entry, two pooled events on the current stream, the "
-      "watcher): {'record_ns': host ns per op of all of it, 'events_ns': of the two events alone}. Its ops belong to "
-      "a group named flight_recorder_cuda_bench and are completed when it returns.");
+      "The record path on CUDA tensors, host ns per op: {'sync_ns': a synchronous op's (entry, two pooled events on "
+      "the current stream, the watcher), 'async_ns': what it adds to an asynchronous op (no event: the op's own "
+      "serve), 'unwatched_ns': the synchronous path completed at once without the watcher, 'events_ns': two events "
+      "alone}. Its ops belong to a group named flight_recorder_cuda_bench and are completed when it returns.");
 #endif
 }
 
