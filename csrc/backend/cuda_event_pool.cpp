@@ -2,7 +2,6 @@
 
 #include <c10/cuda/CUDAGuard.h>
 #include "common/cuda_check.h"
-#include "common/spin_mutex.h"
 
 namespace pycoll {
 
@@ -10,8 +9,7 @@ struct EventPool::Free {
   int device;
   bool timed = false;
   bool closed = false;  // the pool is gone: returned events are destroyed instead
-  // A watcher thread returns a burst of events while ops take new ones: a spin, not a sleep.
-  SpinMutex mu;
+  std::mutex mu;
   std::vector<cudaEvent_t> events;
 };
 
@@ -23,7 +21,7 @@ EventPool::EventPool(int device, bool timed) : free_(std::make_shared<Free>()) {
 EventPool::~EventPool() {
   std::vector<cudaEvent_t> events;
   {
-    std::lock_guard<SpinMutex> g(free_->mu);
+    std::lock_guard<std::mutex> g(free_->mu);
     free_->closed = true;
     events.swap(free_->events);
   }
@@ -35,7 +33,7 @@ EventPool::~EventPool() {
 EventPool::Event EventPool::get() {
   cudaEvent_t e = nullptr;
   {
-    std::lock_guard<SpinMutex> g(free_->mu);
+    std::lock_guard<std::mutex> g(free_->mu);
     if (!free_->events.empty()) {
       e = free_->events.back();
       free_->events.pop_back();
@@ -48,7 +46,7 @@ EventPool::Event EventPool::get() {
   }
   std::shared_ptr<Free> free = free_;
   return Event(e, [free](cudaEvent_t ev) {
-    std::lock_guard<SpinMutex> g(free->mu);
+    std::lock_guard<std::mutex> g(free->mu);
     if (free->closed) {
       (void)cudaEventDestroy(ev);
     } else {
