@@ -345,9 +345,8 @@ def test_peer_exit_makes_others_raise(world_size, when):
     assert time.monotonic() - t0 < 45
 
 
-def _wait_timeout_rank(rank, ws, what):
+def _wait_timeout_rank(rank, ws, what, done_path):
     quiet()
-    store = dist.distributed_c10d._get_default_store()
     check_sum_works(ws)
     if rank == 0:
         if what == "all_reduce":
@@ -357,18 +356,21 @@ def _wait_timeout_rank(rank, ws, what):
         t0 = time.monotonic()
         raises(lambda: work.wait(timeout=datetime.timedelta(milliseconds=500)), RuntimeError)
         took = time.monotonic() - t0
-        store.set("rank0-done", "1")
+        open(done_path, "w").close()
         assert 0.45 <= took < 10, f"wait(timeout=500ms) raised after {took:.2f}s"
     else:
-        # Stay alive (so that only the timeout can end rank 0's wait) without
-        # joining rank 0's operation.
-        store.wait(["rank0-done"], datetime.timedelta(seconds=60))
+        # Stay alive (so that only the timeout can end rank 0's wait) without joining rank 0's
+        # operation; not through the group's Store, as in _abort_pending_rank.
+        deadline = time.monotonic() + 60
+        while not os.path.exists(done_path):
+            assert time.monotonic() < deadline, "rank 0 never finished"
+            time.sleep(0.01)
 
 
 @pytest.mark.parametrize("what", ["all_reduce", "irecv"])
-def test_work_wait_timeout(what):
+def test_work_wait_timeout(what, tmp_path):
     # Not destroyed: rank 0 still has an operation in flight.
-    run_ranks(2, _wait_timeout_rank, what, pg_timeout=datetime.timedelta(seconds=60),
+    run_ranks(2, _wait_timeout_rank, what, str(tmp_path / "done"), pg_timeout=datetime.timedelta(seconds=60),
               destroy=False, timeout=60)
 
 
@@ -555,9 +557,8 @@ def test_zero_elements_every_op(world_size):
 # ProcessGroup.abort() from another thread
 
 
-def _abort_pending_rank(rank, ws):
+def _abort_pending_rank(rank, ws, done_path):
     quiet()
-    store = dist.distributed_c10d._get_default_store()
     if rank == 0:
         work = dist.all_reduce(torch.ones(1 << 16), async_op=True)  # rank 1 never joins
         timer = threading.Timer(0.5, dist.group.WORLD.abort)
@@ -571,12 +572,19 @@ def _abort_pending_rank(rank, ws):
             raise AssertionError("wait() returned on an all_reduce the peer never joined")
         timer.join()
         assert 0.4 <= took < 5, f"wait() raised {took:.2f}s after the op; abort() came at 0.5s"
-        store.set("aborted", "1")
+        open(done_path, "w").close()
         return took
-    store.wait(["aborted"], datetime.timedelta(seconds=60))
+    # Rank 1 stays (a peer that exits is noticed as dead, not aborted) until rank 0 is done. Not
+    # through the group's Store: after the abort, both ranks' dump threads use it too, and a
+    # FileStore shared by threads and processes once did not show rank 1 this key within 60 s in CI.
+    deadline = time.monotonic() + 60
+    while not os.path.exists(done_path):
+        assert time.monotonic() < deadline, "rank 0 never finished"
+        time.sleep(0.01)
     return None
 
 
 @pytest.mark.pycoll_only
-def test_abort_unblocks_pending_collective():
-    run_ranks(2, _abort_pending_rank, pg_timeout=datetime.timedelta(seconds=60), destroy=False, timeout=60)
+def test_abort_unblocks_pending_collective(tmp_path):
+    run_ranks(2, _abort_pending_rank, str(tmp_path / "done"), pg_timeout=datetime.timedelta(seconds=60),
+              destroy=False, timeout=60)
