@@ -3,23 +3,45 @@
 // order its comm stream after the caller's stream, one for wait()/query()),
 // so at small sizes fresh events were a visible share of the call
 // (ProcessGroupNCCL keeps an event cache for the same reason).
+//
+// A handle is counted by hand rather than a std::shared_ptr: a shared_ptr with a deleter
+// allocates its count on every get(), and the flight recorder's watcher thread frees those in
+// bursts while ops allocate, contending for the allocator's locks. A handle's node, with its
+// count, is made once per event and goes back to the pool with it.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <memory>
-#include <mutex>
-#include <vector>
 
 namespace pycoll {
 
 class EventPool {
- public:
-  // An event of `device`, created without timing (cheaper to record) unless the pool is
-  // `timed`; it returns to the pool when the last copy of the handle goes away, even after the
-  // pool itself is gone.
-  using Event = std::shared_ptr<CUevent_st>;
+  struct Free;
+  struct Node;
 
+ public:
+  // An event of the pool; it returns to the pool when the last copy of the handle goes away,
+  // even after the pool itself is gone (the event is destroyed then).
+  class Event {
+   public:
+    Event() = default;
+    Event(std::nullptr_t) {}  // NOLINT: like a null pointer, `cond ? pool.get() : nullptr`
+    Event(const Event& other);
+    Event(Event&& other) noexcept : node_(other.node_) { other.node_ = nullptr; }
+    Event& operator=(Event other) noexcept;
+    ~Event();
+    cudaEvent_t get() const;
+    explicit operator bool() const { return node_ != nullptr; }
+
+   private:
+    friend class EventPool;
+    explicit Event(Node* node) : node_(node) {}
+    Node* node_ = nullptr;
+  };
+
+  // Events of `device`, created without timing (cheaper to record) unless the pool is `timed`.
   explicit EventPool(int device, bool timed = false);
   ~EventPool();
   EventPool(const EventPool&) = delete;
@@ -28,7 +50,6 @@ class EventPool {
   Event get();
 
  private:
-  struct Free;
   std::shared_ptr<Free> free_;
 };
 
