@@ -12,19 +12,23 @@
 
 namespace pycoll {
 
+// Lock order: take_mu, then give_mu. Each list on cache lines of its own.
 struct EventPool::Free {
   int device = 0;
   bool timed = false;
-  bool closed = false;  // the pool is gone: returned events are destroyed instead
-  // A watcher thread returns a burst of events while ops take new ones: a spin, not a sleep.
-  SpinMutex mu;
-  std::vector<Node*> nodes;
+  alignas(64) SpinMutex take_mu;  // spins: a holder keeps it for a few instructions
+  std::vector<Node*> taking;      // get() pops these
+  size_t made = 0;                // nodes made, under take_mu
+  alignas(64) SpinMutex give_mu;
+  std::vector<Node*> given;       // returned events
+  bool closed = false;            // the pool is gone: returned events are destroyed instead
+  size_t out_at_close = 0;        // events still out when the pool went; the last one deletes this
 };
 
 struct EventPool::Node {
   cudaEvent_t event = nullptr;
   std::atomic<int> refs{0};
-  std::shared_ptr<Free> free;  // set while handed out: the pool's list outlives its handles
+  Free* free = nullptr;
 };
 
 EventPool::Event::Event(const Event& other) : node_(other.node_) {
@@ -40,29 +44,38 @@ cudaEvent_t EventPool::Event::get() const { return node_ ? node_->event : nullpt
 
 EventPool::Event::~Event() {
   if (!node_ || node_->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  std::shared_ptr<Free> free = std::move(node_->free);
+  Free* free = node_->free;
+  bool last = false;
   {
-    std::lock_guard<SpinMutex> g(free->mu);
+    std::lock_guard<SpinMutex> g(free->give_mu);
     if (!free->closed) {
-      free->nodes.push_back(node_);
+      free->given.push_back(node_);
       return;
     }
+    last = --free->out_at_close == 0;
   }
   (void)cudaEventDestroy(node_->event);  // at interpreter exit the context may be gone: nothing to report
   delete node_;
+  if (last) delete free;
 }
 
-EventPool::EventPool(int device, bool timed) : free_(std::make_shared<Free>()) {
+EventPool::EventPool(int device, bool timed) : free_(new Free) {
   free_->device = device;
   free_->timed = timed;
 }
 
 EventPool::~EventPool() {
   std::vector<Node*> nodes;
+  bool none_out = false;
   {
-    std::lock_guard<SpinMutex> g(free_->mu);
+    std::lock_guard<SpinMutex> t(free_->take_mu);
+    std::lock_guard<SpinMutex> g(free_->give_mu);
     free_->closed = true;
-    nodes.swap(free_->nodes);
+    nodes.swap(free_->taking);
+    nodes.insert(nodes.end(), free_->given.begin(), free_->given.end());
+    free_->given.clear();
+    free_->out_at_close = free_->made - nodes.size();
+    none_out = free_->out_at_close == 0;
   }
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(free_->device));
   // At interpreter exit the CUDA context may already be gone; nothing to report then.
@@ -70,27 +83,39 @@ EventPool::~EventPool() {
     (void)cudaEventDestroy(n->event);
     delete n;
   }
+  if (none_out) delete free_;
 }
 
 EventPool::Event EventPool::get() {
   Node* node = nullptr;
   {
-    std::lock_guard<SpinMutex> g(free_->mu);
-    if (!free_->nodes.empty()) {
-      node = free_->nodes.back();
-      free_->nodes.pop_back();
+    std::lock_guard<SpinMutex> t(free_->take_mu);
+    if (free_->taking.empty()) {
+      std::lock_guard<SpinMutex> g(free_->give_mu);
+      free_->taking.swap(free_->given);
+    }
+    if (!free_->taking.empty()) {
+      node = free_->taking.back();
+      free_->taking.pop_back();
+    } else {
+      ++free_->made;  // counted before the event exists: a failed create is not out
     }
   }
   if (node == nullptr) {
     cudaEvent_t e = nullptr;
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(free_->device));
-    PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&e, free_->timed ? cudaEventDefault : cudaEventDisableTiming),
-                      "pycoll: cudaEventCreateWithFlags");
+    const cudaError_t err =
+        cudaEventCreateWithFlags(&e, free_->timed ? cudaEventDefault : cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+      std::lock_guard<SpinMutex> t(free_->take_mu);
+      --free_->made;
+    }
+    PYCOLL_CUDA_CHECK(err, "pycoll: cudaEventCreateWithFlags");
     node = new Node;
     node->event = e;
+    node->free = free_;
   }
   node->refs.store(1, std::memory_order_relaxed);
-  node->free = free_;
   return Event(node);
 }
 

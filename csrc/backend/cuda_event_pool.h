@@ -5,15 +5,16 @@
 // (ProcessGroupNCCL keeps an event cache for the same reason).
 //
 // A handle is counted by hand rather than a std::shared_ptr: a shared_ptr with a deleter
-// allocates its count on every get(), and the flight recorder's watcher thread frees those in
-// bursts while ops allocate, contending for the allocator's locks. A handle's node, with its
-// count, is made once per event and goes back to the pool with it.
+// allocates its count on every get(). Events mostly go back from another thread (the flight
+// recorder's watcher returns hundreds a millisecond while ops take new ones), so the pool keeps
+// two lists under two locks: the takers' list, which get() pops with no cache line shared with
+// the returning thread, and the returned list, which a taker swaps in whole when its own runs
+// dry. A handle's node is made once per event and goes back to the pool with it.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <memory>
 
 namespace pycoll {
 
@@ -50,7 +51,7 @@ class EventPool {
   Event get();
 
  private:
-  std::shared_ptr<Free> free_;
+  Free* free_;  // outlives the pool while events are out: the last one returned deletes it
 };
 
 }  // namespace pycoll

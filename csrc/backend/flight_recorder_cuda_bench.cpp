@@ -87,6 +87,7 @@ FlightRecorderCudaCost flight_recorder_cuda_bench(int64_t ops, int device) {
     EventPool::Event before = event_on(stream);
     EventPool::Event after = event_on(stream);
   });
+  cost.capture_ns = per_op([&](int64_t) { TORCH_CHECK(not_capturing(stream)); });
   // An asynchronous op hands the watcher the two events it records anyway (the one its comm stream
   // waits for, and its Work's end): the same path, less the events.
   cost.async_ns = cost.sync_ns - cost.events_ns;

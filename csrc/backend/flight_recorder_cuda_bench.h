@@ -14,6 +14,7 @@ struct FlightRecorderCudaCost {
   double async_ns = 0;      // per op, what the record path adds to an asynchronous op (its own events not counted)
   double unwatched_ns = 0;  // per op, the synchronous path with the op completed at once, no watcher thread
   double events_ns = 0;     // per op, two events taken from the pool and recorded, alone
+  double capture_ns = 0;    // per op, the stream-capture check made before an op is watched, alone
 };
 
 // Runs `ops` ops of a group named "flight_recorder_cuda_bench" back to back on `device`'s current

@@ -85,13 +85,14 @@ void register_flight_recorder(py::module_& m) {
           c = flight_recorder_cuda_bench(ops, device);
         }
         return py::dict(py::arg("sync_ns") = c.sync_ns, py::arg("async_ns") = c.async_ns,
-                        py::arg("unwatched_ns") = c.unwatched_ns, py::arg("events_ns") = c.events_ns);
+                        py::arg("unwatched_ns") = c.unwatched_ns, py::arg("events_ns") = c.events_ns,
+                        py::arg("capture_ns") = c.capture_ns);
       },
       py::arg("ops") = 20000, py::arg("device") = 0,
       "The record path on CUDA tensors, host ns per op: {'sync_ns': a synchronous op's (entry, two pooled events on "
       "the current stream, the watcher), 'async_ns': what it adds to an asynchronous op (no event: the op's own "
       "serve), 'unwatched_ns': the synchronous path completed at once without the watcher, 'events_ns': two events "
-      "alone}. Its ops belong to a group named flight_recorder_cuda_bench and are completed when it returns.");
+      "alone, 'capture_ns': the stream-capture check before an op is watched, alone}. Its ops belong to a group named flight_recorder_cuda_bench and are completed when it returns.");
 #endif
 }
 
