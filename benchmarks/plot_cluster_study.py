@@ -3,10 +3,10 @@
 
     python3 benchmarks/plot_cluster_study.py --bench FILE.json ... --ddp DDP.json
 
---bench  runs of `pycoll-bench --hosts 2 --link ...` (any layouts and links): pycoll-bench files, or
-         result sets of them (benchmarks/render_tables.py --bundle; every run of a set is plotted):
-         writes <ddp file's stem, -ddp replaced by -collectives>.png, per layout (row) and op (column) the busbw of
-         each pycoll form over Gloo's against the size, one colour per link
+--bench  runs of `pycoll-bench --hosts 2 --link ...` (any layouts and links): pycoll-bench files, launches
+         merged by render_tables.py --merge, or result sets of them (--bundle; every run of a set is plotted):
+         writes <the first file's stem>.png, per layout (row) and op (column) the busbw of
+         each pycoll form over Gloo's against the size (median over a run's launches), one colour per link
 --ddp    benchmarks/cluster_ddp_study.py's file: writes <stem>-<model>.png per model, per layout
          the step time of each method at each link (log scale where it spans a decade), the loss after the same steps
          under each method's name
@@ -15,12 +15,17 @@ import argparse
 import json
 import os
 import re
+import statistics
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.render_tables import SET_SCHEMA, load_launches  # noqa: E402
 
 COLOURS = {"100mbit": "tab:red", "1gbit": "tab:blue", "10gbit": "tab:green"}
 
@@ -31,22 +36,32 @@ def rate_bps(link):
 
 
 def bench_runs(path):
-    """The pycoll-bench runs of one file: the file itself, or every run of a result set."""
+    """The runs of one file (a pycoll-bench file, merged launches, or every run of a result set),
+    each as its list of launches."""
     with open(path) as fh:
         doc = json.load(fh)
-    docs = list(doc["runs"].values()) if doc.get("schema") == "pycoll-result-set/1" else [doc]
-    for d in docs:
-        if d.get("schema") != "pycoll-bench/1":
-            raise SystemExit(f"{path}: a run is not one pycoll-bench launch (schema {d.get('schema')!r})")
-    return docs
+    names = list(doc["runs"]) if doc.get("schema") == SET_SCHEMA else [None]
+    return [load_launches(path, name) for name in names]
+
+
+def ratios(launches, op, label):
+    """{bytes: median over the launches of Gloo's time / label's time} for one op."""
+    per_size = {}
+    for doc in launches:
+        t = {(r["label"], r["bytes"]): r["time_us"] for r in doc["results"]
+             if r["op"] == op and r.get("time_us") and not r.get("error")}
+        for (lab, b), v in t.items():
+            if lab == label and ("gloo", b) in t:
+                per_size.setdefault(b, []).append(t[("gloo", b)] / v)
+    return {b: statistics.median(v) for b, v in sorted(per_size.items())}
 
 
 def plot_collectives(paths, out):
     runs = []
-    for doc in [d for p in paths for d in bench_runs(p)]:
-        meta = doc["metadata"]
-        runs.append((f"{meta['hosts']}x{meta['world_size'] // meta['hosts']}", meta["link"],
-                     meta["link_measured_bps"], doc))
+    for launches in [r for p in paths for r in bench_runs(p)]:
+        meta = launches[0]["metadata"]
+        measured = statistics.median(lc["metadata"]["link_measured_bps"] for lc in launches)
+        runs.append((f"{meta['hosts']}x{meta['world_size'] // meta['hosts']}", meta["link"], measured, launches))
     layouts = sorted({r[0] for r in runs})
     ops = ["all_reduce", "reduce_scatter", "all_gather"]
     fig, axes = plt.subplots(len(layouts), len(ops), figsize=(4.2 * len(ops), 3.4 * len(layouts)), squeeze=False,
@@ -54,14 +69,12 @@ def plot_collectives(paths, out):
     for i, layout in enumerate(layouts):
         for j, op in enumerate(ops):
             ax = axes[i][j]
-            for lay, link, measured, doc in sorted(runs, key=lambda r: rate_bps(r[1])):
+            for lay, link, measured, launches in sorted(runs, key=lambda r: rate_bps(r[1])):
                 if lay != layout:
                     continue
-                t = {(r["label"], r["bytes"]): r["time_us"] for r in doc["results"]
-                     if r["op"] == op and r.get("time_us") and not r.get("error")}
-                for label in [x for x in doc["labels"] if x.startswith("pycoll")]:
-                    sizes = sorted(b for (lab, b) in t if lab == label and ("gloo", b) in t)
-                    ax.plot(sizes, [t[("gloo", b)] / t[(label, b)] for b in sizes], marker="o",
+                for label in [x for x in launches[0]["labels"] if x.startswith("pycoll")]:
+                    got = ratios(launches, op, label)
+                    ax.plot(list(got), list(got.values()), marker="o",
                             color=COLOURS.get(link), linestyle="--" if label.endswith("/flat") else "-",
                             label=f"{label} {link} ({measured / 1e6:.0f} Mbit/s)")
             ax.axhline(1.0, color="grey", linewidth=0.8)
@@ -133,8 +146,7 @@ def main(argv=None):
     stem = os.path.splitext(args.ddp)[0]
     outs = plot_ddp(args.ddp, stem)
     if args.bench:
-        base = stem[:-len("-ddp")] if stem.endswith("-ddp") else stem
-        outs.append(plot_collectives(args.bench, f"{base}-collectives.png"))
+        outs.append(plot_collectives(args.bench, os.path.splitext(args.bench[0])[0] + ".png"))
     for o in outs:
         print(f"wrote {o}")
 

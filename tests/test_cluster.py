@@ -178,6 +178,25 @@ def test_leftovers_of_a_killed_launcher_are_removed_by_cleanup():
 
 
 @needs_cluster
+def test_hosts_cork_no_tcp_writes_and_this_machine_keeps_its_setting():
+    """Each simulated host turns TCP autocorking off in its own namespace (held-back tails stalled
+    back-to-back hierarchical all_gathers 30-55 ms behind the shaped veth); this machine's value stays."""
+    key = "/proc/sys/net/ipv4/tcp_autocorking"
+    with open(key) as fh:
+        mine = fh.read().strip()
+    net = links.Network(links.run_id(), 2, 10**9)
+    try:
+        net.build()
+        for ns in net.hosts:
+            got = links.sh(["ip", "netns", "exec", ns, "cat", key]).stdout.strip()
+            assert got == "0", (ns, got)
+    finally:
+        net.teardown()
+    with open(key) as fh:
+        assert fh.read().strip() == mine
+
+
+@needs_cluster
 def test_2x1_over_1gbit_powersgd_rank4_is_1_8x_faster_per_step(tmp_path):
     # 6 timed steps of each after 3 of warm-up (about 15 s): no hook sends 52 MB per step each way.
     out = tmp_path / "r.json"
