@@ -345,6 +345,14 @@ def test_peer_exit_makes_others_raise(world_size, when):
     assert time.monotonic() - t0 < 45
 
 
+def _wait_for_file(path, timeout_s=60):
+    """Until rank 0 creates `path` (its signal that it is done)."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, "rank 0 never finished"
+        time.sleep(0.01)
+
+
 def _wait_timeout_rank(rank, ws, what, done_path):
     quiet()
     check_sum_works(ws)
@@ -361,10 +369,7 @@ def _wait_timeout_rank(rank, ws, what, done_path):
     else:
         # Stay alive (so that only the timeout can end rank 0's wait) without joining rank 0's
         # operation; not through the group's Store, as in _abort_pending_rank.
-        deadline = time.monotonic() + 60
-        while not os.path.exists(done_path):
-            assert time.monotonic() < deadline, "rank 0 never finished"
-            time.sleep(0.01)
+        _wait_for_file(done_path)
 
 
 @pytest.mark.parametrize("what", ["all_reduce", "irecv"])
@@ -577,10 +582,7 @@ def _abort_pending_rank(rank, ws, done_path):
     # Rank 1 stays (a peer that exits is noticed as dead, not aborted) until rank 0 is done. Not
     # through the group's Store: after the abort, both ranks' dump threads use it too, and a
     # FileStore shared by threads and processes once did not show rank 1 this key within 60 s in CI.
-    deadline = time.monotonic() + 60
-    while not os.path.exists(done_path):
-        assert time.monotonic() < deadline, "rank 0 never finished"
-        time.sleep(0.01)
+    _wait_for_file(done_path)
     return None
 
 

@@ -270,7 +270,11 @@ def _results(out):
 def _check_launch(out, steps, ref_backend="gloo", rtol=1e-5, atol=1e-6):
     res = _results(out)
     assert set(res) == {BACKEND, ref_backend}, out[-3000:]
-    mine, ref = res[BACKEND], res[ref_backend]
+    return _check_same_training(res[BACKEND], res[ref_backend], steps, rtol, atol)
+
+
+def _check_same_training(mine, ref, steps, rtol, atol):
+    """Two runs' result lines: the same world, steps, losses and parameter norm."""
     assert mine["world_size"] == ref["world_size"] == WORLD
     assert len(mine["losses"]) == len(ref["losses"]) == steps
     torch.testing.assert_close(torch.tensor(mine["losses"]), torch.tensor(ref["losses"]),
@@ -400,16 +404,10 @@ def test_example_gpu(example, extra):
         steps = 6
     cmd = [sys.executable, os.path.join(EXAMPLES, example), "--device", "cuda", "--nproc", str(WORLD),
            "--backend", BACKEND, "--result-line"] + args
+    # bf16 autocast / bf16 FSDP parameters: the two runs may round differently.
     if shares_gpus(WORLD) and example in NO_GLOO_CUDA:
         mine = _results(_run(cmd))[BACKEND]
         ref = _results(_run(cmd, env={SAME_DEVICE_SETTING: "staged"}))[BACKEND]
-        assert mine["world_size"] == ref["world_size"] == WORLD
-        assert len(mine["losses"]) == len(ref["losses"]) == steps
-        # bf16 autocast / bf16 FSDP parameters: the two runs may round differently.
-        torch.testing.assert_close(torch.tensor(mine["losses"]), torch.tensor(ref["losses"]), rtol=2e-2, atol=1e-3)
-        torch.testing.assert_close(torch.tensor(mine["param_norm"]), torch.tensor(ref["param_norm"]),
-                                   rtol=2e-2, atol=1e-3)
-        return
-    out = _run(cmd + ["--compare", ref_backend])
-    # bf16 autocast / bf16 FSDP parameters: the two runs may round differently.
-    _check_launch(out, steps, ref_backend=ref_backend, rtol=2e-2, atol=1e-3)
+        _check_same_training(mine, ref, steps, rtol=2e-2, atol=1e-3)
+    else:
+        _check_launch(_run(cmd + ["--compare", ref_backend]), steps, ref_backend=ref_backend, rtol=2e-2, atol=1e-3)
