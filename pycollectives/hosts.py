@@ -75,18 +75,40 @@ def exchange(store, rank: int, size: int) -> HostMap:
     return HostMap.from_ids([store.get(f"{_KEY}{r}").decode() for r in range(size)])
 
 
+def link_bps() -> int:
+    """The rate of the links between hosts in bits per second (PYCOLL_LINK), 0 where unset."""
+    from .cluster.rates import parse_rate
+    from .package_settings import LINK
+
+    text = LINK.get()
+    if not text:
+        return 0
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise ValueError(f"pycoll: PYCOLL_LINK={text} is not valid: {exc}") from None
+
+
 def check_form_constants(store, rank: int, size: int, group_name: str) -> None:
-    """Every rank must choose the same form (flat or hierarchical) for each op, or the ranks would
-    wait in different sub-groups: their calibrated tables (PYCOLL_COST_MODEL) must agree."""
+    """Every rank must choose the same form (flat or hierarchical, in one piece or several) for
+    each op, or the ranks would wait in different sub-groups: their calibrated tables
+    (PYCOLL_COST_MODEL) and their links' rate (PYCOLL_LINK) must agree."""
     from . import _C
 
     store.set(f"pycoll/hostforms/{rank}", _C.host_form_digest())
+    store.set(f"pycoll/hostlink/{rank}", str(link_bps()))
     digests = [store.get(f"pycoll/hostforms/{r}").decode() for r in range(size)]
     differ = [r for r in range(size) if digests[r] != digests[rank]]
     if differ:
         raise ValueError(f"pycoll: group {group_name}: rank {rank} and rank(s) {differ} loaded different tables "
                          f"of forms across hosts (PYCOLL_COST_MODEL; on rank {rank}: "
                          f"{_C.host_form_digest() or 'none'}); every rank must load the same calibration file")
+    links = [int(store.get(f"pycoll/hostlink/{r}").decode()) for r in range(size)]
+    differ = [r for r in range(size) if links[r] != links[rank]]
+    if differ:
+        raise ValueError(f"pycoll: group {group_name}: rank {rank} and rank(s) {differ} set different rates of the "
+                         f"links between hosts (PYCOLL_LINK: {links[rank] or 'unset'} bit/s on rank {rank}, "
+                         f"{links[differ[0]] or 'unset'} on rank {differ[0]}); every rank must set the same")
 
 
 def _debug(message: str) -> None:
@@ -148,4 +170,4 @@ def make_backend(native, store, rank: int, size: int, timeout, group_name: str):
     _debug(f"group {group_name}: {len(hosts.hosts)} hosts ({kind}); rank {rank} is local rank {local} of "
            f"{len(hosts.hosts[me])} on host {me} ({hosts.ids[rank]}); between hosts: {wire}")
     return native(store, rank, size, timeout, group_name, hosts.ids[rank], me, len(hosts.hosts), hosts.hosts[me],
-                  hosts.host_of, kind == "uniform", rail, flat, device_rail, device_flat)
+                  hosts.host_of, kind == "uniform", rail, flat, device_rail, device_flat, link_bps())

@@ -197,6 +197,64 @@ def test_all_reduce_leader_form_then_three_phases(layout):
         assert plans == ["leader"] * 8 + ["three phases"] * 19, plans
 
 
+def _all_reduce_in_pieces(rank, ws):
+    """Three-phase all_reduces in pieces: sizes that neither the ranks per host nor the pieces
+    divide, dtypes that cross hosts converted (int16 as int32, bool as uint8), against every
+    rank's input reduced here; returns each op's plan."""
+    gloo = dist.new_group(backend="gloo")
+    cases = ((torch.float32, (1 << 19) + 3, (R.SUM, R.AVG)), (torch.int16, (3 << 20) + 5, (R.SUM, R.MAX)),
+             (torch.bool, (5 << 20) + 1, (R.MAX, R.MIN)), (torch.float32, 3 << 20, (R.SUM,)),
+             (torch.bfloat16, (3 << 20) + 5, (R.MAX,)))
+    for dtype, n, ops in cases:
+        for op in ops:
+            x = _input(dtype, rank, n, 5)
+            every = [torch.empty(n, dtype=torch.float64) for _ in range(ws)]
+            dist.all_gather(every, x.double(), group=gloo)
+            every = torch.stack(every)
+            ref = {R.SUM: every.sum(0), R.AVG: every.mean(0), R.MAX: every.max(0).values,
+                   R.MIN: every.min(0).values}[op].to(dtype)
+            dist.all_reduce(x, op=op)
+            assert torch.equal(x, ref), (dtype, n, op)
+    with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
+        return [line.split(" plan=")[1].strip() for line in fh if "allreduce algo=hierarchical" in line]
+
+
+@pytest.mark.parametrize("layout", ["2x2", "interleaved"])
+@pytest.mark.parametrize("env,pieces", [
+    ({"PYCOLL_LINK": "1gbit"}, [2, 2, 6, 6, 5, 5, 8, 6]),  # 1 MiB pieces, at most 8
+    ({"PYCOLL_LINK": "100mbit", "PYCOLL_HOST_PIECE_BYTES": "3M"}, [1, 1, 2, 2, 1, 1, 4, 2]),
+    ({"PYCOLL_LINK": "10gbit"}, [1] * 8),  # on fast links the host's phases and Gloo compete for cores
+    ({}, [1] * 8),  # a link of a rate not known
+    ({"PYCOLL_LINK": "1gbit", "PYCOLL_HOST_PIECE_BYTES": "0"}, [1] * 8)])
+def test_all_reduce_in_pieces_on_slow_links(layout, env, pieces):
+    ids = LAYOUTS[layout]
+    out = run_ranks(len(ids), _all_reduce_in_pieces, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
+                    env={"PYCOLL_DEBUG": "INFO", **env}, timeout=300)
+    for plans in out:
+        assert all(p.startswith("three phases") for p in plans), plans
+        assert [int(p.split(", in ")[1].split()[0]) if ", in " in p else 1 for p in plans] == pieces, plans
+
+
+def _init_and_report(rank, ws, init_file):
+    try:
+        dist.init_process_group("pycoll", init_method=f"file://{init_file}", rank=rank, world_size=ws)
+        dist.all_reduce(torch.ones(4))
+        return "created"
+    except Exception as exc:  # noqa: BLE001  (the message is the result)
+        return str(exc)
+
+
+def test_ranks_that_set_different_link_rates_cannot_make_a_group(tmp_path):
+    # The link's rate decides how many pieces an all_reduce runs in: ranks that differ would wait
+    # in different calls.
+    links = ["1gbit", "1gbit", "1gbit", "10gbit"]
+    out = run_ranks(4, _init_and_report, str(tmp_path / "init"), init=None, timeout=120,
+                    rank_env=[{"PYCOLL_HOSTID": h, "PYCOLL_LINK": link} for h, link in zip(LAYOUTS["2x2"], links)])
+    for rank, msg in enumerate(out):
+        assert "set different rates of the links between hosts (PYCOLL_LINK" in msg, (rank, msg)
+        assert ("rank(s) [3]" if rank < 3 else "rank(s) [0, 1, 2]") in msg, (rank, msg)
+
+
 def _all_gather_by_rail_then_host(rank, ws):
     """all_gather of CPU tensors across hosts: along the rail, inside the host, then into rank
     order; out of place and in place (the input is this rank's block of the output), sizes 0, 1,

@@ -76,7 +76,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        const std::optional<c10::intrusive_ptr<c10d::Backend>>& rail,
                        const c10::intrusive_ptr<c10d::Backend>& flat,
                        const std::optional<c10::intrusive_ptr<c10d::Backend>>& device_rail,
-                       const std::optional<c10::intrusive_ptr<c10d::Backend>>& device_flat) {
+                       const std::optional<c10::intrusive_ptr<c10d::Backend>>& device_flat, int64_t link_bps) {
              pycoll::HostLayout h;
              h.host_id = host_id;
              h.host_index = host_index;
@@ -88,16 +88,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              h.flat = flat;
              if (device_rail) h.device_rail = *device_rail;
              if (device_flat) h.device_flat = *device_flat;
+             h.link_bps = link_bps;
              return c10::make_intrusive<pycoll::ProcessGroupPycoll>(store, rank, size, timeout, group_name,
                                                                     std::move(h));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
            py::arg("host_id"), py::arg("host_index"), py::arg("num_hosts"), py::arg("host_ranks"), py::arg("host_of"),
            py::arg("uniform"), py::arg("rail"), py::arg("flat"), py::arg("device_rail") = py::none(),
-           py::arg("device_flat") = py::none(), py::call_guard<py::gil_scoped_release>(),
+           py::arg("device_flat") = py::none(), py::arg("link_bps") = 0, py::call_guard<py::gil_scoped_release>(),
            "A group across hosts (pycollectives/hosts.py): the CPU engine over host_ranks, the inter-host "
            "backends rail (this rank's local rank on every host; None unless uniform) and flat (every rank), "
-           "and the same two for CUDA tensors (device_rail, device_flat: NCCL; None without CUDA).")
+           "and the same two for CUDA tensors (device_rail, device_flat: NCCL; None without CUDA); link_bps: the "
+           "rate of the links between hosts (PYCOLL_LINK), 0 where not known.")
       .def(
           "perform_nocolor_split", [](pycoll::ProcessGroupPycoll&, const at::Device&) {},
           "Nothing to do: torch calls it on the ranks outside a new_group when the default group is bound "

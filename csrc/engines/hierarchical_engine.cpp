@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -120,6 +121,25 @@ void backend_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Te
   if (!wire.is_same(t)) t.copy_(wire);
 }
 
+// An all_reduce started on Gloo (CPU tensors) and not yet waited for: its wire form (a converted
+// copy for a dtype Gloo lacks) goes back into `target` once it is done.
+struct StartedAllReduce {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor wire, target;
+  void wait() {
+    finish(work);
+    if (!wire.is_same(target)) target.copy_(wire);
+  }
+};
+
+StartedAllReduce start_gloo_all_reduce(c10d::Backend& b, const at::Tensor& t, ReduceKind op) {
+  auto [wire, wire_op] = inter_host_form(t, op);
+  std::vector<at::Tensor> ts{wire};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(wire_op);
+  return {b.allreduce(ts, opts), wire, t};
+}
+
 at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
 
 // Reduce-scatter of `in` (k blocks of out.numel() elements, contiguous) among the k members of an
@@ -150,6 +170,20 @@ void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Te
 // per rail; above it the three phases win. CUDA tensors keep the three phases (not measured).
 // docs/decisions/0029-hierarchical-engine-sizes-and-call-costs.md
 constexpr size_t kHostLeaderMaxBytes = 1 << 20;
+
+// CPU tensors across links of at most 1 Gbit/s run the hierarchical all_reduce in pieces, so that
+// the host's reduce-scatter of one piece and its all-gather of another run while the rail
+// all-reduces a third. On faster links the host's phases and Gloo's threads compete for the cores
+// instead, and one piece is faster. docs/decisions/0040-hierarchical-collectives-in-pieces.md
+const IntSetting kHostPieceBytes(
+    "PYCOLL_HOST_PIECE_BYTES", 0, 0, int64_t(1) << 40, "hierarchical engine", true, Audience::Developer,
+    "CPU tensors across hosts: the hierarchical all_reduce of at least twice this many bytes runs in "
+    "pieces of about this size (at most 8), the inter-host all_reduce of each piece overlapping the host's "
+    "phases of the pieces beside it; 0: in one piece.",
+    "1M where PYCOLL_LINK is at most 1gbit, else 0", /*bytes=*/true);
+constexpr int64_t kPiecedLinkMaxBps = 1000000000;
+constexpr int64_t kPieceBytesOnSlowLinks = 1 << 20;
+constexpr int64_t kMaxHostPieces = 8;
 
 // The CPU scratch buffer kept across calls grows to at most this; a larger op allocates its own
 // (its page faults then cost a smaller share of its time, and a group keeps no more memory).
@@ -189,6 +223,13 @@ void HierarchicalEngine::run_local(OpCode op, const at::Tensor& in, const at::Te
   c.reduce = reduce;
   c.root = root;
   local_.run(c, stream);
+}
+
+int64_t HierarchicalEngine::all_reduce_pieces(size_t bytes, int64_t shard) const {
+  const bool slow_link = layout_.link_bps > 0 && layout_.link_bps <= kPiecedLinkMaxBps;
+  const int64_t piece = kHostPieceBytes.get_or(slow_link ? kPieceBytesOnSlowLinks : 0);
+  if (on_device_ || piece == 0) return 1;
+  return std::clamp<int64_t>(static_cast<int64_t>(bytes) / piece, 1, std::min(kMaxHostPieces, shard));
 }
 
 bool HierarchicalEngine::leader_form(size_t bytes) const { return !on_device_ && bytes <= kHostLeaderMaxBytes; }
@@ -248,10 +289,35 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
     at::Tensor whole = exact ? in.reshape({-1}) : at::zeros({shard * L}, in.options());
     if (!exact) whole.narrow(0, 0, n).copy_(in.reshape({-1}));
     at::Tensor mine = scratch(shard, in.options());
-    run_local(OpCode::ReduceScatter, whole, mine, level_op, stream);
-    if (check) check->finish();
-    backend_all_reduce(rail_, mine, level_op, on_device_);
-    run_local(OpCode::AllGather, mine, exact ? out.reshape({-1}) : whole, level_op, stream);
+    at::Tensor gathered = exact ? out.reshape({-1}) : whole;
+    const int64_t per = ceil_div(shard, all_reduce_pieces(in.nbytes(), shard));
+    const int64_t pieces = ceil_div(shard, per);
+    if (pieces == 1) {
+      run_local(OpCode::ReduceScatter, whole, mine, level_op, stream);
+      if (check) check->finish();
+      backend_all_reduce(rail_, mine, level_op, on_device_);
+      run_local(OpCode::AllGather, mine, gathered, level_op, stream);
+    } else {
+      if (call.plan_text) *call.plan_text += ", in " + std::to_string(pieces) + " pieces";
+      // Piece k: shard elements [k * per, ...) of every rank's shard, which is the run of L such
+      // blocks at L * k * per of the whole. The rail all-reduces piece k while the host
+      // reduce-scatters piece k + 1 and all-gathers piece k - 1.
+      auto part = [&](const at::Tensor& t, int64_t k, int64_t scale) {
+        const int64_t from = k * per;
+        return t.narrow(0, scale * from, scale * std::min(per, shard - from));
+      };
+      run_local(OpCode::ReduceScatter, part(whole, 0, L), part(mine, 0, 1), level_op, stream);
+      if (check) check->finish();
+      StartedAllReduce on_rail = start_gloo_all_reduce(*rail_, part(mine, 0, 1), level_op);
+      for (int64_t k = 1; k < pieces; ++k) {
+        run_local(OpCode::ReduceScatter, part(whole, k, L), part(mine, k, 1), level_op, stream);
+        on_rail.wait();
+        on_rail = start_gloo_all_reduce(*rail_, part(mine, k, 1), level_op);
+        run_local(OpCode::AllGather, part(mine, k - 1, 1), part(gathered, k - 1, L), level_op, stream);
+      }
+      on_rail.wait();
+      run_local(OpCode::AllGather, part(mine, pieces - 1, 1), part(gathered, pieces - 1, L), level_op, stream);
+    }
     if (!exact) out.reshape({-1}).copy_(whole.narrow(0, 0, n));
   }
   if (op == ReduceKind::Avg) out.div_(size_);

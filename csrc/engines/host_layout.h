@@ -28,6 +28,8 @@ struct HostLayout {
   // tensors go through host memory and the two above.
   c10::intrusive_ptr<c10d::Backend> device_rail;
   c10::intrusive_ptr<c10d::Backend> device_flat;
+  // The rate of the links between hosts in bits per second (PYCOLL_LINK), 0 where not known.
+  int64_t link_bps = 0;
 
   int local_rank(int group_rank) const {
     for (size_t i = 0; i < host_ranks.size(); ++i)
