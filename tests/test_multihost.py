@@ -221,7 +221,7 @@ def _all_reduce_in_pieces(rank, ws):
 
 @pytest.mark.parametrize("layout", ["2x2", "interleaved"])
 @pytest.mark.parametrize("env,pieces", [
-    ({"PYCOLL_LINK": "1gbit"}, [2, 2, 6, 6, 5, 5, 8, 6]),  # 1 MiB pieces, at most 8
+    ({"PYCOLL_LINK": "1gbit"}, [4, 4, 8, 8, 8, 8, 8, 8]),  # pieces of 512 KiB, at most 8
     ({"PYCOLL_LINK": "100mbit", "PYCOLL_HOST_PIECE_BYTES": "3M"}, [1, 1, 2, 2, 1, 1, 4, 2]),
     ({"PYCOLL_LINK": "10gbit"}, [1] * 8),  # on fast links the host's phases and Gloo compete for cores
     ({}, [1] * 8),  # a link of a rate not known
@@ -282,16 +282,23 @@ def _all_gather_by_rail_then_host(rank, ws):
     assert torch.equal(out.view(ws, -1), torch.stack([torch.arange(6 << 20, dtype=torch.float32) + r
                                                       for r in range(ws)])), "large"
     with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
-        return sorted({line.split("algo=")[1].split()[0] for line in fh if "allgather" in line and "algo=" in line})
+        lines = [line for line in fh if "allgather" in line and "algo=" in line]
+    return (sorted({line.split("algo=")[1].split()[0] for line in lines}),
+            sorted({int(line.split(", in ")[1].split()[0]) for line in lines if " pieces" in line}))
 
 
 @pytest.mark.parametrize("layout,expected", [("2x2", ["hierarchical"]), ("interleaved", ["hierarchical"]),
                                              ("2+1", ["flat"]), ("4x1", ["flat"])])
-def test_all_gather_by_rail_then_host(layout, expected):
+@pytest.mark.parametrize("link", [None, "1gbit"])
+def test_all_gather_by_rail_then_host(layout, expected, link):
+    # On a link of 1 Gbit/s, outputs from 1 MiB run in pieces of 512 KiB, at most 8: on 4 ranks,
+    # 65537 float32s (2 pieces) and int64s (4), and 6 Mi float32s (8).
     ids = LAYOUTS[layout]
     out = run_ranks(len(ids), _all_gather_by_rail_then_host, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
-                    env={"PYCOLL_DEBUG": "INFO"}, timeout=300)
-    assert all(algos == expected for algos in out), out
+                    env={"PYCOLL_DEBUG": "INFO", **({"PYCOLL_LINK": link} if link else {})}, timeout=300)
+    pieces = [2, 4, 8] if link and expected == ["hierarchical"] else []
+    assert all(algos == expected for algos, _ in out), out
+    assert all(p == pieces for _, p in out), out
 
 
 def _cuda_across_hosts(rank, ws):

@@ -171,18 +171,18 @@ void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Te
 // docs/decisions/0029-hierarchical-engine-sizes-and-call-costs.md
 constexpr size_t kHostLeaderMaxBytes = 1 << 20;
 
-// CPU tensors across links of at most 1 Gbit/s run the hierarchical all_reduce in pieces, so that
-// the host's reduce-scatter of one piece and its all-gather of another run while the rail
-// all-reduces a third. On faster links the host's phases and Gloo's threads compete for the cores
+// CPU tensors across links of at most 1 Gbit/s run the hierarchical all_reduce and all_gather in
+// pieces, so that the host's phases of one piece run while the rail carries another. On faster links the host's phases and Gloo's threads compete for the cores
 // instead, and one piece is faster. docs/decisions/0040-hierarchical-collectives-in-pieces.md
 const IntSetting kHostPieceBytes(
     "PYCOLL_HOST_PIECE_BYTES", 0, 0, int64_t(1) << 40, "hierarchical engine", true, Audience::Developer,
-    "CPU tensors across hosts: the hierarchical all_reduce of at least twice this many bytes runs in "
-    "pieces of about this size (at most 8), the inter-host all_reduce of each piece overlapping the host's "
-    "phases of the pieces beside it; 0: in one piece.",
-    "1M where PYCOLL_LINK is at most 1gbit, else 0", /*bytes=*/true);
+    "CPU tensors across hosts: the hierarchical all_reduce or all_gather of at least twice this many "
+    "bytes (the all_reduce's tensor, the all_gather's output) runs in pieces of about this size (at most "
+    "8), the inter-host phase of each piece overlapping the host's phases of the pieces beside it; 0: in "
+    "one piece.",
+    "512K where PYCOLL_LINK is at most 1gbit, else 0", /*bytes=*/true);
 constexpr int64_t kPiecedLinkMaxBps = 1000000000;
-constexpr int64_t kPieceBytesOnSlowLinks = 1 << 20;
+constexpr int64_t kPieceBytesOnSlowLinks = 512 << 10;
 constexpr int64_t kMaxHostPieces = 8;
 
 // The CPU scratch buffer kept across calls grows to at most this; a larger op allocates its own
@@ -225,11 +225,11 @@ void HierarchicalEngine::run_local(OpCode op, const at::Tensor& in, const at::Te
   local_.run(c, stream);
 }
 
-int64_t HierarchicalEngine::all_reduce_pieces(size_t bytes, int64_t shard) const {
+int64_t HierarchicalEngine::pieces_of(size_t bytes, int64_t units) const {
   const bool slow_link = layout_.link_bps > 0 && layout_.link_bps <= kPiecedLinkMaxBps;
   const int64_t piece = kHostPieceBytes.get_or(slow_link ? kPieceBytesOnSlowLinks : 0);
   if (on_device_ || piece == 0) return 1;
-  return std::clamp<int64_t>(static_cast<int64_t>(bytes) / piece, 1, std::min(kMaxHostPieces, shard));
+  return std::clamp<int64_t>(static_cast<int64_t>(bytes) / piece, 1, std::min(kMaxHostPieces, units));
 }
 
 bool HierarchicalEngine::leader_form(size_t bytes) const { return !on_device_ && bytes <= kHostLeaderMaxBytes; }
@@ -290,7 +290,7 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
     if (!exact) whole.narrow(0, 0, n).copy_(in.reshape({-1}));
     at::Tensor mine = scratch(shard, in.options());
     at::Tensor gathered = exact ? out.reshape({-1}) : whole;
-    const int64_t per = ceil_div(shard, all_reduce_pieces(in.nbytes(), shard));
+    const int64_t per = ceil_div(shard, pieces_of(in.nbytes(), shard));
     const int64_t pieces = ceil_div(shard, per);
     if (pieces == 1) {
       run_local(OpCode::ReduceScatter, whole, mine, level_op, stream);
@@ -441,11 +441,27 @@ Algo HierarchicalEngine::all_gather(const Collective& c, const c10::Stream& stre
   // each (local rank, host) block). Across hosts each rank sends (N-1) blocks in N-1 steps, against
   // n-1 steps of the flat ring.
   at::Tensor buf = scratch((N + L * N) * m, in.options());
-  at::Tensor by_host = buf.narrow(0, 0, N * m);
-  at::Tensor by_local = buf.narrow(0, N * m, L * N * m);
-  finish(rail_->_allgather_base(by_host, in, on_current_stream<c10d::AllgatherOptions>()));
-  run_local(OpCode::AllGather, by_host, by_local, ReduceKind::Sum, stream);
-  scatter_rows(by_local.view({L * N, m}), bytes_of(c.output).view({size_, m}));
+  at::Tensor out = bytes_of(c.output).view({size_, m});
+  const int64_t per = ceil_div(m, pieces_of(c.output.nbytes(), m));
+  const int64_t pieces = ceil_div(m, per);
+  if (pieces > 1 && c.plan_text) *c.plan_text = "rail all_gather, host all_gather, in " + std::to_string(pieces) + " pieces";
+  // Piece k: bytes [k * per, ...) of every rank's input. The rail gathers piece k + 1 while the
+  // host gathers piece k and puts it in place. In place (the input is this rank's block of the
+  // output) is safe: a piece's input is on the rail before its columns of the output are written.
+  auto rail_gather = [&](int64_t k) {
+    const int64_t from = k * per, len = std::min(per, m - from);
+    at::Tensor to = buf.narrow(0, N * from, N * len), mine = in.narrow(0, from, len);
+    return rail_->_allgather_base(to, mine, on_current_stream<c10d::AllgatherOptions>());
+  };
+  c10::intrusive_ptr<c10d::Work> on_rail = rail_gather(0);
+  for (int64_t k = 0; k < pieces; ++k) {
+    const int64_t from = k * per, len = std::min(per, m - from);
+    finish(on_rail);
+    if (k + 1 < pieces) on_rail = rail_gather(k + 1);
+    at::Tensor by_local = buf.narrow(0, N * m + L * N * from, L * N * len);
+    run_local(OpCode::AllGather, buf.narrow(0, N * from, N * len), by_local, ReduceKind::Sum, stream);
+    scatter_rows(by_local.view({L * N, len}), out.narrow(1, from, len));
+  }
   return Algo::Hierarchical;
 }
 

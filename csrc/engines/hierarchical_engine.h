@@ -73,10 +73,10 @@ class HierarchicalEngine : public Engine {
   // Small all_reduce of CPU tensors: reduce to the host's first rank, all-reduce among the hosts'
   // first ranks, broadcast inside the host (one inter-host call per host, not one per rail).
   bool leader_form(size_t bytes) const;
-  // How many pieces the three-phase all_reduce of `bytes` (a shard of `shard` elements per rank)
-  // runs in: 1 for CUDA tensors, below twice the piece size, and on links faster than 1 Gbit/s or
-  // of a rate not known (PYCOLL_HOST_PIECE_BYTES).
-  int64_t all_reduce_pieces(size_t bytes, int64_t shard) const;
+  // How many pieces a hierarchical all_reduce or all_gather of `bytes` (its largest buffer) runs
+  // in, cut into at most `units` pieces: 1 for CUDA tensors, below twice the piece size, and on
+  // links faster than 1 Gbit/s or of a rate not known (PYCOLL_HOST_PIECE_BYTES).
+  int64_t pieces_of(size_t bytes, int64_t units) const;
   Algo reduce_scatter(const Collective& c, const c10::Stream& stream);
   Algo all_gather(const Collective& c, const c10::Stream& stream);
   // The group ranks in the order step 1 of reduce_scatter puts their blocks (on `device`).
