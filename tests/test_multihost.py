@@ -197,42 +197,60 @@ def test_all_reduce_leader_form_then_three_phases(layout):
         assert plans == ["leader"] * 8 + ["three phases"] * 19, plans
 
 
-def _all_reduce_in_pieces(rank, ws):
-    """Three-phase all_reduces in pieces: sizes that neither the ranks per host nor the pieces
-    divide, dtypes that cross hosts converted (int16 as int32, bool as uint8), against every
-    rank's input reduced here; returns each op's plan."""
+def _reductions_in_pieces(rank, ws):
+    """Hierarchical all_reduces and reduce_scatters in pieces: sizes that neither the ranks per
+    host nor the pieces divide, dtypes that cross hosts converted (int16 as int32, bool as uint8),
+    in place, against every rank's input reduced here; returns each op's plan."""
     gloo = dist.new_group(backend="gloo")
+
+    def reduced(x, op):
+        every = [torch.empty(x.numel(), dtype=torch.float64) for _ in range(ws)]
+        dist.all_gather(every, x.double(), group=gloo)
+        every = torch.stack(every)
+        return {R.SUM: every.sum(0), R.AVG: every.mean(0), R.MAX: every.max(0).values,
+                R.MIN: every.min(0).values}[op].to(x.dtype)
+
     cases = ((torch.float32, (1 << 19) + 3, (R.SUM, R.AVG)), (torch.int16, (3 << 20) + 5, (R.SUM, R.MAX)),
              (torch.bool, (5 << 20) + 1, (R.MAX, R.MIN)), (torch.float32, 3 << 20, (R.SUM,)),
              (torch.bfloat16, (3 << 20) + 5, (R.MAX,)))
     for dtype, n, ops in cases:
         for op in ops:
             x = _input(dtype, rank, n, 5)
-            every = [torch.empty(n, dtype=torch.float64) for _ in range(ws)]
-            dist.all_gather(every, x.double(), group=gloo)
-            every = torch.stack(every)
-            ref = {R.SUM: every.sum(0), R.AVG: every.mean(0), R.MAX: every.max(0).values,
-                   R.MIN: every.min(0).values}[op].to(dtype)
+            ref = reduced(x, op)
             dist.all_reduce(x, op=op)
-            assert torch.equal(x, ref), (dtype, n, op)
+            assert torch.equal(x, ref), ("all_reduce", dtype, n, op)
+    # reduce_scatter: blocks of n per rank (the input ws * n)
+    for dtype, n, op, in_place in ((torch.float32, (1 << 19) + 3, R.SUM, False),
+                                   (torch.float32, (1 << 19) + 3, R.AVG, True), (torch.int16, (1 << 17) + 1, R.MAX, False)):
+        x = _input(dtype, rank, ws * n, 6)
+        ref = reduced(x, op)[rank * n:(rank + 1) * n]
+        out = x[rank * n:(rank + 1) * n] if in_place else torch.empty(n, dtype=dtype)
+        dist.reduce_scatter_tensor(out, x, op=op)
+        assert torch.equal(out, ref), ("reduce_scatter", dtype, n, op, in_place)
     with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
-        return [line.split(" plan=")[1].strip() for line in fh if "allreduce algo=hierarchical" in line]
+        lines = [line for line in fh if "algo=hierarchical" in line]
+    plans = lambda op: [line.partition(" plan=")[2].strip() for line in lines if f" {op} algo=" in line]  # noqa: E731
+    return plans("allreduce"), plans("reduce_scatter")
+
+
+def _pieces(plans):
+    return [int(p.split(", in ")[1].split()[0]) if ", in " in p else 1 for p in plans]
 
 
 @pytest.mark.parametrize("layout", ["2x2", "interleaved"])
-@pytest.mark.parametrize("env,pieces", [
-    ({"PYCOLL_LINK": "1gbit"}, [4, 4, 8, 8, 8, 8, 8, 8]),  # pieces of 512 KiB, at most 8
-    ({"PYCOLL_LINK": "100mbit", "PYCOLL_HOST_PIECE_BYTES": "3M"}, [1, 1, 2, 2, 1, 1, 4, 2]),
-    ({"PYCOLL_LINK": "10gbit"}, [1] * 8),  # on fast links the host's phases and Gloo compete for cores
-    ({}, [1] * 8),  # a link of a rate not known
-    ({"PYCOLL_LINK": "1gbit", "PYCOLL_HOST_PIECE_BYTES": "0"}, [1] * 8)])
-def test_all_reduce_in_pieces_on_slow_links(layout, env, pieces):
+@pytest.mark.parametrize("env,all_reduce,reduce_scatter", [
+    ({"PYCOLL_LINK": "1gbit"}, [4, 4, 8, 8, 8, 8, 8, 8], [8, 8, 2]),  # pieces of 512 KiB, at most 8
+    ({"PYCOLL_LINK": "100mbit", "PYCOLL_HOST_PIECE_BYTES": "3M"}, [1, 1, 2, 2, 1, 1, 4, 2], [2, 2, 1]),
+    ({"PYCOLL_LINK": "10gbit"}, [1] * 8, [1] * 3),  # on fast links the host's phases and Gloo compete for cores
+    ({}, [1] * 8, [1] * 3),  # a link of a rate not known
+    ({"PYCOLL_LINK": "1gbit", "PYCOLL_HOST_PIECE_BYTES": "0"}, [1] * 8, [1] * 3)])
+def test_reductions_in_pieces_on_slow_links(layout, env, all_reduce, reduce_scatter):
     ids = LAYOUTS[layout]
-    out = run_ranks(len(ids), _all_reduce_in_pieces, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
+    out = run_ranks(len(ids), _reductions_in_pieces, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
                     env={"PYCOLL_DEBUG": "INFO", **env}, timeout=300)
-    for plans in out:
-        assert all(p.startswith("three phases") for p in plans), plans
-        assert [int(p.split(", in ")[1].split()[0]) if ", in " in p else 1 for p in plans] == pieces, plans
+    for ar, rs in out:
+        assert all(p.startswith("three phases") for p in ar), ar
+        assert _pieces(ar) == all_reduce and _pieces(rs) == reduce_scatter, (ar, rs)
 
 
 def _init_and_report(rank, ws, init_file):
@@ -284,7 +302,7 @@ def _all_gather_by_rail_then_host(rank, ws):
     with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
         lines = [line for line in fh if "allgather" in line and "algo=" in line]
     return (sorted({line.split("algo=")[1].split()[0] for line in lines}),
-            sorted({int(line.split(", in ")[1].split()[0]) for line in lines if " pieces" in line}))
+            sorted(set(_pieces(line.split(" plan=")[1] for line in lines if " pieces" in line))))
 
 
 @pytest.mark.parametrize("layout,expected", [("2x2", ["hierarchical"]), ("interleaved", ["hierarchical"]),

@@ -88,21 +88,35 @@ void finish(const c10::intrusive_ptr<c10d::Work>& work) {
   if (work) work->wait();
 }
 
-// NCCL reduces no bitwise op: gather every member's tensor and fold them here, in member order,
-// so every rank computes the same bits.
+at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
+
+// Folds the rows of `rows` ([k, m], every member's values) into `out` (m elements), in member
+// order, so every rank computes the same bits.
+void fold_rows(const at::Tensor& rows, ReduceKind op, at::Tensor out) {
+  out.copy_(rows[0]);
+  for (int64_t i = 1; i < rows.size(0); ++i) {
+    const at::Tensor& row = rows[i];
+    switch (op) {
+      case ReduceKind::Sum:
+      case ReduceKind::Avg: out.add_(row); break;
+      case ReduceKind::Product: out.mul_(row); break;
+      case ReduceKind::Min: at::minimum_out(out, out, row); break;
+      case ReduceKind::Max: at::maximum_out(out, out, row); break;
+      case ReduceKind::BAnd: out.bitwise_and_(row); break;
+      case ReduceKind::BOr: out.bitwise_or_(row); break;
+      case ReduceKind::BXor: out.bitwise_xor_(row); break;
+      case ReduceKind::PremulSum: TORCH_INTERNAL_ASSERT(false, "pycoll: PREMUL_SUM reaches engines as a pre-scale + SUM");
+    }
+  }
+}
+
+// NCCL reduces no bitwise op: gather every member's tensor and fold them here.
 void gathered_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t, ReduceKind op) {
   at::Tensor mine = t.reshape({-1}).contiguous();
   at::Tensor all = at::empty({b->getSize(), mine.numel()}, mine.options());
   finish(b->_allgather_base(all, mine, on_current_stream<c10d::AllgatherOptions>()));
-  at::Tensor acc = all[0].clone();
-  for (int64_t i = 1; i < all.size(0); ++i) {
-    if (op == ReduceKind::BAnd)
-      acc.bitwise_and_(all[i]);
-    else if (op == ReduceKind::BOr)
-      acc.bitwise_or_(all[i]);
-    else
-      acc.bitwise_xor_(all[i]);
-  }
+  at::Tensor acc = at::empty_like(mine);
+  fold_rows(all, op, acc);
   t.copy_(acc.view(t.sizes()));
 }
 
@@ -121,18 +135,23 @@ void backend_all_reduce(const c10::intrusive_ptr<c10d::Backend>& b, const at::Te
   if (!wire.is_same(t)) t.copy_(wire);
 }
 
-// An all_reduce started on Gloo (CPU tensors) and not yet waited for: its wire form (a converted
-// copy for a dtype Gloo lacks) goes back into `target` once it is done.
-struct StartedAllReduce {
+// A call started on an inter-host backend and not yet waited for: its result in wire form (a
+// converted copy where the backend lacks the dtype) goes into `target` once it is done. Where
+// `rows` is defined the call gathered every member's values there, and wait() folds them first.
+struct StartedCall {
   c10::intrusive_ptr<c10d::Work> work;
   at::Tensor wire, target;
+  at::Tensor rows;
+  ReduceKind fold = ReduceKind::Sum;
   void wait() {
     finish(work);
-    if (!wire.is_same(target)) target.copy_(wire);
+    if (rows.defined()) fold_rows(rows, fold, wire.view({-1}));
+    if (!wire.is_same(target)) target.copy_(wire.view(target.sizes()));
   }
 };
 
-StartedAllReduce start_gloo_all_reduce(c10d::Backend& b, const at::Tensor& t, ReduceKind op) {
+// An all_reduce of t (in place) on Gloo, started.
+StartedCall start_gloo_all_reduce(c10d::Backend& b, const at::Tensor& t, ReduceKind op) {
   auto [wire, wire_op] = inter_host_form(t, op);
   std::vector<at::Tensor> ts{wire};
   c10d::AllreduceOptions opts;
@@ -140,29 +159,32 @@ StartedAllReduce start_gloo_all_reduce(c10d::Backend& b, const at::Tensor& t, Re
   return {b.allreduce(ts, opts), wire, t};
 }
 
-at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
-
 // Reduce-scatter of `in` (k blocks of out.numel() elements, contiguous) among the k members of an
 // inter-host backend: member i gets block i into `out`. Not for bitwise ops on NCCL.
 // `as_gloo`: on Gloo, its reduce_scatter_tensor (an all_reduce of the whole, then this rank's
-// block), which is what a user of Gloo gets; its list form moves half the bytes but took 1.5-3.7x
-// as long up to 4 MiB between 2 hosts (docs/cluster.md), so it serves the rails only, where the
-// bytes between hosts matter.
-void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Tensor& out, ReduceKind op, bool nccl,
-                            bool as_gloo) {
+// block), which is what a user of Gloo gets. Otherwise, on Gloo (the rails of CPU tensors), an
+// all-to-all of the blocks, which each member then folds: the (k-1)/k of the input that must
+// cross hosts, sent directly; Gloo's own list-form reduce_scatter moves the same bytes but took
+// 1.5-3.7x as long up to 4 MiB between 2 hosts (decision 0042).
+StartedCall start_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Tensor& out, ReduceKind op,
+                                 bool nccl, bool as_gloo) {
   auto [wire_in, wire_op] = inter_host_form(in, op);
   const bool direct = wire_in.scalar_type() == out.scalar_type() && out.is_contiguous();
-  at::Tensor wire_out = direct ? out.reshape({-1}) : at::empty({out.numel()}, wire_in.options());
+  at::Tensor wire_out = direct ? out : at::empty({out.numel()}, wire_in.options());
+  at::Tensor flat_out = wire_out.reshape({-1});
   auto opts = on_current_stream<c10d::ReduceScatterOptions>();
   opts.reduceOp = to_c10d(wire_op);
-  if (nccl || as_gloo) {
-    finish(b._reduce_scatter_base(wire_out, wire_in, opts));
-  } else {
-    std::vector<at::Tensor> outs{wire_out};
-    std::vector<std::vector<at::Tensor>> ins{wire_in.chunk(b.getSize())};
-    finish(b.reduce_scatter(outs, ins, opts));
-  }
-  if (!direct) out.copy_(wire_out.view(out.sizes()));
+  if (nccl || as_gloo) return {b._reduce_scatter_base(flat_out, wire_in, opts), wire_out, out};
+  at::Tensor rows = at::empty({b.getSize(), out.numel()}, wire_in.options());
+  at::Tensor to = bytes_of(rows), from = bytes_of(wire_in);
+  std::vector<int64_t> even;  // empty: equal splits
+  auto work = b.alltoall_base(to, from, even, even, on_current_stream<c10d::AllToAllOptions>());
+  return {work, wire_out, out, rows, wire_op};
+}
+
+void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Tensor& out, ReduceKind op, bool nccl,
+                            bool as_gloo) {
+  start_reduce_scatter(b, in, out, op, nccl, as_gloo).wait();
 }
 
 // CPU tensors up to this size take the leader form of the hierarchical all_reduce: only the hosts'
@@ -171,15 +193,16 @@ void backend_reduce_scatter(c10d::Backend& b, const at::Tensor& in, const at::Te
 // docs/decisions/0029-hierarchical-engine-sizes-and-call-costs.md
 constexpr size_t kHostLeaderMaxBytes = 1 << 20;
 
-// CPU tensors across links of at most 1 Gbit/s run the hierarchical all_reduce and all_gather in
-// pieces, so that the host's phases of one piece run while the rail carries another. On faster links the host's phases and Gloo's threads compete for the cores
-// instead, and one piece is faster. docs/decisions/0040-hierarchical-collectives-in-pieces.md
+// CPU tensors across links of at most 1 Gbit/s run the hierarchical all_reduce, reduce_scatter
+// and all_gather in pieces, so that the host's phases of one piece run while the rail carries
+// another. On faster links the host's phases and Gloo's threads compete for the cores instead, and
+// one piece is faster. docs/decisions/0042-hierarchical-collectives-in-pieces.md
 const IntSetting kHostPieceBytes(
     "PYCOLL_HOST_PIECE_BYTES", 0, 0, int64_t(1) << 40, "hierarchical engine", true, Audience::Developer,
-    "CPU tensors across hosts: the hierarchical all_reduce or all_gather of at least twice this many "
-    "bytes (the all_reduce's tensor, the all_gather's output) runs in pieces of about this size (at most "
-    "8), the inter-host phase of each piece overlapping the host's phases of the pieces beside it; 0: in "
-    "one piece.",
+    "CPU tensors across hosts: the hierarchical all_reduce, reduce_scatter or all_gather of at least twice "
+    "this many bytes (the all_reduce's tensor, the reduce_scatter's input, the all_gather's output) runs in "
+    "pieces of about this size (at most 8), the inter-host phase of each piece overlapping the host's phases "
+    "of the pieces beside it; 0: in one piece.",
     "512K where PYCOLL_LINK is at most 1gbit, else 0", /*bytes=*/true);
 constexpr int64_t kPiecedLinkMaxBps = 1000000000;
 constexpr int64_t kPieceBytesOnSlowLinks = 512 << 10;
@@ -308,7 +331,7 @@ void HierarchicalEngine::all_reduce(const Collective& call, const at::Tensor& in
       };
       run_local(OpCode::ReduceScatter, part(whole, 0, L), part(mine, 0, 1), level_op, stream);
       if (check) check->finish();
-      StartedAllReduce on_rail = start_gloo_all_reduce(*rail_, part(mine, 0, 1), level_op);
+      StartedCall on_rail = start_gloo_all_reduce(*rail_, part(mine, 0, 1), level_op);
       for (int64_t k = 1; k < pieces; ++k) {
         run_local(OpCode::ReduceScatter, part(whole, k, L), part(mine, k, 1), level_op, stream);
         on_rail.wait();
@@ -401,6 +424,7 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
     if (check) check->finish();
     return hier ? Algo::Hierarchical : Algo::Flat;
   }
+  if (hier && pieces_of(c.input.nbytes(), m) > 1) return reduce_scatter_in_pieces(c, stream, check);
   at::Tensor blocks = c.input.reshape({size_, m});
   at::Tensor across_hosts;
   if (!hier) {
@@ -425,6 +449,36 @@ Algo HierarchicalEngine::reduce_scatter(const Collective& c, const c10::Stream& 
   backend_reduce_scatter(hier ? *rail_ : *flat_, across_hosts, c.output, level_op, on_device_, /*as_gloo=*/!hier);
   if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
   return hier ? Algo::Hierarchical : Algo::Flat;
+}
+
+Algo HierarchicalEngine::reduce_scatter_in_pieces(const Collective& c, const c10::Stream& stream,
+                                                  std::optional<CallCheck>& check) {
+  const ReduceKind level_op = c.reduce == ReduceKind::Avg ? ReduceKind::Sum : c.reduce;
+  const int64_t N = layout_.num_hosts, m = c.output.numel();
+  const int64_t per = ceil_div(m, pieces_of(c.input.nbytes(), m)), pieces = ceil_div(m, per);
+  if (c.plan_text) *c.plan_text = "host reduce_scatter, rail reduce_scatter, in " + std::to_string(pieces) + " pieces";
+  TORCH_INTERNAL_ASSERT(c.output.is_contiguous(), "pycoll: the engines get contiguous outputs");
+  // Piece k: elements [k * per, ...) of every block. As in one piece: the blocks rail l owns side
+  // by side, the host's reduce-scatter (local rank l holds rail l's N partial blocks), then the
+  // rail's reduce-scatter into this rank's output, which runs while the host reduces piece k + 1.
+  // In place, piece k of this rank's block is read before the rail writes it.
+  at::Tensor blocks = c.input.reshape({size_, m}), out = c.output.reshape({-1});
+  at::Tensor buf = scratch((size_ + N) * m, c.input.options());
+  std::optional<StartedCall> on_rail;
+  for (int64_t k = 0; k < pieces; ++k) {
+    const int64_t from = k * per, len = std::min(per, m - from);
+    at::Tensor staged = buf.narrow(0, size_ * from, size_ * len);
+    at::Tensor across_hosts = buf.narrow(0, size_ * m + N * from, N * len);
+    gather_rows(blocks.narrow(1, from, len), staged.view({size_, len}));
+    run_local(OpCode::ReduceScatter, staged, across_hosts, level_op, stream);
+    if (k == 0 && check) check->finish();
+    if (on_rail) on_rail->wait();
+    on_rail = start_reduce_scatter(*rail_, across_hosts, out.narrow(0, from, len), level_op, /*nccl=*/false,
+                                   /*as_gloo=*/false);
+  }
+  on_rail->wait();
+  if (c.reduce == ReduceKind::Avg) c.output.div_(size_);
+  return Algo::Hierarchical;
 }
 
 Algo HierarchicalEngine::all_gather(const Collective& c, const c10::Stream& stream) {

@@ -73,11 +73,14 @@ class HierarchicalEngine : public Engine {
   // Small all_reduce of CPU tensors: reduce to the host's first rank, all-reduce among the hosts'
   // first ranks, broadcast inside the host (one inter-host call per host, not one per rail).
   bool leader_form(size_t bytes) const;
-  // How many pieces a hierarchical all_reduce or all_gather of `bytes` (its largest buffer) runs
-  // in, cut into at most `units` pieces: 1 for CUDA tensors, below twice the piece size, and on
-  // links faster than 1 Gbit/s or of a rate not known (PYCOLL_HOST_PIECE_BYTES).
+  // How many pieces a hierarchical all_reduce, reduce_scatter or all_gather of `bytes` (its
+  // largest buffer) runs in, cut into at most `units` pieces: 1 for CUDA tensors, below twice the
+  // piece size, and on links faster than 1 Gbit/s or of a rate not known (PYCOLL_HOST_PIECE_BYTES).
   int64_t pieces_of(size_t bytes, int64_t units) const;
   Algo reduce_scatter(const Collective& c, const c10::Stream& stream);
+  // The CPU hierarchical form where pieces_of() > 1; `check` is finished after the first piece's
+  // host phase.
+  Algo reduce_scatter_in_pieces(const Collective& c, const c10::Stream& stream, std::optional<CallCheck>& check);
   Algo all_gather(const Collective& c, const c10::Stream& stream);
   // The group ranks in the order step 1 of reduce_scatter puts their blocks (on `device`).
   const at::Tensor& block_order(const at::Device& device);
