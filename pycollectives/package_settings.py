@@ -56,8 +56,10 @@ COMPRESSION_NATIVE = PackageSetting(
 LINK = PackageSetting(
     "PYCOLL_LINK", "none (no table of forms keyed by a link)", "a rate as tc writes it: 100mbit, 1gbit, 10gbit",
     "The rate of the links between hosts. It keys the tables of forms across hosts that pycoll-bench --calibrate "
-    "writes and that auto follows, so calibrations on different links do not overwrite each other. pycoll-cluster "
-    "sets it in every rank.", audience="developer", ranks_agree=True)
+    "writes and that auto follows, so calibrations on different links do not overwrite each other; at 1gbit or "
+    "less the hierarchical CPU all_reduce, reduce_scatter and all_gather run in pieces (PYCOLL_HOST_PIECE_BYTES). "
+    "pycoll-cluster sets it in every rank; on a real cluster, set it to the rate of its links.",
+    audience="developer", ranks_agree=True)
 
 LINK_MEASURED = PackageSetting(
     "PYCOLL_LINK_MEASURED", "none", "bits per second",

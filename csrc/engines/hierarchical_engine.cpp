@@ -105,7 +105,8 @@ void fold_rows(const at::Tensor& rows, ReduceKind op, at::Tensor out) {
       case ReduceKind::BAnd: out.bitwise_and_(row); break;
       case ReduceKind::BOr: out.bitwise_or_(row); break;
       case ReduceKind::BXor: out.bitwise_xor_(row); break;
-      case ReduceKind::PremulSum: TORCH_INTERNAL_ASSERT(false, "pycoll: PREMUL_SUM reaches engines as a pre-scale + SUM");
+      case ReduceKind::PremulSum:
+        TORCH_INTERNAL_ASSERT(false, "pycoll: PREMUL_SUM reaches engines as a pre-scale + SUM");
     }
   }
 }
@@ -199,13 +200,16 @@ constexpr size_t kHostLeaderMaxBytes = 1 << 20;
 // one piece is faster. docs/decisions/0042-hierarchical-collectives-in-pieces.md
 const IntSetting kHostPieceBytes(
     "PYCOLL_HOST_PIECE_BYTES", 0, 0, int64_t(1) << 40, "hierarchical engine", true, Audience::Developer,
-    "CPU tensors across hosts: the hierarchical all_reduce, reduce_scatter or all_gather of at least twice "
+    "CPU tensors across hosts: the hierarchical all_reduce, reduce_scatter or all_gather of at least 4 times "
     "this many bytes (the all_reduce's tensor, the reduce_scatter's input, the all_gather's output) runs in "
     "pieces of about this size (at most 8), the inter-host phase of each piece overlapping the host's phases "
     "of the pieces beside it; 0: in one piece.",
     "512K where PYCOLL_LINK is at most 1gbit, else 0", /*bytes=*/true);
 constexpr int64_t kPiecedLinkMaxBps = 1000000000;
 constexpr int64_t kPieceBytesOnSlowLinks = 512 << 10;
+// Fewer pieces than this gain too little: with one more rail call per piece, a 1 MiB all_gather in
+// 2 pieces met more of the simulated link's stalls than it saved (decision 0042).
+constexpr int64_t kMinHostPieces = 4;
 constexpr int64_t kMaxHostPieces = 8;
 
 // The CPU scratch buffer kept across calls grows to at most this; a larger op allocates its own
@@ -251,7 +255,7 @@ void HierarchicalEngine::run_local(OpCode op, const at::Tensor& in, const at::Te
 int64_t HierarchicalEngine::pieces_of(size_t bytes, int64_t units) const {
   const bool slow_link = layout_.link_bps > 0 && layout_.link_bps <= kPiecedLinkMaxBps;
   const int64_t piece = kHostPieceBytes.get_or(slow_link ? kPieceBytesOnSlowLinks : 0);
-  if (on_device_ || piece == 0) return 1;
+  if (on_device_ || piece == 0 || static_cast<int64_t>(bytes) < kMinHostPieces * piece) return 1;
   return std::clamp<int64_t>(static_cast<int64_t>(bytes) / piece, 1, std::min(kMaxHostPieces, units));
 }
 
@@ -498,7 +502,8 @@ Algo HierarchicalEngine::all_gather(const Collective& c, const c10::Stream& stre
   at::Tensor out = bytes_of(c.output).view({size_, m});
   const int64_t per = ceil_div(m, pieces_of(c.output.nbytes(), m));
   const int64_t pieces = ceil_div(m, per);
-  if (pieces > 1 && c.plan_text) *c.plan_text = "rail all_gather, host all_gather, in " + std::to_string(pieces) + " pieces";
+  if (pieces > 1 && c.plan_text)
+    *c.plan_text = "rail all_gather, host all_gather, in " + std::to_string(pieces) + " pieces";
   // Piece k: bytes [k * per, ...) of every rank's input. The rail gathers piece k + 1 while the
   // host gathers piece k and puts it in place. In place (the input is this rank's block of the
   // output) is safe: a piece's input is on the rail before its columns of the output are written.

@@ -74,7 +74,7 @@ class HierarchicalEngine : public Engine {
   // first ranks, broadcast inside the host (one inter-host call per host, not one per rail).
   bool leader_form(size_t bytes) const;
   // How many pieces a hierarchical all_reduce, reduce_scatter or all_gather of `bytes` (its
-  // largest buffer) runs in, cut into at most `units` pieces: 1 for CUDA tensors, below twice the
+  // largest buffer) runs in, cut into at most `units` pieces: 1 for CUDA tensors, below 4 times the
   // piece size, and on links faster than 1 Gbit/s or of a rate not known (PYCOLL_HOST_PIECE_BYTES).
   int64_t pieces_of(size_t bytes, int64_t units) const;
   Algo reduce_scatter(const Collective& c, const c10::Stream& stream);
