@@ -381,3 +381,31 @@ def test_python_stacks_are_recorded_when_asked(tmp_path):
         assert top[0]["filename"].endswith(".py") and top[0]["line"] > 0, top
     for names, _ in run_ranks(2, _stacks, prefix, timeout=60):  # off by default
         assert all(n == [] for n in names)
+
+
+def _outlive_the_store_host(rank, world, port):
+    """Rank 0 hosts the TCPStore, destroys the group and leaves; rank 1 destroys it too but keeps
+    the group alive (as a DDP model does) past two of the dump watcher's Store polls."""
+    dist.init_process_group("pycoll", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    kept = dist.group.WORLD
+    dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        return None
+    time.sleep(2.5)
+    del kept
+    with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
+        return [line for line in fh if "recvValue failed" in line or "Connection was likely closed" in line]
+
+
+def test_a_destroyed_group_is_not_watched_once_its_store_is_gone():
+    # Once the group is destroyed, the dump watcher polls its Store no more: polls of a Store whose
+    # host left made torch log a stack trace per poll at the end of every such job.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = run_ranks(2, _outlive_the_store_host, port, init=None, destroy=False, timeout=60)
+    assert out[1] == [], out[1]

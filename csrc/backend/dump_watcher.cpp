@@ -152,7 +152,7 @@ void DumpWatcher::op_failed(int pg_id, const std::string& reason) {
   auto it = groups_.find(pg_id);
   if (it == groups_.end() || it->second.failed) return;
   it->second.failed = true;
-  failures_.emplace_back(pg_id, reason);
+  failures_.push_back({pg_id, reason, it->second.store});
   cv_.notify_all();
 }
 
@@ -176,7 +176,7 @@ void DumpWatcher::dump(const std::string& reason) {
 void DumpWatcher::loop() {
   auto next_poll = std::chrono::steady_clock::now();
   for (;;) {
-    std::vector<std::pair<int, std::string>> failures;
+    std::vector<Failure> failures;
     {
       std::unique_lock<std::mutex> g(mu_);
       cv_.wait_for(g, kTick, [this] { return !failures_.empty(); });
@@ -193,15 +193,9 @@ void DumpWatcher::loop() {
       }
     }
     if (poked) dump("pipe");
-    for (const auto& [pg_id, reason] : failures) {
+    for (const auto& [pg_id, reason, store] : failures) {
       const int rank = FlightRecorder::get().process_rank();
       dump("error: " + reason);
-      c10::intrusive_ptr<c10d::Store> store;
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        auto it = groups_.find(pg_id);
-        if (it != groups_.end()) store = it->second.store;
-      }
       if (!store) continue;
       try {
         const std::string why = "rank " + std::to_string(rank) + ": " + reason;

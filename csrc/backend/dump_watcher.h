@@ -28,7 +28,8 @@ class DumpWatcher {
  public:
   static DumpWatcher& get();
 
-  // A group's Store, polled for peers' dump requests until unwatch(pg_id).
+  // A group's Store, polled for peers' dump requests until unwatch(pg_id) (the group's shutdown,
+  // abort or destruction).
   void watch(int pg_id, const c10::intrusive_ptr<c10d::Store>& store);
   void unwatch(int pg_id);
   // An op of group pg_id failed with `reason`: dump here and ask the group's ranks to dump (once
@@ -51,7 +52,14 @@ class DumpWatcher {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<int, Watched> groups_;
-  std::deque<std::pair<int, std::string>> failures_;  // (pg_id, reason) to dump and announce
+  // A failed op to dump and announce, with its group's Store as it was then (the group may be
+  // shut down, and unwatched, before this thread gets to it).
+  struct Failure {
+    int pg_id;
+    std::string reason;
+    c10::intrusive_ptr<c10d::Store> store;
+  };
+  std::deque<Failure> failures_;
   uint64_t dumps_ = 0;
   bool started_ = false;
 };

@@ -118,7 +118,6 @@ ProcessGroupPycoll::ProcessGroupPycoll(const c10::intrusive_ptr<c10d::Store>& st
 }
 
 ProcessGroupPycoll::~ProcessGroupPycoll() {
-  DumpWatcher::get().unwatch(fr_pg_id_);
   ReleaseGilIfHeld nogil;  // the members below join threads (gil_release.h)
   shutdown();
   device_hierarchical_.reset();
@@ -205,6 +204,10 @@ void ProcessGroupPycoll::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 void ProcessGroupPycoll::shutdown() {
+  // destroy_process_group() shuts the group down while Python objects (a DDP model, a saved
+  // handle) may keep it alive: its Store is not polled from then on, as the rank hosting the
+  // Store may already have exited (torch logs each failed poll with a stack trace).
+  DumpWatcher::get().unwatch(fr_pg_id_);
   if (closed_.exchange(true)) return;
   ReleaseGilIfHeld nogil;
   executor_->stop();  // runs what is queued, then joins
@@ -213,6 +216,7 @@ void ProcessGroupPycoll::shutdown() {
 std::vector<int64_t> ProcessGroupPycoll::cuda_trace() { return cuda_ ? cuda_->trace() : std::vector<int64_t>(); }
 
 void ProcessGroupPycoll::abort() {
+  DumpWatcher::get().unwatch(fr_pg_id_);
   closed_.store(true);
   if (cuda_) cuda_->abort();  // first: a kernel waiting on a peer ends, and the stream drains
   cpu_->abort();
