@@ -182,9 +182,10 @@ def test_auto_runs_the_form_the_loaded_table_names(tmp_path, winner):
         assert len(ran) == 6 and {algo for _, algo in ran} == {winner}, ran
 
 
-def _init_and_report(rank, ws, init_file, models):
-    os.environ["PYCOLL_COST_MODEL"] = models[rank]
-    pycollectives.load_cost_model()
+def _init_and_report(rank, ws, init_file, models=None):
+    if models:
+        os.environ["PYCOLL_COST_MODEL"] = models[rank]
+        pycollectives.load_cost_model()
     try:
         dist.init_process_group("pycoll", init_method=f"file://{init_file}", rank=rank, world_size=ws)
         dist.all_reduce(torch.ones(4))
@@ -200,6 +201,17 @@ def test_ranks_with_different_constants_cannot_make_a_group(tmp_path):
                     timeout=120)
     for rank, msg in enumerate(out):
         assert "loaded different tables of forms across hosts" in msg, (rank, msg)
+        assert ("rank(s) [3]" if rank < 3 else "rank(s) [0, 1, 2]") in msg, (rank, msg)
+
+
+def test_ranks_that_set_different_link_rates_cannot_make_a_group(tmp_path):
+    # The links' rate decides how many pieces a hierarchical op runs in (PYCOLL_LINK): ranks that
+    # differ would wait in different calls.
+    links = ["1gbit", "1gbit", "1gbit", "10gbit"]
+    out = run_ranks(4, _init_and_report, str(tmp_path / "init"), init=None, timeout=120,
+                    rank_env=[dict(env, PYCOLL_LINK=link) for env, link in zip(HOSTS_2X2, links)])
+    for rank, msg in enumerate(out):
+        assert "set different rates of the links between hosts (PYCOLL_LINK" in msg, (rank, msg)
         assert ("rank(s) [3]" if rank < 3 else "rank(s) [0, 1, 2]") in msg, (rank, msg)
 
 
