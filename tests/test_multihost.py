@@ -238,14 +238,17 @@ def _pieces(plans):
     return [int(p.split(", in ")[1].split()[0]) if ", in " in p else 1 for p in plans]
 
 
-@pytest.mark.parametrize("layout", ["2x2", "interleaved"])
-@pytest.mark.parametrize("env,all_reduce,reduce_scatter", [
+_PIECES = [
     # pieces of 512 KiB from 2 MiB, at most 8
     ({"PYCOLL_LINK": "1gbit"}, [4, 4, 8, 8, 8, 8, 8, 8], [8, 8, 1]),
     ({"PYCOLL_LINK": "100mbit", "PYCOLL_HOST_PIECE_BYTES": "1M"}, [1, 1, 6, 6, 5, 5, 8, 6], [8, 8, 1]),
     ({"PYCOLL_LINK": "10gbit"}, [1] * 8, [1] * 3),  # on fast links the host's phases and Gloo compete for cores
     ({}, [1] * 8, [1] * 3),  # a link of a rate not known
-    ({"PYCOLL_LINK": "1gbit", "PYCOLL_HOST_PIECE_BYTES": "0"}, [1] * 8, [1] * 3)])
+    ({"PYCOLL_LINK": "1gbit", "PYCOLL_HOST_PIECE_BYTES": "0"}, [1] * 8, [1] * 3)]
+
+
+@pytest.mark.parametrize("layout,env,all_reduce,reduce_scatter",
+                         [("2x2", *case) for case in _PIECES] + [("interleaved", *_PIECES[0])])
 def test_reductions_in_pieces_on_slow_links(layout, env, all_reduce, reduce_scatter):
     ids = LAYOUTS[layout]
     out = run_ranks(len(ids), _reductions_in_pieces, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
@@ -284,12 +287,13 @@ def _all_gather_by_rail_then_host(rank, ws):
     with open(os.environ["PYCOLL_TEST_LOG"]) as fh:
         lines = [line for line in fh if "allgather" in line and "algo=" in line]
     return (sorted({line.split("algo=")[1].split()[0] for line in lines}),
-            sorted(set(_pieces(line.split(" plan=")[1] for line in lines if " pieces" in line))))
+            sorted(set(_pieces(line.split(" plan=")[1] for line in lines if " pieces" in line))),
+            any("into place" in line for line in lines))
 
 
-@pytest.mark.parametrize("layout,expected", [("2x2", ["hierarchical"]), ("interleaved", ["hierarchical"]),
-                                             ("2+1", ["flat"]), ("4x1", ["flat"])])
-@pytest.mark.parametrize("link", [None, "1gbit"])
+@pytest.mark.parametrize("layout,expected,link", [
+    ("2x2", ["hierarchical"], None), ("interleaved", ["hierarchical"], None), ("2+1", ["flat"], None),
+    ("4x1", ["flat"], None), ("2x2", ["hierarchical"], "1gbit"), ("interleaved", ["hierarchical"], "1gbit")])
 def test_all_gather_by_rail_then_host(layout, expected, link):
     # On a link of 1 Gbit/s, outputs from 2 MiB run in pieces of 512 KiB, at most 8: on 4 ranks,
     # 65537 int64s (4 pieces) and 6 Mi float32s (8).
@@ -297,8 +301,10 @@ def test_all_gather_by_rail_then_host(layout, expected, link):
     out = run_ranks(len(ids), _all_gather_by_rail_then_host, rank_env=[{"PYCOLL_HOSTID": h} for h in ids],
                     env={"PYCOLL_DEBUG": "INFO", **({"PYCOLL_LINK": link} if link else {})}, timeout=300)
     pieces = [4, 8] if link and expected == ["hierarchical"] else []
-    assert all(algos == expected for algos, _ in out), out
-    assert all(p == pieces for _, p in out), out
+    assert all(algos == expected for algos, _, _ in out), out
+    assert all(p == pieces for _, p, _ in out), out
+    # Hosts of consecutive ranks gather in one piece straight into the output.
+    assert all(direct == (layout == "2x2") for _, _, direct in out), out
 
 
 def _cuda_across_hosts(rank, ws):

@@ -259,6 +259,13 @@ int64_t HierarchicalEngine::pieces_of(size_t bytes, int64_t units) const {
   return std::clamp<int64_t>(static_cast<int64_t>(bytes) / piece, 1, std::min(kMaxHostPieces, units));
 }
 
+bool HierarchicalEngine::hosts_hold_consecutive_ranks() const {
+  const int L = layout_.local_size();
+  for (int r = 0; r < size_; ++r)
+    if (layout_.host_of[r] != r / L) return false;
+  return true;
+}
+
 bool HierarchicalEngine::leader_form(size_t bytes) const { return !on_device_ && bytes <= kHostLeaderMaxBytes; }
 
 bool HierarchicalEngine::serves(OpCode op, at::ScalarType dtype, const at::Device& device) {
@@ -498,10 +505,25 @@ Algo HierarchicalEngine::all_gather(const Collective& c, const c10::Stream& stre
   // rail's N blocks, by local rank; 3. into group-rank order (rail_major_ranks lists the rank of
   // each (local rank, host) block). Across hosts each rank sends (N-1) blocks in N-1 steps, against
   // n-1 steps of the flat ring.
-  at::Tensor buf = scratch((N + L * N) * m, in.options());
-  at::Tensor out = bytes_of(c.output).view({size_, m});
   const int64_t per = ceil_div(m, pieces_of(c.output.nbytes(), m));
   const int64_t pieces = ceil_div(m, per);
+  if (pieces == 1 && !on_device_ && hosts_hold_consecutive_ranks()) {
+    // Host h's ranks are the output's rows [h * L, (h + 1) * L): the host's all-gather of the
+    // block its rail brought from host h writes them in place, with no staging buffer and no copy
+    // into rank order, and this host's own rows are gathered while the rail carries the others.
+    if (c.plan_text) *c.plan_text = "rail all_gather, host all_gather per host, into place";
+    at::Tensor by_host = scratch(N * m, in.options());
+    at::Tensor rows = bytes_of(c.output).view({N, L * m});
+    auto on_rail = rail_->_allgather_base(by_host, in, on_current_stream<c10d::AllgatherOptions>());
+    const int64_t mine = layout_.host_index;
+    run_local(OpCode::AllGather, in, rows[mine], ReduceKind::Sum, stream);
+    finish(on_rail);
+    for (int64_t h = 0; h < N; ++h)
+      if (h != mine) run_local(OpCode::AllGather, by_host.narrow(0, h * m, m), rows[h], ReduceKind::Sum, stream);
+    return Algo::Hierarchical;
+  }
+  at::Tensor buf = scratch((N + L * N) * m, in.options());
+  at::Tensor out = bytes_of(c.output).view({size_, m});
   if (pieces > 1 && c.plan_text)
     *c.plan_text = "rail all_gather, host all_gather, in " + std::to_string(pieces) + " pieces";
   // Piece k: bytes [k * per, ...) of every rank's input. The rail gathers piece k + 1 while the

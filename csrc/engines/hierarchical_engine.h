@@ -64,6 +64,8 @@ class HierarchicalEngine : public Engine {
   // The layout allows the hierarchical forms: the same number of ranks on every host, more than
   // one host, more than one rank per host.
   bool can_be_hierarchical() const;
+  // Host h holds group ranks h * L .. h * L + L - 1 (torchrun's layout; uniform layouts only).
+  bool hosts_hold_consecutive_ranks() const;
   // Whether `c` runs `op`'s hierarchical form at `bytes` (as pycoll-bench counts them): as
   // PYCOLL_ALGO forces, else as host_form_model.h chooses (calibrated, else built in).
   bool hierarchical_form(const Collective& c, OpCode op, size_t bytes) const;
