@@ -203,7 +203,7 @@ const IntSetting kHostPieceBytes(
     "CPU tensors across hosts: the hierarchical all_reduce, reduce_scatter or all_gather of at least 4 times "
     "this many bytes (the all_reduce's tensor, the reduce_scatter's input, the all_gather's output) runs in "
     "pieces of about this size (at most 8), the inter-host phase of each piece overlapping the host's phases "
-    "of the pieces beside it; 0: in one piece.",
+    "of the pieces beside it; 0: in one piece. Read once per group.",
     "512K where PYCOLL_LINK is at most 1gbit, else 0", /*bytes=*/true);
 constexpr int64_t kPiecedLinkMaxBps = 1000000000;
 constexpr int64_t kPieceBytesOnSlowLinks = 512 << 10;
@@ -211,6 +211,11 @@ constexpr int64_t kPieceBytesOnSlowLinks = 512 << 10;
 // 2 pieces met more of the simulated link's stalls than it saved (decision 0042).
 constexpr int64_t kMinHostPieces = 4;
 constexpr int64_t kMaxHostPieces = 8;
+
+int64_t host_piece_bytes(int64_t link_bps) {
+  const bool slow_link = link_bps > 0 && link_bps <= kPiecedLinkMaxBps;
+  return kHostPieceBytes.get_or(slow_link ? kPieceBytesOnSlowLinks : 0);
+}
 
 // The CPU scratch buffer kept across calls grows to at most this; a larger op allocates its own
 // (its page faults then cost a smaller share of its time, and a group keeps no more memory).
@@ -226,7 +231,8 @@ HierarchicalEngine::HierarchicalEngine(Engine& local, const HostLayout& layout, 
       rank_(rank),
       size_(size),
       on_device_(on_device),
-      check_calls_(check_calls_across_hosts()) {
+      check_calls_(check_calls_across_hosts()),
+      piece_bytes_(on_device ? 0 : host_piece_bytes(layout.link_bps)) {
   TORCH_INTERNAL_ASSERT(flat_, "pycoll: a group across hosts needs its flat inter-host group");
 }
 
@@ -253,9 +259,8 @@ void HierarchicalEngine::run_local(OpCode op, const at::Tensor& in, const at::Te
 }
 
 int64_t HierarchicalEngine::pieces_of(size_t bytes, int64_t units) const {
-  const bool slow_link = layout_.link_bps > 0 && layout_.link_bps <= kPiecedLinkMaxBps;
-  const int64_t piece = kHostPieceBytes.get_or(slow_link ? kPieceBytesOnSlowLinks : 0);
-  if (on_device_ || piece == 0 || static_cast<int64_t>(bytes) < kMinHostPieces * piece) return 1;
+  const int64_t piece = piece_bytes_;
+  if (piece == 0 || static_cast<int64_t>(bytes) < kMinHostPieces * piece) return 1;
   return std::clamp<int64_t>(static_cast<int64_t>(bytes) / piece, 1, std::min(kMaxHostPieces, units));
 }
 

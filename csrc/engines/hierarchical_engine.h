@@ -109,6 +109,7 @@ class HierarchicalEngine : public Engine {
   int size_;
   bool on_device_;
   bool check_calls_;  // PYCOLL_CHECK_ACROSS_HOSTS
+  int64_t piece_bytes_;  // PYCOLL_HOST_PIECE_BYTES as the link makes it (0: one piece), read once
   at::Tensor block_order_;
   std::vector<int64_t> rail_major_ranks_;
   at::Tensor scratch_;  // CPU: bytes, grown as needed (scratch())
